@@ -1,0 +1,77 @@
+#pragma once
+// The message model of DESIGN.md: what a writer enqueues (NewMessage) and what a relay claims and
+// hands to a sink (Envelope).
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "outbox/core/clock.h"
+#include "outbox/core/uuid.h"
+
+namespace outbox {
+
+// Header names are case-sensitive; ordered so that rendering is deterministic.
+using Headers = std::map<std::string, std::string, std::less<>>;
+
+// Well-known header names, carried to every broker.
+inline constexpr std::string_view kCorrelationIdHeader = "correlation_id";
+inline constexpr std::string_view kCausationIdHeader = "causation_id";
+inline constexpr std::string_view kTenantIdHeader = "tenant_id";
+inline constexpr std::string_view kTraceparentHeader = "traceparent";
+// Names a user may not set: the outbox's own metadata travels under them.
+inline constexpr std::string_view kReservedHeaderPrefix = "outbox-";
+inline constexpr std::string_view kMessageIdHeader = "message_id";
+
+inline constexpr std::string_view kJsonContentType = "application/json";
+inline constexpr std::string_view kDefaultTarget = "default";
+
+// A message as a writer enqueues it. The id, partition and stream_seq are assigned by the store.
+struct NewMessage {
+  std::string topic;  // required
+  std::string payload;
+  std::string content_type{kJsonContentType};
+  std::optional<std::string> stream_key;  // ordering key, usually the aggregate id
+  std::optional<std::string> type;        // event type name, e.g. "OrderPlaced"
+  Headers headers;                        // correlation_id, causation_id, traceparent, ...
+  std::string target{kDefaultTarget};     // which configured sink
+  // Whether a keyed message gets a gap-free stream_seq (writers of its stream then serialize
+  // until commit). Unset: the store's setting for the topic.
+  std::optional<bool> sequenced;
+};
+
+// Limits a store enforces on enqueue.
+struct MessageLimits {
+  std::size_t max_topic_bytes = 255;
+  std::size_t max_stream_key_bytes = 255;
+  std::size_t max_payload_bytes = 1024 * 1024;
+  std::size_t max_header_count = 64;
+  std::size_t max_header_bytes = 4096;  // per name or value
+};
+
+// Empty when `message` is valid; otherwise what is wrong, naming the field, e.g.
+// "header 'x-a': value contains a control character (0x0a)".
+std::string ValidateMessage(const NewMessage& message, const MessageLimits& limits = {});
+// The header part of ValidateMessage.
+std::string ValidateHeaders(const Headers& headers, const MessageLimits& limits = {});
+
+// A claimed message, as the relay and sinks see it.
+struct Envelope {
+  MessageId id;
+  std::string topic;
+  std::optional<std::string> stream_key;
+  std::optional<std::int64_t> stream_seq;  // set for ordered streams
+  int partition = 0;
+  std::string target{kDefaultTarget};
+  std::optional<std::string> type;
+  std::string payload;
+  std::string content_type{kJsonContentType};
+  Headers headers;
+  int attempts = 0;  // attempts spent so far
+  TimePoint created_at;
+  std::int64_t lease_epoch = 0;  // fences completion: see Store::Complete
+};
+
+}  // namespace outbox

@@ -1,0 +1,75 @@
+#pragma once
+// The PostgreSQL store (libpq): schema migrations, the writer that enqueues in the caller's
+// transaction, and the relay-side Store.
+//
+// Connection settings follow libpq's own conventions: a URI or key=value string, with PG*
+// environment variables filling what it leaves out. Passwords never appear in errors or logs.
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "outbox/core/message.h"
+#include "outbox/core/random.h"
+#include "outbox/core/retry_policy.h"
+#include "outbox/store/store.h"
+
+// libpq's connection type, declared so that this header does not pull in libpq-fe.h.
+struct pg_conn;
+
+namespace outbox::postgres {
+
+inline constexpr std::string_view kDefaultSchema = "outbox";
+
+// The schema version this library's migrations bring a database to.
+int LatestSchemaVersion();
+
+// Brings `schema` up to LatestSchemaVersion(), creating it if needed; idempotent and safe to run
+// from several processes at once (they serialize on an advisory lock). Returns the version the
+// schema had before. Throws StoreError when the database cannot be reached or a migration fails,
+// and std::invalid_argument for a schema name that is not a plain identifier.
+int Migrate(const std::string& conninfo, const std::string& schema = std::string{kDefaultSchema});
+int Migrate(pg_conn* conn, const std::string& schema = std::string{kDefaultSchema});
+
+// The NOTIFY channel that wakes an idle relay of `schema`: "<schema>_wakeup".
+std::string WakeupChannel(const std::string& schema);
+
+// Writes messages in the caller's transaction. It never begins, commits or rolls back; the
+// messages become visible to relays when the caller commits and vanish if it rolls back.
+class Writer {
+ public:
+  explicit Writer(std::string schema = std::string{kDefaultSchema});
+
+  // Enqueues `messages` on `conn`, which must be inside an open transaction block (after BEGIN);
+  // otherwise throws std::logic_error and writes nothing. One round trip for the whole batch
+  // (libpq pipeline mode). Returns the new ids in order.
+  // Throws InvalidMessage for a message that breaks the limits — before anything is sent when the
+  // message itself is invalid, or after PostgreSQL refused it (payload over settings'
+  // max_payload_bytes), in which case the caller's transaction is aborted and must be rolled
+  // back. Throws StoreError when the connection fails.
+  std::vector<MessageId> Enqueue(pg_conn* conn, std::span<const NewMessage> messages) const;
+  MessageId Enqueue(pg_conn* conn, const NewMessage& message) const;
+
+ private:
+  std::string sql_;
+};
+
+struct StoreOptions {
+  std::string conninfo;  // libpq URI or key=value string
+  std::string schema{kDefaultSchema};
+  RetryPolicy retry;
+  RetentionPolicy retention;
+  // Rows counted exactly per status in Stats(); above this the count is the planner's estimate.
+  std::int64_t exact_count_limit = 100000;
+  // Random source for retry jitter; DefaultRandom() when empty.
+  UniformRandom random;
+};
+
+// Opens a Store on its own connection. Throws StoreError(kUnavailable) when the database cannot
+// be reached, ConfigError for invalid options. The schema must have been migrated.
+std::unique_ptr<Store> OpenStore(StoreOptions options);
+
+}  // namespace outbox::postgres

@@ -1,0 +1,142 @@
+#pragma once
+// The Store contract: where outbox messages live between the writer's commit and the broker's
+// confirmation. Implementations: store/postgres (primary), store/sqlite (embedded default).
+//
+// Threading: a Store object is used by one thread at a time (it owns one database connection);
+// a relay with several workers opens one Store per worker.
+//
+// Time: lease expiry and retry times are compared on the database's clock, never the caller's,
+// so that relays on hosts with skewed clocks still agree.
+//
+// Errors: database outages are thrown as StoreError with kind kUnavailable (reconnect, then call
+// again) or kOutcomeUnknown (a commit was sent but its result was lost; every settling method is
+// idempotent, so calling it again is safe). Bad arguments throw std::invalid_argument.
+// InvalidMessage is thrown by Enqueue for a message that breaks the store's limits.
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "outbox/core/failure.h"
+#include "outbox/core/message.h"
+
+namespace outbox {
+
+class StoreError : public std::runtime_error {
+ public:
+  StoreError(FailureKind kind, const std::string& message)
+      : std::runtime_error(message), kind_(kind) {}
+  [[nodiscard]] FailureKind kind() const { return kind_; }
+
+ private:
+  FailureKind kind_;
+};
+
+enum class MessageStatus : std::uint8_t {
+  kPending,     // waiting to be claimed
+  kProcessing,  // claimed under a lease
+  kFailed,      // a publish failed; claimable again at available_at
+  kPublished,   // confirmed by the broker (kept only when published retention > 0)
+  kAbandoned,   // given up on; kept until replayed or purged
+};
+
+struct ClaimRequest {
+  std::string owner;  // relay instance id; recorded as lease_owner
+  int max_messages = 500;
+  std::chrono::milliseconds lease_duration{std::chrono::seconds{30}};
+  // Only these partitions; empty means all.
+  std::vector<int> partitions;
+};
+
+// A message identified together with the lease epoch it was claimed under.
+struct LeasedId {
+  MessageId id;
+  std::int64_t lease_epoch = 0;
+
+  static LeasedId Of(const Envelope& envelope) { return {envelope.id, envelope.lease_epoch}; }
+};
+
+struct FailedMessage {
+  LeasedId message;
+  int attempts = 0;  // attempts spent before this one, as claimed (Envelope::attempts)
+  Failure failure;
+
+  static FailedMessage Of(const Envelope& envelope, Failure failure) {
+    return {LeasedId::Of(envelope), envelope.attempts, std::move(failure)};
+  }
+};
+
+// What a settling call did. Messages whose lease had been lost (expired and reclaimed, or
+// fenced by a newer epoch) are left untouched and listed in `lease_lost`.
+struct SettleResult {
+  std::int64_t settled = 0;
+  std::vector<MessageId> lease_lost;
+};
+
+struct RetentionPolicy {
+  // 0: published rows are deleted on completion (the fast default).
+  std::chrono::seconds published{0};
+  std::chrono::seconds abandoned{std::chrono::hours{24 * 30}};
+};
+
+struct StoreStats {
+  std::int64_t pending = 0;
+  std::int64_t processing = 0;
+  std::int64_t failed = 0;
+  std::int64_t abandoned = 0;
+  std::int64_t published = 0;  // retained published rows
+  std::optional<std::chrono::milliseconds> oldest_pending_age;
+  std::int64_t active_leases = 0;  // distinct lease owners with unexpired leases
+  // True when a count was too large to take exactly and is the database's estimate.
+  bool counts_estimated = false;
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // Enqueues `messages` in a transaction of the store's own and returns their ids in order. For
+  // writing messages in the same transaction as business data, use the store's writer API.
+  virtual std::vector<MessageId> Enqueue(std::span<const NewMessage> messages) = 0;
+
+  // Claims up to request.max_messages due messages (pending, or failed whose retry time has
+  // come), oldest first, in one statement: each gets lease_owner = request.owner, lease_until =
+  // now + lease_duration and a new lease_epoch. No row lock is held after the call returns.
+  // Within one stream only the oldest unsettled message and those after it in order are
+  // returned, never a later one while an earlier one is leased by someone else.
+  virtual std::vector<Envelope> Claim(const ClaimRequest& request) = 0;
+
+  // Marks messages published (deleted, or kept when published retention > 0). Fenced: only rows
+  // still leased by `owner` under the given epoch are touched.
+  virtual SettleResult Complete(std::string_view owner, std::span<const LeasedId> messages) = 0;
+
+  // Records failed publishes according to each failure's FailureTreatment and the store's
+  // RetryPolicy: back to claimable at now + backoff, or abandoned with the reason. Fenced like
+  // Complete. kLeaseLost failures are ignored.
+  virtual SettleResult Fail(std::string_view owner, std::span<const FailedMessage> failures) = 0;
+
+  // Extends the leases of messages still held by `owner` to now + lease_duration.
+  virtual SettleResult Renew(std::string_view owner, std::span<const LeasedId> messages,
+                             std::chrono::milliseconds lease_duration) = 0;
+
+  // Gives back leased messages unpublished (graceful shutdown): claimable again at once, no
+  // attempt spent.
+  virtual SettleResult Release(std::string_view owner, std::span<const LeasedId> messages) = 0;
+
+  // Makes messages whose lease expired claimable again; returns how many. Cheap when none are.
+  virtual std::int64_t ReclaimExpired() = 0;
+
+  // Deletes published and abandoned rows older than their retention, at most `max_rows` per
+  // call so that each call is a short transaction; returns how many were deleted.
+  virtual std::int64_t Purge(const RetentionPolicy& retention, int max_rows) = 0;
+
+  // Counts by status and the age of the oldest pending message; cheap enough to scrape often.
+  virtual StoreStats Stats() = 0;
+};
+
+}  // namespace outbox

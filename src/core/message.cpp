@@ -1,0 +1,97 @@
+#include "outbox/core/message.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+
+namespace outbox {
+namespace {
+
+// Position of the first C0 control character or DEL, or npos.
+std::size_t FindControl(std::string_view text) {
+  const auto it = std::find_if(text.begin(), text.end(), [](char c) {
+    const auto byte = static_cast<unsigned char>(c);
+    return byte < 0x20 || byte == 0x7F;
+  });
+  return it == text.end() ? std::string_view::npos : static_cast<std::size_t>(it - text.begin());
+}
+
+std::string ControlError(std::string_view what, std::string_view text, std::size_t at) {
+  char code[8];
+  std::snprintf(code, sizeof code, "0x%02x", static_cast<unsigned char>(text[at]));
+  return std::string{what} + " contains a control character (" + code + ")";
+}
+
+bool IsReservedHeader(std::string_view name) {
+  const auto lower = [](char c) {
+    return static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  };
+  std::string folded(name.size(), '\0');
+  std::transform(name.begin(), name.end(), folded.begin(), lower);
+  return folded == kMessageIdHeader || folded.starts_with(kReservedHeaderPrefix);
+}
+
+std::string CheckText(std::string_view field, std::string_view text, std::size_t max_bytes) {
+  if (text.empty()) return std::string{field} + " must not be empty";
+  if (text.size() > max_bytes) {
+    return std::string{field} + " is " + std::to_string(text.size()) +
+           " bytes, over the limit of " + std::to_string(max_bytes);
+  }
+  if (const auto at = FindControl(text); at != std::string_view::npos) {
+    return ControlError(field, text, at);
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string ValidateHeaders(const Headers& headers, const MessageLimits& limits) {
+  if (headers.size() > limits.max_header_count) {
+    return "headers: " + std::to_string(headers.size()) + " headers, over the limit of " +
+           std::to_string(limits.max_header_count);
+  }
+  for (const auto& [name, value] : headers) {
+    if (auto error = CheckText("header name", name, limits.max_header_bytes); !error.empty()) {
+      return error + (name.empty() ? "" : " ('" + name.substr(0, 64) + "')");
+    }
+    if (IsReservedHeader(name)) {
+      return "header '" + name + "' is reserved (message_id and names starting with '" +
+             std::string{kReservedHeaderPrefix} + "' are set by the outbox)";
+    }
+    const std::string field = "header '" + name + "': value";
+    if (value.size() > limits.max_header_bytes) {
+      return field + " is " + std::to_string(value.size()) + " bytes, over the limit of " +
+             std::to_string(limits.max_header_bytes);
+    }
+    if (const auto at = FindControl(value); at != std::string_view::npos) {
+      return ControlError(field, value, at);
+    }
+  }
+  return {};
+}
+
+std::string ValidateMessage(const NewMessage& message, const MessageLimits& limits) {
+  if (auto error = CheckText("topic", message.topic, limits.max_topic_bytes); !error.empty()) {
+    return error;
+  }
+  if (message.stream_key) {
+    if (auto error = CheckText("stream_key", *message.stream_key, limits.max_stream_key_bytes);
+        !error.empty()) {
+      return error;
+    }
+  }
+  if (message.payload.size() > limits.max_payload_bytes) {
+    return "payload is " + std::to_string(message.payload.size()) + " bytes, over the limit of " +
+           std::to_string(limits.max_payload_bytes);
+  }
+  if (auto error = CheckText("content_type", message.content_type, 255); !error.empty()) {
+    return error;
+  }
+  if (auto error = CheckText("target", message.target, 255); !error.empty()) return error;
+  if (message.type) {
+    if (auto error = CheckText("type", *message.type, 255); !error.empty()) return error;
+  }
+  return ValidateHeaders(message.headers, limits);
+}
+
+}  // namespace outbox

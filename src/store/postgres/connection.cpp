@@ -1,0 +1,159 @@
+#include "connection.h"
+
+#include <array>
+#include <stdexcept>
+
+namespace outbox::postgres {
+namespace {
+
+std::string Trim(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
+}  // namespace
+
+FailureKind KindOfSqlState(std::string_view sqlstate) {
+  // 08: connection exception; 57P01-03: server shutting down or not accepting connections;
+  // 53: insufficient resources; 40001/40P01: serialization failure and deadlock, retryable.
+  if (sqlstate.starts_with("08") || sqlstate.starts_with("57P") || sqlstate.starts_with("53") ||
+      sqlstate == "40001" || sqlstate == "40P01") {
+    return FailureKind::kUnavailable;
+  }
+  return FailureKind::kPermanent;
+}
+
+void ThrowStatementError(PGconn* conn, const PGresult* result, std::string_view what) {
+  const char* state = result != nullptr ? PQresultErrorField(result, PG_DIAG_SQLSTATE) : nullptr;
+  const char* primary =
+      result != nullptr ? PQresultErrorField(result, PG_DIAG_MESSAGE_PRIMARY) : nullptr;
+  std::string message{what};
+  message += ": ";
+  message += primary != nullptr ? std::string{primary} : Trim(PQerrorMessage(conn));
+  if (PQstatus(conn) == CONNECTION_BAD) {
+    throw PgError(FailureKind::kOutcomeUnknown, message + " (connection lost)", "");
+  }
+  const std::string sqlstate = state != nullptr ? state : "";
+  if (!sqlstate.empty()) message += " (SQLSTATE " + sqlstate + ")";
+  throw PgError(KindOfSqlState(sqlstate), message, sqlstate);
+}
+
+std::string DescribeConninfo(const std::string& conninfo) {
+  char* error = nullptr;
+  PQconninfoOption* options = PQconninfoParse(conninfo.c_str(), &error);
+  if (options == nullptr) {
+    PQfreemem(error);
+    return {};
+  }
+  std::string description;
+  for (const char* key : {"host", "hostaddr", "port", "dbname", "user"}) {
+    for (PQconninfoOption* option = options; option->keyword != nullptr; ++option) {
+      if (std::string_view{option->keyword} == key && option->val != nullptr &&
+          option->val[0] != '\0') {
+        if (!description.empty()) description += ' ';
+        description += std::string{key} + "=" + option->val;
+      }
+    }
+  }
+  PQconninfoFree(options);
+  return description.empty() ? "the default server (PG* environment)" : description;
+}
+
+ResultPtr Exec(PGconn* conn, std::string_view what, const std::string& sql,
+               const std::vector<Param>& params, bool binary_results) {
+  std::vector<const char*> values;
+  std::vector<int> lengths;
+  std::vector<int> formats;
+  values.reserve(params.size());
+  for (const auto& param : params) {
+    values.push_back(param.value ? param.value->data() : nullptr);
+    lengths.push_back(param.value ? static_cast<int>(param.value->size()) : 0);
+    formats.push_back(param.binary ? 1 : 0);
+  }
+  ResultPtr result{PQexecParams(conn, sql.c_str(), static_cast<int>(params.size()), nullptr,
+                                values.data(), lengths.data(), formats.data(),
+                                binary_results ? 1 : 0)};
+  const auto status = result ? PQresultStatus(result.get()) : PGRES_FATAL_ERROR;
+  if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK) {
+    ThrowStatementError(conn, result.get(), what);
+  }
+  return result;
+}
+
+std::string QuoteSchema(const std::string& name) {
+  const bool valid =
+      !name.empty() && name.size() <= 63 &&
+      (std::islower(static_cast<unsigned char>(name[0])) || name[0] == '_') &&
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
+  if (!valid) {
+    throw std::invalid_argument("schema name '" + name +
+                                "' is not a plain lower-case identifier ([a-z_][a-z0-9_]*, at "
+                                "most 63 bytes)");
+  }
+  return '"' + name + '"';
+}
+
+std::string TextArray(const std::vector<std::string>& values) {
+  std::string literal = "{";
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) literal += ',';
+    literal += '"';
+    for (const char c : values[i]) {
+      if (c == '"' || c == '\\') literal += '\\';
+      literal += c;
+    }
+    literal += '"';
+  }
+  literal += '}';
+  return literal;
+}
+
+std::int64_t ReadInt64(const char* bytes) {
+  std::uint64_t value = 0;
+  for (int i = 0; i < 8; ++i) value = (value << 8U) | static_cast<unsigned char>(bytes[i]);
+  return static_cast<std::int64_t>(value);
+}
+
+std::int32_t ReadInt32(const char* bytes) {
+  std::uint32_t value = 0;
+  for (int i = 0; i < 4; ++i) value = (value << 8U) | static_cast<unsigned char>(bytes[i]);
+  return static_cast<std::int32_t>(value);
+}
+
+Uuid ReadUuid(const char* bytes) {
+  Uuid::Bytes raw{};
+  for (std::size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<std::uint8_t>(bytes[i]);
+  return Uuid{raw};
+}
+
+TimePoint ReadTimestamp(const char* bytes) {
+  // PostgreSQL's epoch is 2000-01-01 00:00:00 UTC, 946684800 s after the Unix epoch.
+  constexpr std::int64_t kPostgresEpochMicros = 946684800LL * 1000000LL;
+  return TimePoint{std::chrono::duration_cast<TimePoint::duration>(
+      std::chrono::microseconds{ReadInt64(bytes) + kPostgresEpochMicros})};
+}
+
+Connection::Connection(std::string conninfo)
+    : conninfo_(std::move(conninfo)), description_(DescribeConninfo(conninfo_)) {
+  if (description_.empty()) {
+    // libpq's parse error quotes the offending fragment, which may be a password: say less.
+    throw PgError(FailureKind::kPermanent,
+                  "invalid PostgreSQL connection string (not shown: it may hold a password); "
+                  "expected a postgresql:// URI or key=value pairs",
+                  "");
+  }
+  EnsureConnected();
+}
+
+void Connection::EnsureConnected() {
+  if (conn_ && PQstatus(conn_.get()) == CONNECTION_OK) return;
+  conn_.reset(PQconnectdb(conninfo_.c_str()));
+  if (!conn_ || PQstatus(conn_.get()) != CONNECTION_OK) {
+    const std::string reason = conn_ ? Trim(PQerrorMessage(conn_.get())) : "out of memory";
+    conn_.reset();
+    throw PgError(FailureKind::kUnavailable,
+                  "cannot connect to PostgreSQL (" + description_ + "): " + reason, "");
+  }
+}
+
+}  // namespace outbox::postgres

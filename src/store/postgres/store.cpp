@@ -1,0 +1,391 @@
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <unordered_set>
+
+#include "connection.h"
+#include "outbox/core/error.h"
+#include "outbox/store/postgres.h"
+
+namespace outbox::postgres {
+namespace {
+
+std::string UuidArray(const std::vector<MessageId>& ids) {
+  std::string literal = "{";
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) literal += ',';
+    literal += ids[i].ToString();
+  }
+  return literal + '}';
+}
+
+template <typename T>
+std::string NumberArray(const std::vector<T>& values) {
+  std::string literal = "{";
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) literal += ',';
+    literal += std::to_string(values[i]);
+  }
+  return literal + '}';
+}
+
+std::string BoolArray(const std::vector<bool>& values) {
+  std::string literal = "{";
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) literal += ',';
+    literal += values[i] ? 't' : 'f';
+  }
+  return literal + '}';
+}
+
+std::string_view Column(const PGresult* result, int row, int column) {
+  return {PQgetvalue(result, row, column),
+          static_cast<std::size_t>(PQgetlength(result, row, column))};
+}
+
+std::optional<std::string> OptionalText(const PGresult* result, int row, int column) {
+  if (PQgetisnull(result, row, column) != 0) return std::nullopt;
+  return std::string{Column(result, row, column)};
+}
+
+Headers ParseHeaders(std::string_view jsonb_binary) {
+  // Binary jsonb is a version byte (1) followed by the JSON text.
+  if (jsonb_binary.empty() || jsonb_binary.front() != 1) {
+    throw StoreError(FailureKind::kPermanent, "claim: unexpected jsonb format for headers");
+  }
+  Headers headers;
+  const auto json = nlohmann::json::parse(jsonb_binary.substr(1));
+  for (const auto& [name, value] : json.items()) {
+    headers.emplace(name, value.is_string() ? value.get<std::string>() : value.dump());
+  }
+  return headers;
+}
+
+class PostgresStore final : public Store {
+ public:
+  explicit PostgresStore(StoreOptions options)
+      : options_(std::move(options)),
+        connection_(options_.conninfo),
+        writer_(options_.schema),
+        table_(QuoteSchema(options_.schema) + ".messages") {
+    if (!options_.random) options_.random = DefaultRandom();
+    BuildStatements();
+  }
+
+  std::vector<MessageId> Enqueue(std::span<const NewMessage> messages) override {
+    PGconn* conn = Ready();
+    Exec(conn, "enqueue: begin", "BEGIN");
+    try {
+      auto ids = writer_.Enqueue(conn, messages);
+      Exec(conn, "enqueue: commit", "COMMIT");
+      return ids;
+    } catch (...) {
+      ResultPtr rollback{PQexec(conn, "ROLLBACK")};
+      throw;
+    }
+  }
+
+  std::vector<Envelope> Claim(const ClaimRequest& request) override {
+    if (request.owner.empty()) throw std::invalid_argument("claim: owner must not be empty");
+    if (request.max_messages < 1) throw std::invalid_argument("claim: max_messages must be >= 1");
+    if (request.lease_duration.count() < 1) {
+      throw std::invalid_argument("claim: lease_duration must be positive");
+    }
+    const std::string limit = std::to_string(request.max_messages);
+    const std::string partitions = NumberArray(request.partitions);
+    const std::string lease = std::to_string(request.lease_duration.count());
+    const auto result =
+        Exec(Ready(), "claim", claim_sql_,
+             {Param{limit}, request.partitions.empty() ? Param{} : Param{partitions},
+              Param{request.owner}, Param{lease}},
+             /*binary_results=*/true);
+    const PGresult* rows = result.get();
+    std::vector<Envelope> batch;
+    batch.reserve(static_cast<std::size_t>(PQntuples(rows)));
+    for (int row = 0; row < PQntuples(rows); ++row) {
+      Envelope envelope;
+      envelope.id = ReadUuid(PQgetvalue(rows, row, 0));
+      envelope.topic = Column(rows, row, 1);
+      envelope.stream_key = OptionalText(rows, row, 2);
+      if (PQgetisnull(rows, row, 3) == 0) envelope.stream_seq = ReadInt64(PQgetvalue(rows, row, 3));
+      envelope.partition = ReadInt32(PQgetvalue(rows, row, 4));
+      envelope.target = Column(rows, row, 5);
+      envelope.type = OptionalText(rows, row, 6);
+      envelope.payload = Column(rows, row, 7);
+      envelope.content_type = Column(rows, row, 8);
+      envelope.headers = ParseHeaders(Column(rows, row, 9));
+      envelope.attempts = ReadInt32(PQgetvalue(rows, row, 10));
+      envelope.created_at = ReadTimestamp(PQgetvalue(rows, row, 11));
+      envelope.lease_epoch = ReadInt64(PQgetvalue(rows, row, 12));
+      batch.push_back(std::move(envelope));
+    }
+    // UPDATE ... RETURNING has no order; ids are time-ordered and, within a stream, in
+    // stream_seq order.
+    std::sort(batch.begin(), batch.end(),
+              [](const Envelope& a, const Envelope& b) { return a.id < b.id; });
+    return batch;
+  }
+
+  SettleResult Complete(std::string_view owner, std::span<const LeasedId> messages) override {
+    return Settle(complete_sql_, "complete", owner, messages, {});
+  }
+
+  SettleResult Renew(std::string_view owner, std::span<const LeasedId> messages,
+                     std::chrono::milliseconds lease_duration) override {
+    if (lease_duration.count() < 1) {
+      throw std::invalid_argument("renew: lease_duration must be positive");
+    }
+    return Settle(renew_sql_, "renew", owner, messages, {std::to_string(lease_duration.count())});
+  }
+
+  SettleResult Release(std::string_view owner, std::span<const LeasedId> messages) override {
+    return Settle(release_sql_, "release", owner, messages, {});
+  }
+
+  SettleResult Fail(std::string_view owner, std::span<const FailedMessage> failures) override {
+    std::vector<MessageId> ids;
+    std::vector<std::int64_t> epochs;
+    std::vector<bool> abandon;
+    std::vector<bool> spend;
+    std::vector<std::int64_t> delays;
+    std::vector<std::string> errors;
+    for (const auto& failed : failures) {
+      const FailureTreatment treatment = failed.failure.treatment();
+      if (!treatment.keep_lease) continue;  // lease lost: the new owner settles it
+      const int attempts = failed.attempts + (treatment.spends_attempt ? 1 : 0);
+      const bool give_up =
+          treatment.abandon_now || (treatment.spends_attempt && options_.retry.Exhausted(attempts));
+      ids.push_back(failed.message.id);
+      epochs.push_back(failed.message.lease_epoch);
+      abandon.push_back(give_up);
+      spend.push_back(treatment.spends_attempt);
+      delays.push_back(treatment.spends_attempt && !give_up
+                           ? options_.retry.Delay(attempts, options_.random).count()
+                           : 0);
+      errors.push_back(failed.failure.Describe());
+    }
+    SettleResult outcome;
+    if (ids.empty()) return outcome;
+    const std::string owner_text{owner};
+    const auto result = Exec(Ready(), "fail", fail_sql_,
+                             {Param{owner_text}, Param{UuidArray(ids)}, Param{NumberArray(epochs)},
+                              Param{BoolArray(abandon)}, Param{BoolArray(spend)},
+                              Param{NumberArray(delays)}, Param{TextArray(errors)}});
+    return Tally(result.get(), ids);
+  }
+
+  std::int64_t ReclaimExpired() override {
+    const auto result = Exec(Ready(), "reclaim expired leases", reclaim_sql_);
+    return std::stoll(PQcmdTuples(result.get()));
+  }
+
+  std::int64_t Purge(const RetentionPolicy& retention, int max_rows) override {
+    if (max_rows < 1) throw std::invalid_argument("purge: max_rows must be >= 1");
+    const auto result =
+        Exec(Ready(), "purge", purge_sql_,
+             {Param{std::to_string(retention.published.count())},
+              Param{std::to_string(retention.abandoned.count())}, Param{std::to_string(max_rows)}});
+    return std::stoll(PQcmdTuples(result.get()));
+  }
+
+  StoreStats Stats() override {
+    const auto result =
+        Exec(Ready(), "stats", stats_sql_, {Param{std::to_string(options_.exact_count_limit)}});
+    const PGresult* row = result.get();
+    const auto number = [row](int column) -> std::int64_t {
+      return PQgetisnull(row, 0, column) != 0 ? 0 : std::stoll(PQgetvalue(row, 0, column));
+    };
+    StoreStats stats;
+    stats.pending = number(0);
+    stats.processing = number(1);
+    stats.failed = number(2);
+    stats.abandoned = number(3);
+    stats.published = number(4);
+    if (PQgetisnull(row, 0, 5) == 0) {
+      stats.oldest_pending_age = std::chrono::milliseconds{std::max<std::int64_t>(0, number(5))};
+    }
+    stats.active_leases = number(6);
+    // A capped count is replaced by the planner's estimate of the table's rows in that state.
+    const auto limit = options_.exact_count_limit;
+    std::int64_t* counts[] = {&stats.pending, &stats.processing, &stats.failed, &stats.abandoned,
+                              &stats.published};
+    for (int i = 0; i < 5; ++i) {
+      if (*counts[i] >= limit) {
+        stats.counts_estimated = true;
+        *counts[i] = std::max(limit, number(7 + i));
+      }
+    }
+    return stats;
+  }
+
+ private:
+  PGconn* Ready() {
+    connection_.EnsureConnected();
+    return connection_.get();
+  }
+
+  // Runs a fenced statement over (ids, epochs) and reports which rows it touched.
+  SettleResult Settle(const std::string& sql, std::string_view what, std::string_view owner,
+                      std::span<const LeasedId> messages, const std::vector<std::string>& extra) {
+    SettleResult outcome;
+    if (messages.empty()) return outcome;
+    std::vector<MessageId> ids;
+    std::vector<std::int64_t> epochs;
+    for (const auto& message : messages) {
+      ids.push_back(message.id);
+      epochs.push_back(message.lease_epoch);
+    }
+    // Param holds views: the strings must outlive the call.
+    const std::string owner_text{owner};
+    const std::string id_array = UuidArray(ids);
+    const std::string epoch_array = NumberArray(epochs);
+    std::vector<Param> params{Param{owner_text}, Param{id_array}, Param{epoch_array}};
+    for (const auto& value : extra) params.push_back(Param{value});
+    const auto result = Exec(Ready(), what, sql, params);
+    return Tally(result.get(), ids);
+  }
+
+  // Rows returned by a fenced statement are settled; the rest of `ids` had lost their lease.
+  static SettleResult Tally(const PGresult* result, const std::vector<MessageId>& ids) {
+    SettleResult outcome;
+    std::unordered_set<MessageId> touched;
+    for (int row = 0; row < PQntuples(result); ++row) {
+      if (auto id = Uuid::Parse(PQgetvalue(result, row, 0))) touched.insert(*id);
+    }
+    outcome.settled = static_cast<std::int64_t>(touched.size());
+    for (const auto& id : ids) {
+      if (!touched.contains(id)) outcome.lease_lost.push_back(id);
+    }
+    return outcome;
+  }
+
+  void BuildStatements() {
+    const std::string& t = table_;
+    // Fencing: only rows still leased by this owner under the epoch they were claimed with.
+    const std::string fenced =
+        " AS c(id, epoch) WHERE m.id = c.id AND m.lease_epoch = c.epoch AND m.lease_owner = $1 "
+        "AND m.status = 'processing'";
+    const std::string leased = "unnest($2::uuid[], $3::bigint[])";
+
+    // Oldest first; SKIP LOCKED lets claimers pass each other; a keyed message waits while an
+    // earlier message of its stream is leased or waiting for its retry (head-of-line per stream).
+    claim_sql_ =
+        "WITH claimable AS ("
+        " SELECT m.id FROM " +
+        t +
+        " m"
+        " WHERE m.status IN ('pending', 'failed') AND m.available_at <= now()"
+        "  AND ($2::integer[] IS NULL OR m.partition = ANY($2::integer[]))"
+        "  AND (m.stream_key IS NULL OR NOT EXISTS ("
+        "   SELECT 1 FROM " +
+        t +
+        " e"
+        "   WHERE e.stream_key = m.stream_key AND e.id < m.id"
+        "    AND e.status IN ('processing', 'failed')"
+        "    AND (e.status = 'processing' OR e.available_at > now())))"
+        " ORDER BY m.id LIMIT $1::integer"
+        " FOR UPDATE SKIP LOCKED)"
+        " UPDATE " +
+        t +
+        " m SET status = 'processing', lease_owner = $3,"
+        "  lease_until = now() + $4::bigint * interval '1 millisecond',"
+        "  lease_epoch = m.lease_epoch + 1"
+        " FROM claimable WHERE m.id = claimable.id"
+        " RETURNING m.id, m.topic, m.stream_key, m.stream_seq, m.partition, m.target, m.type,"
+        "  m.payload, m.content_type, m.headers, m.attempts, m.created_at, m.lease_epoch";
+
+    if (options_.retention.published.count() == 0) {
+      complete_sql_ = "DELETE FROM " + t + " m USING " + leased + fenced + " RETURNING m.id";
+    } else {
+      complete_sql_ = "UPDATE " + t +
+                      " m SET status = 'published', published_at = now(), lease_owner = NULL,"
+                      " lease_until = NULL FROM " +
+                      leased + fenced + " RETURNING m.id";
+    }
+    renew_sql_ = "UPDATE " + t +
+                 " m SET lease_until = now() + $4::bigint * interval '1 millisecond'"
+                 " FROM " +
+                 leased + fenced + " RETURNING m.id";
+    release_sql_ = "UPDATE " + t +
+                   " m SET status = 'pending', lease_owner = NULL, lease_until = NULL"
+                   " FROM " +
+                   leased + fenced + " RETURNING m.id";
+    fail_sql_ = "UPDATE " + t +
+                " m SET"
+                " status = CASE WHEN c.abandon THEN 'abandoned' WHEN c.spend THEN 'failed'"
+                "  ELSE 'pending' END,"
+                " attempts = m.attempts + CASE WHEN c.spend THEN 1 ELSE 0 END,"
+                " available_at = now() + c.delay_ms * interval '1 millisecond',"
+                " abandoned_at = CASE WHEN c.abandon THEN now() END,"
+                " last_error = c.error, lease_owner = NULL, lease_until = NULL"
+                " FROM unnest($2::uuid[], $3::bigint[], $4::boolean[], $5::boolean[], $6::bigint[],"
+                "  $7::text[]) AS c(id, epoch, abandon, spend, delay_ms, error)"
+                " WHERE m.id = c.id AND m.lease_epoch = c.epoch AND m.lease_owner = $1"
+                " AND m.status = 'processing' RETURNING m.id";
+    reclaim_sql_ = "UPDATE " + t +
+                   " SET status = 'pending', lease_owner = NULL, lease_until = NULL"
+                   " WHERE status = 'processing' AND lease_until < now()";
+    purge_sql_ = "DELETE FROM " + t +
+                 " WHERE id IN (SELECT id FROM ("
+                 " (SELECT id FROM " +
+                 t +
+                 " WHERE status = 'published'"
+                 "   AND published_at < now() - $1::bigint * interval '1 second' LIMIT $3::integer)"
+                 " UNION ALL"
+                 " (SELECT id FROM " +
+                 t +
+                 " WHERE status = 'abandoned'"
+                 "   AND abandoned_at < now() - $2::bigint * interval '1 second' LIMIT $3::integer)"
+                 ") doomed LIMIT $3::integer)";
+    const auto capped = [&t](const char* status) {
+      return "(SELECT count(*) FROM (SELECT 1 FROM " + t + " WHERE status = '" + status +
+             "' LIMIT $1::bigint) c)";
+    };
+    // The planner's row estimate for one status, used when the exact count hits the cap.
+    const auto estimate = [&t, this](const char* status) {
+      return "(SELECT (s.frac * c.reltuples)::bigint FROM pg_class c,"
+             " (SELECT coalesce((SELECT f FROM pg_stats st, "
+             "unnest(st.most_common_vals::text::text[],"
+             "  st.most_common_freqs) AS v(val, f) WHERE st.schemaname = '" +
+             options_.schema +
+             "' AND st.tablename = 'messages' AND st.attname = 'status' AND v.val = '" + status +
+             "'), 0) AS frac) s WHERE c.oid = '" + t + "'::regclass)";
+    };
+    stats_sql_ = "SELECT " + capped("pending") + ", " + capped("processing") + ", " +
+                 capped("failed") + ", " + capped("abandoned") + ", " + capped("published") +
+                 ", (SELECT (extract(epoch FROM now() - created_at) * 1000)::bigint FROM " + t +
+                 "   WHERE status IN ('pending', 'failed') ORDER BY id LIMIT 1)"
+                 ", (SELECT count(DISTINCT lease_owner) FROM " +
+                 t + "   WHERE status = 'processing' AND lease_until > now()), " +
+                 estimate("pending") + ", " + estimate("processing") + ", " + estimate("failed") +
+                 ", " + estimate("abandoned") + ", " + estimate("published");
+  }
+
+  StoreOptions options_;
+  Connection connection_;
+  Writer writer_;
+  std::string table_;
+  std::string claim_sql_, complete_sql_, renew_sql_, release_sql_, fail_sql_, reclaim_sql_,
+      purge_sql_, stats_sql_;
+};
+
+}  // namespace
+
+std::unique_ptr<Store> OpenStore(StoreOptions options) {
+  if (auto error = options.retry.Validate()) throw ConfigError("retry", *error);
+  if (options.retention.published.count() < 0) {
+    throw ConfigError("retention.published", "must not be negative");
+  }
+  if (options.retention.abandoned.count() < 0) {
+    throw ConfigError("retention.abandoned", "must not be negative");
+  }
+  if (options.exact_count_limit < 1) throw ConfigError("exact_count_limit", "must be >= 1");
+  try {
+    QuoteSchema(options.schema);
+  } catch (const std::invalid_argument& error) {
+    throw ConfigError("schema", error.what());
+  }
+  return std::make_unique<PostgresStore>(std::move(options));
+}
+
+}  // namespace outbox::postgres

@@ -1,0 +1,164 @@
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "connection.h"
+#include "outbox/core/error.h"
+#include "outbox/store/postgres.h"
+
+namespace outbox::postgres {
+namespace {
+
+// PostgreSQL's bytea type, for the binary payload parameter.
+constexpr Oid kByteaOid = 17;
+constexpr int kParamCount = 8;
+
+void RequireOpenTransaction(PGconn* conn) {
+  switch (PQtransactionStatus(conn)) {
+    case PQTRANS_INTRANS:
+      return;
+    case PQTRANS_IDLE:
+      throw std::logic_error(
+          "outbox enqueue: no open transaction on this connection; call BEGIN first (the writer "
+          "never commits for you)");
+    case PQTRANS_INERROR:
+      throw std::logic_error(
+          "outbox enqueue: the transaction on this connection has failed; roll it back");
+    case PQTRANS_ACTIVE:
+      throw std::logic_error("outbox enqueue: the connection is busy with another command");
+    case PQTRANS_UNKNOWN:
+      break;
+  }
+  throw StoreError(FailureKind::kUnavailable, "outbox enqueue: the connection is bad");
+}
+
+// The message's parameters, kept alive while libpq reads them.
+struct EnqueueParams {
+  std::string headers_json;
+  std::string sequenced;
+  std::array<const char*, kParamCount> values{};
+  std::array<int, kParamCount> lengths{};
+  std::array<int, kParamCount> formats{};
+  std::array<Oid, kParamCount> types{};
+
+  explicit EnqueueParams(const NewMessage& message) {
+    nlohmann::json headers = nlohmann::json::object();
+    for (const auto& [name, value] : message.headers) headers[name] = value;
+    headers_json = headers.dump();
+    if (message.sequenced) sequenced = *message.sequenced ? "true" : "false";
+    Set(0, message.topic);
+    Set(1, message.payload);
+    formats[1] = 1;
+    types[1] = kByteaOid;
+    Set(2, message.content_type);
+    if (message.stream_key) Set(3, *message.stream_key);
+    if (message.type) Set(4, *message.type);
+    Set(5, headers_json);
+    Set(6, message.target);
+    if (message.sequenced) Set(7, sequenced);
+  }
+
+  void Set(std::size_t index, const std::string& value) {
+    values[index] = value.data();
+    lengths[index] = static_cast<int>(value.size());
+  }
+};
+
+// Turns PostgreSQL's refusal of a message into InvalidMessage; other errors pass through.
+[[noreturn]] void ThrowEnqueueError(PGconn* conn, const PGresult* result) {
+  try {
+    ThrowStatementError(conn, result, "outbox enqueue");
+  } catch (const PgError& error) {
+    // 22xxx: data exception (our RAISEs use 22023), 23xxx: integrity constraint violation.
+    if (error.sqlstate().starts_with("22") || error.sqlstate().starts_with("23")) {
+      throw InvalidMessage(error.what());
+    }
+    throw;
+  }
+}
+
+}  // namespace
+
+Writer::Writer(std::string schema) {
+  const std::string quoted = QuoteSchema(schema);
+  sql_ = "SELECT " + quoted + ".enqueue_message($1, $2, $3, $4, $5, " + quoted +
+         ".build_headers($6::jsonb, NULL, NULL), $7, $8::boolean)";
+}
+
+MessageId Writer::Enqueue(pg_conn* conn, const NewMessage& message) const {
+  return Enqueue(conn, std::span{&message, 1}).front();
+}
+
+std::vector<MessageId> Writer::Enqueue(pg_conn* conn, std::span<const NewMessage> messages) const {
+  RequireOpenTransaction(conn);
+  // Check what can be checked here first, so a bad message does not abort the caller's
+  // transaction. The payload limit is the database's (settings.max_payload_bytes).
+  MessageLimits limits;
+  limits.max_payload_bytes = SIZE_MAX;
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    if (auto error = ValidateMessage(messages[i], limits); !error.empty()) {
+      throw InvalidMessage("outbox enqueue: message " + std::to_string(i) + ": " + error);
+    }
+  }
+  std::vector<MessageId> ids;
+  ids.reserve(messages.size());
+  if (messages.empty()) return ids;
+
+  // All statements go out in one pipeline: one round trip for the batch.
+  const bool pipelined = messages.size() > 1;
+  if (pipelined && PQenterPipelineMode(conn) != 1) {
+    throw StoreError(FailureKind::kUnavailable, "outbox enqueue: cannot enter pipeline mode");
+  }
+  struct PipelineExit {
+    PGconn* conn;
+    bool active;
+    ~PipelineExit() {
+      if (active) PQexitPipelineMode(conn);
+    }
+  } pipeline_exit{conn, pipelined};
+
+  for (const auto& message : messages) {
+    const EnqueueParams params{message};
+    if (PQsendQueryParams(conn, sql_.c_str(), kParamCount, params.types.data(),
+                          params.values.data(), params.lengths.data(), params.formats.data(),
+                          1) != 1) {
+      ThrowStatementError(conn, nullptr, "outbox enqueue: send");
+    }
+  }
+  if (pipelined && PQpipelineSync(conn) != 1) {
+    ThrowStatementError(conn, nullptr, "outbox enqueue: sync");
+  }
+
+  // Read every result, even after an error, so the connection is left idle; report the first
+  // error.
+  ResultPtr first_error;
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    ResultPtr result{PQgetResult(conn)};
+    if (!result) ThrowStatementError(conn, nullptr, "outbox enqueue: read");
+    const auto status = PQresultStatus(result.get());
+    if (status == PGRES_TUPLES_OK && PQntuples(result.get()) == 1) {
+      ids.push_back(ReadUuid(PQgetvalue(result.get(), 0, 0)));
+    } else if (!first_error && status != PGRES_PIPELINE_ABORTED) {
+      first_error = std::move(result);
+    }
+    // Each statement's results end with a null result.
+    while (ResultPtr rest{PQgetResult(conn)}) {
+    }
+  }
+  if (pipelined) {
+    ResultPtr sync{PQgetResult(conn)};
+    if (!sync || PQresultStatus(sync.get()) != PGRES_PIPELINE_SYNC) {
+      ThrowStatementError(conn, sync.get(), "outbox enqueue: pipeline sync");
+    }
+    pipeline_exit.active = false;
+    if (PQexitPipelineMode(conn) != 1) {
+      ThrowStatementError(conn, nullptr, "outbox enqueue: leave pipeline mode");
+    }
+  }
+  if (first_error) ThrowEnqueueError(conn, first_error.get());
+  if (ids.size() != messages.size()) {
+    ThrowStatementError(conn, nullptr, "outbox enqueue: fewer ids than messages");
+  }
+  return ids;
+}
+
+}  // namespace outbox::postgres

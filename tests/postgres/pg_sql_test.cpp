@@ -1,0 +1,287 @@
+// The SQL face of the store: migrations, outbox.enqueue from plain SQL (as any language would
+// call it), its errors, stream_seq, partitions and the idle-relay wakeup.
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+#include "outbox/core/partition.h"
+#include "pg_test_support.h"
+
+namespace outbox::testing {
+namespace {
+
+class PgSqlTest : public ::testing::Test {
+ protected:
+  TestSchema schema_;
+  PGconn* conn() { return schema_.conn(); }
+  std::string S() { return schema_.name(); }
+  std::string Enqueue(const std::string& args) {
+    return Scalar(conn(), "SELECT " + S() + ".enqueue(" + args + ")");
+  }
+  std::string Error(const std::string& args) {
+    return RunExpectingError(conn(), "SELECT " + S() + ".enqueue(" + args + ")");
+  }
+};
+
+TEST_F(PgSqlTest, MigrationIsIdempotentAndVersioned) {
+  EXPECT_EQ(postgres::Migrate(conn(), S()), postgres::LatestSchemaVersion());
+  EXPECT_EQ(postgres::Migrate(PgUrl(), S()), postgres::LatestSchemaVersion());
+  EXPECT_EQ(Scalar(conn(), "SELECT max(version) FROM " + S() + ".schema_version"),
+            std::to_string(postgres::LatestSchemaVersion()));
+}
+
+TEST_F(PgSqlTest, ConcurrentMigrationsOfANewSchemaSerialize) {
+  const std::string name = S() + "_c";
+  std::vector<std::thread> threads;
+  std::vector<int> before(4, -1);
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    threads.emplace_back([&, i] { before[i] = postgres::Migrate(PgUrl(), name); });
+  }
+  for (auto& thread : threads) thread.join();
+  std::sort(before.begin(), before.end());
+  EXPECT_EQ(before, (std::vector<int>{0, 1, 1, 1}));  // exactly one migrator did the work
+  Sql(conn(), "DROP SCHEMA " + name + " CASCADE");
+}
+
+TEST_F(PgSqlTest, RejectsBadSchemaNames) {
+  EXPECT_THROW(postgres::Migrate(conn(), "Outbox"), std::invalid_argument);
+  EXPECT_THROW(postgres::Migrate(conn(), "x; DROP TABLE y"), std::invalid_argument);
+  EXPECT_THROW(postgres::Migrate(conn(), ""), std::invalid_argument);
+}
+
+TEST_F(PgSqlTest, EnqueueWithNamedArgumentsFillsEveryColumn) {
+  const std::string id = Enqueue(
+      "topic => 'orders', payload => '{\"id\": 42}', stream_key => 'order-42', type => "
+      "'OrderPlaced', headers => '{\"traceparent\": \"00-abc-def-01\"}', correlation_id => 'c-1', "
+      "causation_id => 'k-1', target => 'kafka'");
+  auto row = Sql(conn(),
+                 "SELECT topic, stream_key, stream_seq, partition, target, type, "
+                 "convert_from(payload, 'UTF8'), content_type, headers::text, status, "
+                 "attempts FROM " +
+                     S() + ".messages WHERE id = '" + id + "'");
+  ASSERT_EQ(PQntuples(row.get()), 1);
+  const auto col = [&](int c) { return std::string{PQgetvalue(row.get(), 0, c)}; };
+  EXPECT_EQ(col(0), "orders");
+  EXPECT_EQ(col(1), "order-42");
+  EXPECT_EQ(col(2), "1");
+  EXPECT_EQ(col(3), std::to_string(PartitionOf("order-42", 64)));
+  EXPECT_EQ(col(4), "kafka");
+  EXPECT_EQ(col(5), "OrderPlaced");
+  EXPECT_EQ(col(6), "{\"id\": 42}");  // the JSON text as written, not re-rendered
+  EXPECT_EQ(col(7), "application/json");
+  EXPECT_EQ(col(8),
+            R"({"traceparent": "00-abc-def-01", "causation_id": "k-1", "correlation_id": "c-1"})");
+  EXPECT_EQ(col(9), "pending");
+  EXPECT_EQ(col(10), "0");
+  EXPECT_EQ(Uuid::Parse(id)->version(), 7);
+}
+
+TEST_F(PgSqlTest, MinimalAndBinaryEnqueue) {
+  EXPECT_EQ(Uuid::Parse(Enqueue("'t', '[]'"))->version(), 7);
+  const std::string id =
+      Enqueue("topic => 'blobs', payload => '\\x00ff'::bytea, content_type => 'application/x-raw'");
+  EXPECT_EQ(Scalar(conn(), "SELECT encode(payload, 'hex') || ' ' || content_type FROM " + S() +
+                               ".messages WHERE id = '" + id + "'"),
+            "00ff application/x-raw");
+  // jsonb values are accepted too (cast to json).
+  EXPECT_FALSE(Enqueue("'t', jsonb_build_object('a', 1)::json").empty());
+}
+
+TEST_F(PgSqlTest, PartitionHashMatchesTheCoreVectors) {
+  EXPECT_EQ(Scalar(conn(), "SELECT " + S() + ".fnv1a32(''::bytea)"), std::to_string(0x811c9dc5U));
+  EXPECT_EQ(Scalar(conn(), "SELECT " + S() + ".fnv1a32('foobar'::bytea)"),
+            std::to_string(0xbf9cf968U));
+  EXPECT_EQ(Scalar(conn(), "SELECT " + S() + ".partition_of('order-42', 16)"), "4");
+  EXPECT_EQ(Scalar(conn(), "SELECT " + S() + ".partition_of('customer/7', 64)"), "47");
+  EXPECT_EQ(Scalar(conn(), "SELECT " + S() + ".partition_of('Grüße', 8)"),
+            std::to_string(PartitionOf("Gr\xc3\xbc\xc3\x9f"
+                                       "e",
+                                       8)));
+  // Unkeyed messages are placed by the text of their id, as PartitionFor does.
+  const std::string id = Enqueue("'t', '{}'");
+  EXPECT_EQ(Scalar(conn(), "SELECT partition FROM " + S() + ".messages WHERE id = '" + id + "'"),
+            std::to_string(PartitionFor(std::nullopt, *Uuid::Parse(id), 64)));
+}
+
+TEST_F(PgSqlTest, BadInputGetsClearErrors) {
+  EXPECT_EQ(Error("topic => '', payload => '{}'"), "outbox.enqueue: topic must not be empty");
+  EXPECT_EQ(Error("topic => NULL, payload => '{}'"), "outbox.enqueue: topic must not be empty");
+  EXPECT_EQ(Error("topic => E'a\\nb', payload => '{}'"),
+            "outbox.enqueue: topic contains a control character");
+  EXPECT_EQ(Error("topic => repeat('t', 256), payload => '{}'"),
+            "outbox.enqueue: topic is 256 bytes, over the limit of 255");
+  EXPECT_EQ(Error("topic => 't', payload => NULL::json"),
+            "outbox.enqueue: payload must not be null");
+  EXPECT_EQ(Error("topic => 't', payload => '{not json'"), "invalid input syntax for type json");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', headers => '[1]'"),
+            "outbox.enqueue: headers must be a JSON object, got array");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', headers => '\"x\"'"),
+            "outbox.enqueue: headers must be a JSON object, got string");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', headers => '{\"a\\u0001\": \"v\"}'"),
+            "outbox.enqueue: header name contains a control character");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', headers => '{\"a\": \"line\\nbreak\"}'"),
+            "outbox.enqueue: header \"a\" value contains a control character");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', headers => '{\"\": \"v\"}'"),
+            "outbox.enqueue: header name must not be empty");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', headers => '{\"a\": 1}'"),
+            "outbox.enqueue: header \"a\" must be a string, got number");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', headers => '{\"Message_Id\": \"x\"}'"),
+            "outbox.enqueue: header \"Message_Id\" is reserved (message_id and names starting "
+            "with \"outbox-\" are set by the outbox)");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', headers => '{\"outbox-stream-seq\": \"9\"}'"),
+            "outbox.enqueue: header \"outbox-stream-seq\" is reserved (message_id and names "
+            "starting with \"outbox-\" are set by the outbox)");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', stream_key => ''"),
+            "outbox.enqueue: stream_key must not be empty");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', target => ''"),
+            "outbox.enqueue: target must not be empty");
+  EXPECT_EQ(Error("topic => 't', payload => '\\x00'::bytea, content_type => ''"),
+            "outbox.enqueue: content_type must not be empty");
+  Sql(conn(), "UPDATE " + S() + ".settings SET max_payload_bytes = 10");
+  EXPECT_EQ(
+      Error("topic => 't', payload => '\"0123456789\"'"),
+      "outbox.enqueue: payload is 12 bytes, over the limit of 10 (settings.max_payload_bytes)");
+  EXPECT_EQ(Scalar(conn(), "SELECT count(*) FROM " + S() + ".messages"), "0");
+}
+
+TEST_F(PgSqlTest, BatchFormReturnsIdsInOrderAndRejectsBadElements) {
+  auto rows = Sql(conn(), "SELECT ordinal, id FROM " + S() +
+                              ".enqueue_batch('[{\"topic\": \"a\", \"payload\": {\"n\": 1}}, "
+                              "{\"topic\": \"b\", \"payload\": [2], \"stream_key\": \"k\"}]')");
+  ASSERT_EQ(PQntuples(rows.get()), 2);
+  EXPECT_EQ(Scalar(conn(),
+                   "SELECT string_agg(topic || ':' || convert_from(payload, 'UTF8'), ' ' "
+                   "ORDER BY id) FROM " +
+                       S() + ".messages"),
+            "a:{\"n\": 1} b:[2]");
+  const auto batch_error = [&](const std::string& json) {
+    return RunExpectingError(conn(), "SELECT * FROM " + S() + ".enqueue_batch('" + json + "')");
+  };
+  EXPECT_EQ(batch_error("{}"), "outbox.enqueue_batch: messages must be a JSON array");
+  EXPECT_EQ(batch_error("[1]"), "outbox.enqueue_batch: element 1 must be a JSON object");
+  EXPECT_EQ(batch_error("[{\"topic\": \"a\", \"payload\": 1}, {\"topic\": \"a\", \"pay\": 1}]"),
+            "outbox.enqueue_batch: element 2: unknown key \"pay\"");
+  EXPECT_EQ(batch_error("[{\"topic\": \"a\"}]"),
+            "outbox.enqueue_batch: element 1: payload is missing");
+  EXPECT_EQ(batch_error("[{\"topic\": \"\", \"payload\": 1}]"),
+            "outbox.enqueue: topic must not be empty");
+}
+
+TEST_F(PgSqlTest, StreamSeqCanBeSwitchedOffPerCallAndPerTopic) {
+  Enqueue("'t', '{}', stream_key => 'k'");
+  Enqueue("'t', '{}', stream_key => 'k', sequenced => false");
+  Sql(conn(), "INSERT INTO " + S() + ".topic_settings VALUES ('fast', false)");
+  Enqueue("'fast', '{}', stream_key => 'k'");
+  Enqueue("'t', '{}', stream_key => 'k'");
+  EXPECT_EQ(Scalar(conn(),
+                   "SELECT string_agg(coalesce(stream_seq::text, '-'), ',' ORDER BY id) "
+                   "FROM " +
+                       S() + ".messages"),
+            "1,-,-,2");
+}
+
+TEST_F(PgSqlTest, WritersOfOneStreamSerializeUntilCommit) {
+  auto other = Connect();
+  Sql(conn(), "BEGIN");
+  Enqueue("'t', '{}', stream_key => 's'");
+  std::atomic<bool> second_done{false};
+  std::string second_seq;
+  std::thread second([&] {
+    Sql(other.get(), "BEGIN");
+    const std::string id =
+        Scalar(other.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 's')");
+    second_seq =
+        Scalar(other.get(), "SELECT stream_seq FROM " + S() + ".messages WHERE id = '" + id + "'");
+    second_done = true;
+    Sql(other.get(), "COMMIT");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds{300});
+  EXPECT_FALSE(second_done.load()) << "the second writer did not wait for the first to commit";
+  Sql(conn(), "COMMIT");
+  second.join();
+  EXPECT_EQ(second_seq, "2");
+  // A writer of another stream never waits.
+  Sql(conn(), "BEGIN");
+  Enqueue("'t', '{}', stream_key => 's'");
+  Sql(other.get(), "BEGIN");
+  Scalar(other.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'other')");
+  Sql(other.get(), "COMMIT");
+  Sql(conn(), "ROLLBACK");
+}
+
+TEST_F(PgSqlTest, StreamSeqIsGapFreeAndInIdOrderUnderEightWriters) {
+  constexpr int kWriters = 8;
+  constexpr int kPerWriter = 100;
+  std::vector<std::thread> writers;
+  std::atomic<int> committed{0};
+  for (int w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&, w] {
+      auto conn = Connect();
+      for (int i = 0; i < kPerWriter; ++i) {
+        Sql(conn.get(), "BEGIN");
+        Sql(conn.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'hot')");
+        if ((i + w) % 5 == 0) {
+          Sql(conn.get(), "ROLLBACK");  // 20 % roll back: their numbers are reused, no gaps
+        } else {
+          Sql(conn.get(), "COMMIT");
+          ++committed;
+        }
+      }
+    });
+  }
+  for (auto& writer : writers) writer.join();
+  // Gap-free: exactly 1..committed; ordered: sorting by id gives the same order as by seq.
+  EXPECT_EQ(Scalar(conn(),
+                   "SELECT count(*) || ' ' || min(stream_seq) || ' ' || max(stream_seq) || "
+                   "' ' || count(DISTINCT stream_seq) FROM " +
+                       S() + ".messages"),
+            std::to_string(committed) + " 1 " + std::to_string(committed) + " " +
+                std::to_string(committed));
+  EXPECT_EQ(Scalar(conn(),
+                   "SELECT count(*) FROM (SELECT stream_seq, row_number() OVER (ORDER BY "
+                   "id) AS n FROM " +
+                       S() + ".messages) x WHERE stream_seq <> n"),
+            "0");
+}
+
+TEST_F(PgSqlTest, EnqueueNotifiesOnlyAnIdleRelay) {
+  auto relay = Connect();
+  const std::string channel = postgres::WakeupChannel(S());
+  Sql(relay.get(), "LISTEN \"" + channel + "\"");
+  const auto notifications = [&] {
+    PQconsumeInput(relay.get());
+    int count = 0;
+    while (PGnotify* notify = PQnotifies(relay.get())) {
+      ++count;
+      PQfreemem(notify);
+    }
+    return count;
+  };
+  // Busy relay: no notifications at all.
+  Enqueue("'t', '{}'");
+  Enqueue("'t', '{}'");
+  std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  EXPECT_EQ(notifications(), 0);
+  // Idle relay: the first committed enqueue notifies once; later ones stay quiet.
+  Sql(relay.get(), "UPDATE " + S() + ".wakeup SET idle = true");
+  Sql(conn(), "BEGIN");
+  Enqueue("'t', '{}'");
+  std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  EXPECT_EQ(notifications(), 0) << "NOTIFY must wait for the commit";
+  Sql(conn(), "COMMIT");
+  Enqueue("'t', '{}'");
+  std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  EXPECT_EQ(notifications(), 1);
+  // A rolled-back enqueue wakes nobody and leaves the relay marked idle.
+  Sql(relay.get(), "UPDATE " + S() + ".wakeup SET idle = true");
+  Sql(conn(), "BEGIN");
+  Enqueue("'t', '{}'");
+  Sql(conn(), "ROLLBACK");
+  std::this_thread::sleep_for(std::chrono::milliseconds{50});
+  EXPECT_EQ(notifications(), 0);
+  EXPECT_EQ(Scalar(conn(), "SELECT idle FROM " + S() + ".wakeup"), "t");
+}
+
+}  // namespace
+}  // namespace outbox::testing

@@ -1,0 +1,90 @@
+#pragma once
+// Helpers for tests against a real PostgreSQL: the server from scripts/services, or the one named
+// by OUTBOX_TEST_PG_URL. Each test works in a schema of its own, dropped afterwards.
+
+#include <libpq-fe.h>
+
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+#include "outbox/store/postgres.h"
+
+namespace outbox::testing {
+
+inline std::string PgUrl() {
+  const char* url = std::getenv("OUTBOX_TEST_PG_URL");
+  return url != nullptr && url[0] != '\0'
+             ? url
+             : "postgresql://outbox:outbox@127.0.0.1:15432/outbox_test";
+}
+
+struct PgConnCloser {
+  void operator()(PGconn* conn) const noexcept { PQfinish(conn); }
+};
+using PgConn = std::unique_ptr<PGconn, PgConnCloser>;
+struct PgResultCloser {
+  void operator()(PGresult* result) const noexcept { PQclear(result); }
+};
+using PgResult = std::unique_ptr<PGresult, PgResultCloser>;
+
+inline PgConn Connect() {
+  PgConn conn{PQconnectdb(PgUrl().c_str())};
+  if (PQstatus(conn.get()) != CONNECTION_OK) {
+    throw std::runtime_error(
+        "cannot connect to the test PostgreSQL (start it with "
+        "scripts/services): " +
+        std::string{PQerrorMessage(conn.get())});
+  }
+  return conn;
+}
+
+// Runs `sql` and throws with the server's message if it fails.
+inline PgResult Sql(PGconn* conn, const std::string& sql) {
+  PgResult result{PQexec(conn, sql.c_str())};
+  const auto status = PQresultStatus(result.get());
+  if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+    throw std::runtime_error(sql.substr(0, 200) + ": " + PQerrorMessage(conn));
+  }
+  return result;
+}
+
+// Runs `sql` expecting it to fail; returns the server's primary error message.
+inline std::string RunExpectingError(PGconn* conn, const std::string& sql) {
+  PgResult result{PQexec(conn, sql.c_str())};
+  if (PQresultStatus(result.get()) != PGRES_FATAL_ERROR) return "<no error>";
+  const char* message = PQresultErrorField(result.get(), PG_DIAG_MESSAGE_PRIMARY);
+  return message != nullptr ? message : "";
+}
+
+inline std::string Scalar(PGconn* conn, const std::string& sql) {
+  auto result = Sql(conn, sql);
+  if (PQntuples(result.get()) != 1) throw std::runtime_error("expected one row: " + sql);
+  return PQgetvalue(result.get(), 0, 0);
+}
+
+// A schema of its own, migrated; dropped when this object dies.
+class TestSchema {
+ public:
+  TestSchema() : conn_(Connect()) {
+    std::random_device device;
+    name_ = "t_" + std::to_string(device()) + "_" + std::to_string(device() % 100000);
+    postgres::Migrate(conn_.get(), name_);
+  }
+  ~TestSchema() {
+    PgResult dropped{PQexec(conn_.get(), ("DROP SCHEMA IF EXISTS " + name_ + " CASCADE").c_str())};
+  }
+  TestSchema(const TestSchema&) = delete;
+  TestSchema& operator=(const TestSchema&) = delete;
+
+  const std::string& name() const { return name_; }
+  PGconn* conn() const { return conn_.get(); }
+
+ private:
+  PgConn conn_;
+  std::string name_;
+};
+
+}  // namespace outbox::testing

@@ -1,0 +1,312 @@
+#include "store_contract.h"
+
+#include <algorithm>
+#include <set>
+#include <thread>
+
+namespace outbox::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+RetryPolicy FastRetry(int max_attempts = 3) {
+  RetryPolicy policy;
+  policy.initial_delay = milliseconds{1};
+  policy.max_delay = milliseconds{4};
+  policy.max_attempts = max_attempts;
+  return policy;
+}
+
+NewMessage Message(std::string topic, std::optional<std::string> stream_key = std::nullopt,
+                   std::string payload = R"({"n":1})") {
+  NewMessage message;
+  message.topic = std::move(topic);
+  message.stream_key = std::move(stream_key);
+  message.payload = std::move(payload);
+  return message;
+}
+
+ClaimRequest Request(std::string owner, int max = 100, milliseconds lease = milliseconds{30000}) {
+  ClaimRequest request;
+  request.owner = std::move(owner);
+  request.max_messages = max;
+  request.lease_duration = lease;
+  return request;
+}
+
+std::vector<LeasedId> Leases(const std::vector<Envelope>& batch) {
+  std::vector<LeasedId> leases;
+  for (const auto& envelope : batch) leases.push_back(LeasedId::Of(envelope));
+  return leases;
+}
+
+std::unique_ptr<Store> OpenFresh(StoreHarness* harness, const RetryPolicy& retry = FastRetry(),
+                                 const RetentionPolicy& retention = {}) {
+  harness->Reset();
+  return harness->Open(retry, retention);
+}
+
+TEST_P(StoreContractTest, EnqueuedMessagesAreClaimedWithAllFields) {
+  auto store = OpenFresh(GetParam());
+  NewMessage message = Message("orders", "order-42", R"({"id":42})");
+  message.type = "OrderPlaced";
+  message.headers = {{"correlation_id", "c-1"}, {"x-tenant", "t\xc3\xa9"}};
+  message.target = "rabbit";
+  const auto ids = store->Enqueue(std::span{&message, 1});
+  ASSERT_EQ(ids.size(), 1U);
+  EXPECT_EQ(ids[0].version(), 7);
+
+  const auto batch = store->Claim(Request("relay-a"));
+  ASSERT_EQ(batch.size(), 1U);
+  const Envelope& got = batch[0];
+  EXPECT_EQ(got.id, ids[0]);
+  EXPECT_EQ(got.topic, "orders");
+  EXPECT_EQ(got.stream_key, "order-42");
+  EXPECT_EQ(got.stream_seq, 1);
+  EXPECT_EQ(got.type, "OrderPlaced");
+  EXPECT_EQ(got.payload, R"({"id":42})");
+  EXPECT_EQ(got.content_type, "application/json");
+  EXPECT_EQ(got.headers, message.headers);
+  EXPECT_EQ(got.target, "rabbit");
+  EXPECT_EQ(got.attempts, 0);
+  EXPECT_GT(got.lease_epoch, 0);
+  EXPECT_LT(std::chrono::abs(got.created_at - std::chrono::system_clock::now()),
+            std::chrono::seconds{60});
+  // Leased: nobody else gets it.
+  EXPECT_TRUE(store->Claim(Request("relay-b")).empty());
+}
+
+TEST_P(StoreContractTest, BinaryPayloadsSurviveUnchanged) {
+  auto store = OpenFresh(GetParam());
+  NewMessage message = Message("blobs");
+  message.payload = std::string("\x00\x01\xff\xfe zero\x00inside", 16);
+  message.content_type = "application/octet-stream";
+  store->Enqueue(std::span{&message, 1});
+  const auto batch = store->Claim(Request("relay"));
+  ASSERT_EQ(batch.size(), 1U);
+  EXPECT_EQ(batch[0].payload, message.payload);
+  EXPECT_EQ(batch[0].content_type, "application/octet-stream");
+}
+
+TEST_P(StoreContractTest, ClaimsOldestFirstInBatches) {
+  auto store = OpenFresh(GetParam());
+  std::vector<NewMessage> messages;
+  for (int i = 0; i < 25; ++i) messages.push_back(Message("t", std::nullopt, std::to_string(i)));
+  const auto ids = store->Enqueue(messages);
+  std::vector<MessageId> claimed;
+  for (int round = 0; round < 3; ++round) {
+    for (const auto& envelope : store->Claim(Request("relay", 10))) claimed.push_back(envelope.id);
+  }
+  EXPECT_EQ(claimed, ids);
+}
+
+TEST_P(StoreContractTest, CompleteRemovesAndIsFencedByOwnerAndEpoch) {
+  auto store = OpenFresh(GetParam());
+  std::vector<NewMessage> messages{Message("t"), Message("t"), Message("t")};
+  store->Enqueue(messages);
+  const auto batch = store->Claim(Request("relay-a"));
+  ASSERT_EQ(batch.size(), 3U);
+
+  // Another owner, or a stale epoch, settles nothing.
+  auto wrong_owner = store->Complete("relay-b", Leases(batch));
+  EXPECT_EQ(wrong_owner.settled, 0);
+  EXPECT_EQ(wrong_owner.lease_lost.size(), 3U);
+  auto stale = Leases(batch);
+  stale[0].lease_epoch -= 1;
+  const auto partly = store->Complete("relay-a", stale);
+  EXPECT_EQ(partly.settled, 2);
+  ASSERT_EQ(partly.lease_lost.size(), 1U);
+  EXPECT_EQ(partly.lease_lost[0], batch[0].id);
+  // Completing again is harmless (idempotent for retries after an unknown outcome).
+  const auto leases = Leases(batch);
+  const auto again = store->Complete("relay-a", std::span{leases}.subspan(1));
+  EXPECT_EQ(again.settled, 0);
+
+  const auto stats = store->Stats();
+  EXPECT_EQ(stats.processing, 1);
+  EXPECT_EQ(stats.published, 0);  // deleted on publish by default
+}
+
+TEST_P(StoreContractTest, PublishedRowsAreKeptWhenRetentionSaysSo) {
+  RetentionPolicy retention;
+  retention.published = std::chrono::seconds{3600};
+  auto store = OpenFresh(GetParam(), FastRetry(), retention);
+  std::vector<NewMessage> messages{Message("t"), Message("t")};
+  store->Enqueue(messages);
+  const auto batch = store->Claim(Request("relay"));
+  EXPECT_EQ(store->Complete("relay", Leases(batch)).settled, 2);
+  EXPECT_EQ(store->Stats().published, 2);
+  EXPECT_TRUE(store->Claim(Request("relay")).empty());
+  // Purge keeps them until their retention passes.
+  EXPECT_EQ(store->Purge(retention, 100), 0);
+  EXPECT_EQ(store->Purge(RetentionPolicy{.published = std::chrono::seconds{0},
+                                         .abandoned = std::chrono::seconds{0}},
+                         1),
+            1);  // bounded chunk
+  EXPECT_EQ(store->Stats().published, 1);
+}
+
+TEST_P(StoreContractTest, ExpiredLeaseIsReclaimedAndOldOwnerIsFenced) {
+  auto store = OpenFresh(GetParam());
+  NewMessage message = Message("t");
+  store->Enqueue(std::span{&message, 1});
+  const auto first = store->Claim(Request("relay-a", 10, milliseconds{50}));
+  ASSERT_EQ(first.size(), 1U);
+  EXPECT_EQ(store->ReclaimExpired(), 0);  // not expired yet
+  std::this_thread::sleep_for(milliseconds{120});
+  EXPECT_EQ(store->ReclaimExpired(), 1);
+  const auto second = store->Claim(Request("relay-b"));
+  ASSERT_EQ(second.size(), 1U);
+  EXPECT_EQ(second[0].id, first[0].id);
+  EXPECT_GT(second[0].lease_epoch, first[0].lease_epoch);
+
+  // The paused first owner wakes up: its completion, renewal and failure are all refused.
+  EXPECT_EQ(store->Complete("relay-a", Leases(first)).lease_lost.size(), 1U);
+  EXPECT_EQ(store->Renew("relay-a", Leases(first), milliseconds{1000}).settled, 0);
+  const FailedMessage failed = FailedMessage::Of(first[0], Failure{FailureKind::kRejected, "late"});
+  EXPECT_EQ(store->Fail("relay-a", std::span{&failed, 1}).settled, 0);
+  // Even under the same owner name (a restarted relay), the old epoch is fenced.
+  EXPECT_EQ(store->Complete("relay-b", Leases(first)).settled, 0);
+  EXPECT_EQ(store->Complete("relay-b", Leases(second)).settled, 1);
+}
+
+TEST_P(StoreContractTest, RenewKeepsTheLease) {
+  auto store = OpenFresh(GetParam());
+  NewMessage message = Message("t");
+  store->Enqueue(std::span{&message, 1});
+  const auto batch = store->Claim(Request("relay", 10, milliseconds{100}));
+  ASSERT_EQ(batch.size(), 1U);
+  EXPECT_EQ(store->Renew("relay", Leases(batch), milliseconds{60000}).settled, 1);
+  std::this_thread::sleep_for(milliseconds{200});
+  EXPECT_EQ(store->ReclaimExpired(), 0);
+  EXPECT_EQ(store->Complete("relay", Leases(batch)).settled, 1);
+}
+
+TEST_P(StoreContractTest, ReleaseGivesMessagesBackWithoutSpendingAttempts) {
+  auto store = OpenFresh(GetParam());
+  NewMessage message = Message("t");
+  store->Enqueue(std::span{&message, 1});
+  const auto batch = store->Claim(Request("relay"));
+  EXPECT_EQ(store->Release("relay", Leases(batch)).settled, 1);
+  const auto again = store->Claim(Request("relay"));
+  ASSERT_EQ(again.size(), 1U);
+  EXPECT_EQ(again[0].attempts, 0);
+}
+
+TEST_P(StoreContractTest, RejectionsFollowTheRetryPolicyAndEndAbandoned) {
+  auto store = OpenFresh(GetParam(), FastRetry(3));
+  NewMessage message = Message("t");
+  store->Enqueue(std::span{&message, 1});
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    std::vector<Envelope> batch;
+    for (int i = 0; i < 200 && batch.empty(); ++i) {  // the retry delay is a few milliseconds
+      batch = store->Claim(Request("relay"));
+      if (batch.empty()) std::this_thread::sleep_for(milliseconds{2});
+    }
+    ASSERT_EQ(batch.size(), 1U) << "attempt " << attempt;
+    EXPECT_EQ(batch[0].attempts, attempt - 1);
+    const FailedMessage failed = FailedMessage::Of(
+        batch[0], Failure{FailureKind::kRejected, "no route " + std::to_string(attempt)});
+    EXPECT_EQ(store->Fail("relay", std::span{&failed, 1}).settled, 1);
+  }
+  std::this_thread::sleep_for(milliseconds{20});
+  EXPECT_TRUE(store->Claim(Request("relay")).empty());
+  const auto stats = store->Stats();
+  EXPECT_EQ(stats.abandoned, 1);
+  EXPECT_EQ(stats.pending + stats.failed + stats.processing, 0);
+}
+
+TEST_P(StoreContractTest, PermanentFailuresAbandonAtOnceAndOutagesSpendNothing) {
+  auto store = OpenFresh(GetParam(), FastRetry(3));
+  std::vector<NewMessage> messages{Message("t"), Message("t")};
+  store->Enqueue(messages);
+  auto batch = store->Claim(Request("relay"));
+  ASSERT_EQ(batch.size(), 2U);
+  const std::vector<FailedMessage> failures{
+      FailedMessage::Of(batch[0], Failure{FailureKind::kPermanent, "message too large"}),
+      FailedMessage::Of(batch[1], Failure{FailureKind::kUnavailable, "connection refused"})};
+  EXPECT_EQ(store->Fail("relay", failures).settled, 2);
+  EXPECT_EQ(store->Stats().abandoned, 1);
+  // An outage many times longer than max_attempts abandons nothing.
+  for (int i = 0; i < 10; ++i) {
+    batch = store->Claim(Request("relay"));
+    ASSERT_EQ(batch.size(), 1U);
+    EXPECT_EQ(batch[0].attempts, 0);
+    const FailedMessage outage =
+        FailedMessage::Of(batch[0], Failure{FailureKind::kOutcomeUnknown, "no confirm"});
+    EXPECT_EQ(store->Fail("relay", std::span{&outage, 1}).settled, 1);
+  }
+  EXPECT_EQ(store->Stats().abandoned, 1);
+}
+
+TEST_P(StoreContractTest, AFailedMessageHoldsBackOnlyItsOwnStream) {
+  RetryPolicy slow = FastRetry(5);
+  slow.initial_delay = milliseconds{60000};
+  slow.max_delay = milliseconds{60000};
+  auto store = OpenFresh(GetParam(), slow);
+  std::vector<NewMessage> messages{Message("t", "a"), Message("t", "a"), Message("t", "b"),
+                                   Message("t", "b")};
+  const auto ids = store->Enqueue(messages);
+  auto batch = store->Claim(Request("relay", 1));
+  ASSERT_EQ(batch.size(), 1U);
+  ASSERT_EQ(batch[0].id, ids[0]);  // a#1
+  // While a#1 is leased, a#2 must wait; b flows.
+  auto next = store->Claim(Request("relay", 10));
+  ASSERT_EQ(next.size(), 2U);
+  EXPECT_EQ(next[0].id, ids[2]);
+  EXPECT_EQ(next[1].id, ids[3]);
+  // a#1 fails with a long backoff: a#2 still waits.
+  const FailedMessage failed = FailedMessage::Of(batch[0], Failure{FailureKind::kRejected, "nack"});
+  store->Fail("relay", std::span{&failed, 1});
+  EXPECT_TRUE(store->Claim(Request("relay", 10)).empty());
+  EXPECT_EQ(store->Stats().failed, 1);
+}
+
+TEST_P(StoreContractTest, AnAbandonedMessageNoLongerHoldsBackItsStream) {
+  auto store = OpenFresh(GetParam(), FastRetry(1));
+  std::vector<NewMessage> messages{Message("t", "a"), Message("t", "a")};
+  const auto ids = store->Enqueue(messages);
+  auto batch = store->Claim(Request("relay", 1));
+  ASSERT_EQ(batch.size(), 1U);
+  const FailedMessage failed = FailedMessage::Of(batch[0], Failure{FailureKind::kRejected, "nack"});
+  store->Fail("relay", std::span{&failed, 1});  // max_attempts 1: abandoned
+  const auto next = store->Claim(Request("relay", 10));
+  ASSERT_EQ(next.size(), 1U);
+  EXPECT_EQ(next[0].id, ids[1]);
+  EXPECT_EQ(next[0].stream_seq, 2);
+}
+
+TEST_P(StoreContractTest, StatsCountByStatus) {
+  auto store = OpenFresh(GetParam());
+  std::vector<NewMessage> messages(5, Message("t"));
+  store->Enqueue(messages);
+  auto stats = store->Stats();
+  EXPECT_EQ(stats.pending, 5);
+  ASSERT_TRUE(stats.oldest_pending_age.has_value());
+  EXPECT_LT(*stats.oldest_pending_age, milliseconds{60000});
+  EXPECT_EQ(stats.active_leases, 0);
+  store->Claim(Request("relay-a", 2));
+  store->Claim(Request("relay-b", 1));
+  stats = store->Stats();
+  EXPECT_EQ(stats.pending, 2);
+  EXPECT_EQ(stats.processing, 3);
+  EXPECT_EQ(stats.active_leases, 2);
+  EXPECT_FALSE(stats.counts_estimated);
+}
+
+TEST_P(StoreContractTest, BadArgumentsAreRefused) {
+  auto store = OpenFresh(GetParam());
+  EXPECT_THROW(store->Claim(Request("")), std::invalid_argument);
+  EXPECT_THROW(store->Claim(Request("relay", 0)), std::invalid_argument);
+  EXPECT_THROW(store->Claim(Request("relay", 10, milliseconds{0})), std::invalid_argument);
+  EXPECT_THROW(store->Purge({}, 0), std::invalid_argument);
+  NewMessage bad = Message("");
+  EXPECT_THROW(store->Enqueue(std::span{&bad, 1}), InvalidMessage);
+  bad = Message("t");
+  bad.headers = {{"message_id", "forged"}};
+  EXPECT_THROW(store->Enqueue(std::span{&bad, 1}), InvalidMessage);
+  EXPECT_EQ(store->Stats().pending, 0);  // nothing half-written
+}
+
+}  // namespace
+}  // namespace outbox::testing
