@@ -93,6 +93,14 @@ std::string QuoteSchema(const std::string& name) {
   return '"' + name + '"';
 }
 
+std::string ReplaceAll(std::string text, std::string_view from, std::string_view to) {
+  for (std::size_t at = text.find(from); at != std::string::npos;
+       at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
 std::string TextArray(const std::vector<std::string>& values) {
   std::string literal = "{";
   for (std::size_t i = 0; i < values.size(); ++i) {

@@ -65,6 +65,9 @@ ResultPtr Exec(PGconn* conn, std::string_view what, const std::string& sql,
 // ([a-z_][a-z0-9_]*, at most 63 bytes); throws std::invalid_argument otherwise.
 std::string QuoteSchema(const std::string& name);
 
+// `text` with every occurrence of `from` replaced by `to`.
+std::string ReplaceAll(std::string text, std::string_view from, std::string_view to);
+
 // A text-format array literal of `values` ({"a","b\"c"}), for unnest($n::text[]).
 std::string TextArray(const std::vector<std::string>& values);
 

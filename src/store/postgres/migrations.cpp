@@ -8,14 +8,6 @@
 namespace outbox::postgres {
 namespace {
 
-std::string ReplaceAll(std::string text, std::string_view from, std::string_view to) {
-  for (std::size_t at = text.find(from); at != std::string::npos;
-       at = text.find(from, at + to.size())) {
-    text.replace(at, from.size(), to);
-  }
-  return text;
-}
-
 void RunScript(PGconn* conn, const std::string& sql, std::string_view what) {
   ResultPtr result{PQexec(conn, sql.c_str())};
   const auto status = result ? PQresultStatus(result.get()) : PGRES_FATAL_ERROR;
@@ -37,6 +29,8 @@ int Migrate(pg_conn* conn, const std::string& schema) {
   }
   RunScript(conn, "BEGIN", "migrate: begin");
   try {
+    // "already exists, skipping" notices are noise on every run after the first.
+    RunScript(conn, "SET LOCAL client_min_messages = warning", "migrate: quiet");
     // Concurrent migrators (several relays starting at once) take turns here.
     Exec(conn, "migrate: lock", "SELECT pg_advisory_xact_lock(hashtext($1))",
          {Param{"outbox.migrate." + schema}});

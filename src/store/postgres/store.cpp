@@ -6,6 +6,7 @@
 #include "connection.h"
 #include "outbox/core/error.h"
 #include "outbox/store/postgres.h"
+#include "statements.h"
 
 namespace outbox::postgres {
 namespace {
@@ -67,9 +68,8 @@ class PostgresStore final : public Store {
       : options_(std::move(options)),
         connection_(options_.conninfo),
         writer_(options_.schema),
-        table_(QuoteSchema(options_.schema) + ".messages") {
+        sql_(options_.schema, options_.retention.published.count() > 0) {
     if (!options_.random) options_.random = DefaultRandom();
-    BuildStatements();
   }
 
   std::vector<MessageId> Enqueue(std::span<const NewMessage> messages) override {
@@ -95,7 +95,7 @@ class PostgresStore final : public Store {
     const std::string partitions = NumberArray(request.partitions);
     const std::string lease = std::to_string(request.lease_duration.count());
     const auto result =
-        Exec(Ready(), "claim", claim_sql_,
+        Exec(Ready(), "claim", sql_.claim,
              {Param{limit}, request.partitions.empty() ? Param{} : Param{partitions},
               Param{request.owner}, Param{lease}},
              /*binary_results=*/true);
@@ -127,7 +127,7 @@ class PostgresStore final : public Store {
   }
 
   SettleResult Complete(std::string_view owner, std::span<const LeasedId> messages) override {
-    return Settle(complete_sql_, "complete", owner, messages, {});
+    return Settle(sql_.complete, "complete", owner, messages, {});
   }
 
   SettleResult Renew(std::string_view owner, std::span<const LeasedId> messages,
@@ -135,11 +135,11 @@ class PostgresStore final : public Store {
     if (lease_duration.count() < 1) {
       throw std::invalid_argument("renew: lease_duration must be positive");
     }
-    return Settle(renew_sql_, "renew", owner, messages, {std::to_string(lease_duration.count())});
+    return Settle(sql_.renew, "renew", owner, messages, {std::to_string(lease_duration.count())});
   }
 
   SettleResult Release(std::string_view owner, std::span<const LeasedId> messages) override {
-    return Settle(release_sql_, "release", owner, messages, {});
+    return Settle(sql_.release, "release", owner, messages, {});
   }
 
   SettleResult Fail(std::string_view owner, std::span<const FailedMessage> failures) override {
@@ -167,7 +167,7 @@ class PostgresStore final : public Store {
     SettleResult outcome;
     if (ids.empty()) return outcome;
     const std::string owner_text{owner};
-    const auto result = Exec(Ready(), "fail", fail_sql_,
+    const auto result = Exec(Ready(), "fail", sql_.fail,
                              {Param{owner_text}, Param{UuidArray(ids)}, Param{NumberArray(epochs)},
                               Param{BoolArray(abandon)}, Param{BoolArray(spend)},
                               Param{NumberArray(delays)}, Param{TextArray(errors)}});
@@ -175,14 +175,14 @@ class PostgresStore final : public Store {
   }
 
   std::int64_t ReclaimExpired() override {
-    const auto result = Exec(Ready(), "reclaim expired leases", reclaim_sql_);
+    const auto result = Exec(Ready(), "reclaim expired leases", sql_.reclaim_expired);
     return std::stoll(PQcmdTuples(result.get()));
   }
 
   std::int64_t Purge(const RetentionPolicy& retention, int max_rows) override {
     if (max_rows < 1) throw std::invalid_argument("purge: max_rows must be >= 1");
     const auto result =
-        Exec(Ready(), "purge", purge_sql_,
+        Exec(Ready(), "purge", sql_.purge,
              {Param{std::to_string(retention.published.count())},
               Param{std::to_string(retention.abandoned.count())}, Param{std::to_string(max_rows)}});
     return std::stoll(PQcmdTuples(result.get()));
@@ -190,7 +190,7 @@ class PostgresStore final : public Store {
 
   StoreStats Stats() override {
     const auto result =
-        Exec(Ready(), "stats", stats_sql_, {Param{std::to_string(options_.exact_count_limit)}});
+        Exec(Ready(), "stats", sql_.stats, {Param{std::to_string(options_.exact_count_limit)}});
     const PGresult* row = result.get();
     const auto number = [row](int column) -> std::int64_t {
       return PQgetisnull(row, 0, column) != 0 ? 0 : std::stoll(PQgetvalue(row, 0, column));
@@ -259,114 +259,10 @@ class PostgresStore final : public Store {
     return outcome;
   }
 
-  void BuildStatements() {
-    const std::string& t = table_;
-    // Fencing: only rows still leased by this owner under the epoch they were claimed with.
-    const std::string fenced =
-        " AS c(id, epoch) WHERE m.id = c.id AND m.lease_epoch = c.epoch AND m.lease_owner = $1 "
-        "AND m.status = 'processing'";
-    const std::string leased = "unnest($2::uuid[], $3::bigint[])";
-
-    // Oldest first; SKIP LOCKED lets claimers pass each other; a keyed message waits while an
-    // earlier message of its stream is leased or waiting for its retry (head-of-line per stream).
-    claim_sql_ =
-        "WITH claimable AS ("
-        " SELECT m.id FROM " +
-        t +
-        " m"
-        " WHERE m.status IN ('pending', 'failed') AND m.available_at <= now()"
-        "  AND ($2::integer[] IS NULL OR m.partition = ANY($2::integer[]))"
-        "  AND (m.stream_key IS NULL OR NOT EXISTS ("
-        "   SELECT 1 FROM " +
-        t +
-        " e"
-        "   WHERE e.stream_key = m.stream_key AND e.id < m.id"
-        "    AND e.status IN ('processing', 'failed')"
-        "    AND (e.status = 'processing' OR e.available_at > now())))"
-        " ORDER BY m.id LIMIT $1::integer"
-        " FOR UPDATE SKIP LOCKED)"
-        " UPDATE " +
-        t +
-        " m SET status = 'processing', lease_owner = $3,"
-        "  lease_until = now() + $4::bigint * interval '1 millisecond',"
-        "  lease_epoch = m.lease_epoch + 1"
-        " FROM claimable WHERE m.id = claimable.id"
-        " RETURNING m.id, m.topic, m.stream_key, m.stream_seq, m.partition, m.target, m.type,"
-        "  m.payload, m.content_type, m.headers, m.attempts, m.created_at, m.lease_epoch";
-
-    if (options_.retention.published.count() == 0) {
-      complete_sql_ = "DELETE FROM " + t + " m USING " + leased + fenced + " RETURNING m.id";
-    } else {
-      complete_sql_ = "UPDATE " + t +
-                      " m SET status = 'published', published_at = now(), lease_owner = NULL,"
-                      " lease_until = NULL FROM " +
-                      leased + fenced + " RETURNING m.id";
-    }
-    renew_sql_ = "UPDATE " + t +
-                 " m SET lease_until = now() + $4::bigint * interval '1 millisecond'"
-                 " FROM " +
-                 leased + fenced + " RETURNING m.id";
-    release_sql_ = "UPDATE " + t +
-                   " m SET status = 'pending', lease_owner = NULL, lease_until = NULL"
-                   " FROM " +
-                   leased + fenced + " RETURNING m.id";
-    fail_sql_ = "UPDATE " + t +
-                " m SET"
-                " status = CASE WHEN c.abandon THEN 'abandoned' WHEN c.spend THEN 'failed'"
-                "  ELSE 'pending' END,"
-                " attempts = m.attempts + CASE WHEN c.spend THEN 1 ELSE 0 END,"
-                " available_at = now() + c.delay_ms * interval '1 millisecond',"
-                " abandoned_at = CASE WHEN c.abandon THEN now() END,"
-                " last_error = c.error, lease_owner = NULL, lease_until = NULL"
-                " FROM unnest($2::uuid[], $3::bigint[], $4::boolean[], $5::boolean[], $6::bigint[],"
-                "  $7::text[]) AS c(id, epoch, abandon, spend, delay_ms, error)"
-                " WHERE m.id = c.id AND m.lease_epoch = c.epoch AND m.lease_owner = $1"
-                " AND m.status = 'processing' RETURNING m.id";
-    reclaim_sql_ = "UPDATE " + t +
-                   " SET status = 'pending', lease_owner = NULL, lease_until = NULL"
-                   " WHERE status = 'processing' AND lease_until < now()";
-    purge_sql_ = "DELETE FROM " + t +
-                 " WHERE id IN (SELECT id FROM ("
-                 " (SELECT id FROM " +
-                 t +
-                 " WHERE status = 'published'"
-                 "   AND published_at < now() - $1::bigint * interval '1 second' LIMIT $3::integer)"
-                 " UNION ALL"
-                 " (SELECT id FROM " +
-                 t +
-                 " WHERE status = 'abandoned'"
-                 "   AND abandoned_at < now() - $2::bigint * interval '1 second' LIMIT $3::integer)"
-                 ") doomed LIMIT $3::integer)";
-    const auto capped = [&t](const char* status) {
-      return "(SELECT count(*) FROM (SELECT 1 FROM " + t + " WHERE status = '" + status +
-             "' LIMIT $1::bigint) c)";
-    };
-    // The planner's row estimate for one status, used when the exact count hits the cap.
-    const auto estimate = [&t, this](const char* status) {
-      return "(SELECT (s.frac * c.reltuples)::bigint FROM pg_class c,"
-             " (SELECT coalesce((SELECT f FROM pg_stats st, "
-             "unnest(st.most_common_vals::text::text[],"
-             "  st.most_common_freqs) AS v(val, f) WHERE st.schemaname = '" +
-             options_.schema +
-             "' AND st.tablename = 'messages' AND st.attname = 'status' AND v.val = '" + status +
-             "'), 0) AS frac) s WHERE c.oid = '" + t + "'::regclass)";
-    };
-    stats_sql_ = "SELECT " + capped("pending") + ", " + capped("processing") + ", " +
-                 capped("failed") + ", " + capped("abandoned") + ", " + capped("published") +
-                 ", (SELECT (extract(epoch FROM now() - created_at) * 1000)::bigint FROM " + t +
-                 "   WHERE status IN ('pending', 'failed') ORDER BY id LIMIT 1)"
-                 ", (SELECT count(DISTINCT lease_owner) FROM " +
-                 t + "   WHERE status = 'processing' AND lease_until > now()), " +
-                 estimate("pending") + ", " + estimate("processing") + ", " + estimate("failed") +
-                 ", " + estimate("abandoned") + ", " + estimate("published");
-  }
-
   StoreOptions options_;
   Connection connection_;
   Writer writer_;
-  std::string table_;
-  std::string claim_sql_, complete_sql_, renew_sql_, release_sql_, fail_sql_, reclaim_sql_,
-      purge_sql_, stats_sql_;
+  Statements sql_;
 };
 
 }  // namespace

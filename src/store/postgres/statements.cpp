@@ -1,0 +1,123 @@
+#include "statements.h"
+
+#include "connection.h"
+
+namespace outbox::postgres {
+namespace {
+
+// Only rows still leased by this owner under the epoch they were claimed with.
+constexpr const char* kFenced = R"(
+  AS c(id, epoch)
+  WHERE m.id = c.id AND m.lease_epoch = c.epoch AND m.lease_owner = $1
+    AND m.status = 'processing')";
+
+// Oldest first; SKIP LOCKED lets claimers pass each other; a keyed message waits while an earlier
+// message of its stream is leased or waiting for its retry (head-of-line per stream).
+constexpr const char* kClaim = R"(
+WITH claimable AS (
+  SELECT m.id FROM __TABLE__ m
+  WHERE m.status IN ('pending', 'failed') AND m.available_at <= now()
+    AND ($2::integer[] IS NULL OR m.partition = ANY($2::integer[]))
+    AND (m.stream_key IS NULL OR NOT EXISTS (
+      SELECT 1 FROM __TABLE__ e
+      WHERE e.stream_key = m.stream_key AND e.id < m.id
+        AND e.status IN ('processing', 'failed')
+        AND (e.status = 'processing' OR e.available_at > now())))
+  ORDER BY m.id
+  LIMIT $1::integer
+  FOR UPDATE SKIP LOCKED)
+UPDATE __TABLE__ m
+SET status = 'processing', lease_owner = $3,
+    lease_until = now() + $4::bigint * interval '1 millisecond',
+    lease_epoch = m.lease_epoch + 1
+FROM claimable WHERE m.id = claimable.id
+RETURNING m.id, m.topic, m.stream_key, m.stream_seq, m.partition, m.target, m.type, m.payload,
+          m.content_type, m.headers, m.attempts, m.created_at, m.lease_epoch)";
+
+constexpr const char* kDelete = R"(
+DELETE FROM __TABLE__ m USING unnest($2::uuid[], $3::bigint[]) __FENCED__ RETURNING m.id)";
+
+constexpr const char* kMarkPublished = R"(
+UPDATE __TABLE__ m SET status = 'published', published_at = now(), lease_owner = NULL,
+                       lease_until = NULL
+FROM unnest($2::uuid[], $3::bigint[]) __FENCED__ RETURNING m.id)";
+
+constexpr const char* kRenew = R"(
+UPDATE __TABLE__ m SET lease_until = now() + $4::bigint * interval '1 millisecond'
+FROM unnest($2::uuid[], $3::bigint[]) __FENCED__ RETURNING m.id)";
+
+constexpr const char* kRelease = R"(
+UPDATE __TABLE__ m SET status = 'pending', lease_owner = NULL, lease_until = NULL
+FROM unnest($2::uuid[], $3::bigint[]) __FENCED__ RETURNING m.id)";
+
+constexpr const char* kFail = R"(
+UPDATE __TABLE__ m SET
+  status = CASE WHEN c.abandon THEN 'abandoned' WHEN c.spend THEN 'failed' ELSE 'pending' END,
+  attempts = m.attempts + CASE WHEN c.spend THEN 1 ELSE 0 END,
+  available_at = now() + c.delay_ms * interval '1 millisecond',
+  abandoned_at = CASE WHEN c.abandon THEN now() END,
+  last_error = c.error, lease_owner = NULL, lease_until = NULL
+FROM unnest($2::uuid[], $3::bigint[], $4::boolean[], $5::boolean[], $6::bigint[], $7::text[])
+  AS c(id, epoch, abandon, spend, delay_ms, error)
+WHERE m.id = c.id AND m.lease_epoch = c.epoch AND m.lease_owner = $1
+  AND m.status = 'processing'
+RETURNING m.id)";
+
+constexpr const char* kReclaimExpired = R"(
+UPDATE __TABLE__ SET status = 'pending', lease_owner = NULL, lease_until = NULL
+WHERE status = 'processing' AND lease_until < now())";
+
+constexpr const char* kPurge = R"(
+DELETE FROM __TABLE__ WHERE id IN (
+  SELECT id FROM (
+    (SELECT id FROM __TABLE__ WHERE status = 'published'
+       AND published_at < now() - $1::bigint * interval '1 second' LIMIT $3::integer)
+    UNION ALL
+    (SELECT id FROM __TABLE__ WHERE status = 'abandoned'
+       AND abandoned_at < now() - $2::bigint * interval '1 second' LIMIT $3::integer)
+  ) doomed LIMIT $3::integer))";
+
+// Exact counts up to $1 rows per status (a capped index scan each), then the planner's estimate
+// from pg_stats' most-common-values of `status` times the table's row estimate.
+constexpr const char* kStats = R"(
+WITH estimate AS (
+  SELECT v.status, (v.freq * c.reltuples)::bigint AS rows
+  FROM pg_class c, pg_stats s,
+       unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS v(status, freq)
+  WHERE c.oid = '__TABLE__'::regclass AND s.schemaname = '__SCHEMA_NAME__'
+    AND s.tablename = 'messages' AND s.attname = 'status')
+SELECT
+  (SELECT count(*) FROM (SELECT 1 FROM __TABLE__ WHERE status = 'pending' LIMIT $1) x),
+  (SELECT count(*) FROM (SELECT 1 FROM __TABLE__ WHERE status = 'processing' LIMIT $1) x),
+  (SELECT count(*) FROM (SELECT 1 FROM __TABLE__ WHERE status = 'failed' LIMIT $1) x),
+  (SELECT count(*) FROM (SELECT 1 FROM __TABLE__ WHERE status = 'abandoned' LIMIT $1) x),
+  (SELECT count(*) FROM (SELECT 1 FROM __TABLE__ WHERE status = 'published' LIMIT $1) x),
+  (SELECT (extract(epoch FROM now() - created_at) * 1000)::bigint FROM __TABLE__
+    WHERE status IN ('pending', 'failed') ORDER BY id LIMIT 1),
+  (SELECT count(DISTINCT lease_owner) FROM __TABLE__
+    WHERE status = 'processing' AND lease_until > now()),
+  (SELECT rows FROM estimate WHERE status = 'pending'),
+  (SELECT rows FROM estimate WHERE status = 'processing'),
+  (SELECT rows FROM estimate WHERE status = 'failed'),
+  (SELECT rows FROM estimate WHERE status = 'abandoned'),
+  (SELECT rows FROM estimate WHERE status = 'published'))";
+
+}  // namespace
+
+Statements::Statements(const std::string& schema, bool keep_published) {
+  const std::string table = QuoteSchema(schema) + ".messages";
+  const auto build = [&](const char* sql) {
+    return ReplaceAll(ReplaceAll(ReplaceAll(sql, "__FENCED__", kFenced), "__TABLE__", table),
+                      "__SCHEMA_NAME__", schema);
+  };
+  claim = build(kClaim);
+  complete = build(keep_published ? kMarkPublished : kDelete);
+  renew = build(kRenew);
+  release = build(kRelease);
+  fail = build(kFail);
+  reclaim_expired = build(kReclaimExpired);
+  purge = build(kPurge);
+  stats = build(kStats);
+}
+
+}  // namespace outbox::postgres

@@ -1,0 +1,24 @@
+#pragma once
+// Every statement the relay-side store runs, in one place, so that benchmarks and EXPLAIN tests
+// look at exactly the SQL the store sends.
+
+#include <string>
+
+namespace outbox::postgres {
+
+struct Statements {
+  // $1 limit, $2 partitions (integer[] or NULL), $3 owner, $4 lease milliseconds.
+  std::string claim;
+  // Fenced statements over $1 owner, $2 ids (uuid[]), $3 epochs (bigint[]); RETURNING the ids.
+  std::string complete;  // DELETE, or mark published when published retention > 0
+  std::string renew;     // $4 lease milliseconds
+  std::string release;
+  std::string fail;  // $4 abandon[], $5 spend[], $6 delay_ms[], $7 error[]
+  std::string reclaim_expired;
+  std::string purge;  // $1 published seconds, $2 abandoned seconds, $3 max rows
+  std::string stats;  // $1 exact count limit
+
+  Statements(const std::string& schema, bool keep_published);
+};
+
+}  // namespace outbox::postgres
