@@ -55,8 +55,8 @@ std::string Query(PGconn* conn, const std::string& sql) {
 struct DbCounters {
   double inserts = 0, updates = 0, deletes = 0, wal_bytes = 0;
   static DbCounters Read(PGconn* conn) {
-    // Backends flush their table counters at most once a second, when idle.
-    std::this_thread::sleep_for(std::chrono::milliseconds{1500});
+    // Counters of backends that just exited reach the shared statistics a moment later.
+    std::this_thread::sleep_for(std::chrono::milliseconds{500});
     Query(conn, "SELECT pg_stat_clear_snapshot()");
     DbCounters c;
     std::unique_ptr<PGresult, decltype(&PQclear)> r{
@@ -161,6 +161,7 @@ void BenchDrain(const std::string& url, PGconn* admin, int batch, int messages,
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const double cpu = CpuSeconds() - cpu_before;
+  store.reset();  // an exiting backend flushes its table counters; an idle one waits 10 s
   const auto after = DbCounters::Read(admin);
   if (done != messages) throw std::runtime_error("drained " + std::to_string(done));
   std::printf(

@@ -10,8 +10,9 @@
 #include "outbox/core/version.h"
 
 namespace {
+constexpr int kExitUsage = 2;
 constexpr int kExitNotImplemented = 3;
-}
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"outboxd: publishes committed outbox messages to brokers, with confirms", "outboxd"};
@@ -20,7 +21,12 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", config_path, "TOML configuration file")->check(CLI::ExistingFile);
   bool check_config = false;
   app.add_flag("--check-config", check_config, "Validate the configuration and exit");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    // --help and --version are "errors" that exit 0; everything else is a usage error: 2.
+    return app.exit(error) == 0 ? 0 : kExitUsage;
+  }
 
   std::cerr << "outboxd " << outbox::kVersion
             << ": the relay engine is not implemented yet; only --version and --help work.\n";

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "connection.h"
 #include "outbox/store/postgres.h"
 
 namespace outbox::testing {
@@ -21,14 +22,9 @@ inline std::string PgUrl() {
              : "postgresql://outbox:outbox@127.0.0.1:15432/outbox_test";
 }
 
-struct PgConnCloser {
-  void operator()(PGconn* conn) const noexcept { PQfinish(conn); }
-};
-using PgConn = std::unique_ptr<PGconn, PgConnCloser>;
-struct PgResultCloser {
-  void operator()(PGresult* result) const noexcept { PQclear(result); }
-};
-using PgResult = std::unique_ptr<PGresult, PgResultCloser>;
+// The store's own RAII handles (src/store/postgres/connection.h).
+using PgConn = postgres::ConnPtr;
+using PgResult = postgres::ResultPtr;
 
 inline PgConn Connect() {
   PgConn conn{PQconnectdb(PgUrl().c_str())};

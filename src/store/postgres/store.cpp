@@ -70,6 +70,7 @@ class PostgresStore final : public Store {
         writer_(options_.schema),
         sql_(options_.schema, options_.retention.published.count() > 0) {
     if (!options_.random) options_.random = DefaultRandom();
+    CheckSchemaVersion();
   }
 
   std::vector<MessageId> Enqueue(std::span<const NewMessage> messages) override {
@@ -219,6 +220,28 @@ class PostgresStore final : public Store {
   }
 
  private:
+  // Refuses to run against a schema that is missing or older than this build expects, with the
+  // command that fixes it.
+  void CheckSchemaVersion() {
+    const std::string version_table = QuoteSchema(options_.schema) + ".schema_version";
+    const auto exists =
+        Exec(Ready(), "check schema", "SELECT to_regclass($1) IS NOT NULL", {Param{version_table}});
+    int version = 0;
+    if (std::string_view{PQgetvalue(exists.get(), 0, 0)} == "t") {
+      const auto result =
+          Exec(Ready(), "check schema", "SELECT coalesce(max(version), 0) FROM " + version_table);
+      version = std::atoi(PQgetvalue(result.get(), 0, 0));
+    }
+    if (version < LatestSchemaVersion()) {
+      throw StoreError(FailureKind::kPermanent,
+                       "the outbox schema \"" + options_.schema + "\" is " +
+                           (version == 0 ? std::string{"not migrated"}
+                                         : "at version " + std::to_string(version)) +
+                           " in " + connection_.description() + "; this build needs version " +
+                           std::to_string(LatestSchemaVersion()) + ": run outboxctl migrate");
+    }
+  }
+
   PGconn* Ready() {
     connection_.EnsureConnected();
     return connection_.get();
