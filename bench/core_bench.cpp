@@ -1,5 +1,5 @@
 // Per-message CPU cost of core: UUIDv7 generation (one per enqueue) and the partition hash.
-// Run: build/release/bench/outbox_core_bench
+// Run: build/release/bin/outbox_core_bench
 
 #include <benchmark/benchmark.h>
 
