@@ -16,6 +16,7 @@
 #include "outbox/core/random.h"
 #include "outbox/core/retry_policy.h"
 #include "outbox/store/store.h"
+#include "outbox/store/wakeup.h"
 
 // libpq's connection type, declared so that this header does not pull in libpq-fe.h.
 struct pg_conn;
@@ -36,6 +37,9 @@ int Migrate(pg_conn* conn, const std::string& schema = std::string{kDefaultSchem
 
 // The NOTIFY channel that wakes an idle relay of `schema`: "<schema>_wakeup".
 std::string WakeupChannel(const std::string& schema);
+// The advisory lock (pg_advisory_xact_lock_shared(hashtext(name))) every enqueue holds until it
+// commits: "<schema>.wakeup".
+std::string WakeupLockName(const std::string& schema);
 
 // Writes messages in the caller's transaction. It never begins, commits or rolls back; the
 // messages become visible to relays when the caller commits and vanish if it rolls back.
@@ -71,5 +75,10 @@ struct StoreOptions {
 // Opens a Store on its own connection. Throws StoreError(kUnavailable) when the database cannot
 // be reached, ConfigError for invalid options. The schema must have been migrated.
 std::unique_ptr<Store> OpenStore(StoreOptions options);
+
+// Opens the relay's wake-up channel on a connection of its own: LISTENs on WakeupChannel(schema).
+// Throws StoreError(kUnavailable) when the database cannot be reached.
+std::unique_ptr<Wakeup> OpenWakeup(const std::string& conninfo,
+                                   const std::string& schema = std::string{kDefaultSchema});
 
 }  // namespace outbox::postgres

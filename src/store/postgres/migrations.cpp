@@ -22,6 +22,8 @@ int LatestSchemaVersion() { return Migrations().back().version; }
 
 std::string WakeupChannel(const std::string& schema) { return schema + "_wakeup"; }
 
+std::string WakeupLockName(const std::string& schema) { return schema + ".wakeup"; }
+
 int Migrate(pg_conn* conn, const std::string& schema) {
   const std::string quoted = QuoteSchema(schema);
   if (PQtransactionStatus(conn) != PQTRANS_IDLE) {
@@ -56,10 +58,10 @@ int Migrate(pg_conn* conn, const std::string& schema) {
       if (migration.version <= before) continue;
       const std::string what = "migrate: version " + std::to_string(migration.version) + " (" +
                                std::string{migration.name} + ")";
-      RunScript(conn,
-                ReplaceAll(ReplaceAll(std::string{migration.sql}, "__SCHEMA__", quoted),
-                           "__CHANNEL__", channel),
-                what);
+      std::string sql = ReplaceAll(std::string{migration.sql}, "__SCHEMA__", quoted);
+      sql = ReplaceAll(std::move(sql), "__CHANNEL__", channel);
+      sql = ReplaceAll(std::move(sql), "__WAKEUP_LOCK__", "'" + WakeupLockName(schema) + "'");
+      RunScript(conn, sql, what);
       Exec(conn, what, "INSERT INTO " + quoted + ".schema_version (version, name) VALUES ($1, $2)",
            {Param{std::to_string(migration.version)}, Param{migration.name}});
     }

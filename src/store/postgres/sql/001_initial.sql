@@ -1,5 +1,5 @@
--- outbox schema, version 1. __SCHEMA__ is replaced by the quoted schema name and __CHANNEL__ by
--- the wakeup channel as a string literal.
+-- outbox schema, version 1. __SCHEMA__ is replaced by the quoted schema name, __CHANNEL__ by the
+-- wakeup channel and __WAKEUP_LOCK__ by the wakeup lock's name, both as string literals.
 -- Runs inside the migration transaction; see migrations.cpp.
 
 -- One row of settings that the SQL functions read, so that every writer in every language gets
@@ -231,7 +231,11 @@ BEGIN
      __SCHEMA__.partition_of(coalesce(stream_key, new_id::text), config.partition_count),
      target, type, payload, content_type, headers);
 
-  -- Wake an idle relay, once; NOTIFY is delivered only if this transaction commits.
+  -- Wake an idle relay, once; NOTIFY is delivered only if this transaction commits. The shared
+  -- advisory lock, held to commit, tells a relay about to sleep that a writer which may have seen
+  -- "not idle" has yet to commit (the relay try-locks it exclusively: see postgres::Wakeup). It
+  -- never blocks a writer.
+  PERFORM pg_advisory_xact_lock_shared(hashtext(__WAKEUP_LOCK__));
   UPDATE __SCHEMA__.wakeup SET idle = false WHERE idle;
   IF FOUND THEN
     PERFORM pg_notify(__CHANNEL__, '');

@@ -1,0 +1,76 @@
+#pragma once
+// The relay engine: claim -> publish -> complete, pipelined, with per-stream order, retries by
+// failure class, idle wake-ups and a bounded graceful drain. Depends only on the Store, Wakeup
+// and Sink contracts.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "outbox/core/log.h"
+#include "outbox/sink/sink.h"
+#include "outbox/store/store.h"
+#include "outbox/store/wakeup.h"
+
+namespace outbox {
+
+struct RelayOptions {
+  std::string instance;  // lease owner name; unique per running relay
+  int batch_size = 500;
+  std::chrono::milliseconds lease{std::chrono::seconds{30}};
+  // Idle: how often to look for due retries and expired leases without a notification.
+  std::chrono::milliseconds sweep_interval{std::chrono::seconds{1}};
+  // How long a batch may wait for broker confirms; must be well under `lease`.
+  std::chrono::milliseconds publish_timeout{std::chrono::seconds{10}};
+  // Pause after a broker or database outage is noticed, doubling up to max_backoff.
+  std::chrono::milliseconds min_backoff{100};
+  std::chrono::milliseconds max_backoff{std::chrono::seconds{5}};
+  // Published/abandoned rows past their retention are purged this often.
+  std::chrono::milliseconds purge_interval{std::chrono::minutes{1}};
+  RetentionPolicy retention;
+};
+
+// Monotonic counters since start; read from any thread.
+struct RelayCounters {
+  std::atomic<std::uint64_t> claimed{0};
+  std::atomic<std::uint64_t> published{0};    // confirmed and completed
+  std::atomic<std::uint64_t> failed{0};       // rejected or permanent: an attempt spent
+  std::atomic<std::uint64_t> unconfirmed{0};  // unavailable or outcome unknown: republished
+  std::atomic<std::uint64_t> held_back{0};    // confirmed after an earlier failure of its stream
+  std::atomic<std::uint64_t> lease_lost{0};
+  std::atomic<std::uint64_t> store_errors{0};
+};
+
+// Sinks by target name (the message's `target` column).
+using SinkMap = std::map<std::string, std::unique_ptr<Sink>, std::less<>>;
+
+class Relay {
+ public:
+  // Throws ConfigError for invalid options (naming the field) or an empty sink map.
+  Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr<Wakeup> wakeup,
+        SinkMap sinks, LogFn log = {});
+  ~Relay();
+  Relay(const Relay&) = delete;
+  Relay& operator=(const Relay&) = delete;
+
+  // Publishes until Stop() is called, then drains: the batch being published is waited for (at
+  // most publish_timeout) and settled, claimed but unpublished messages are released, and Run
+  // returns. Database and broker outages are ridden out inside Run; it throws only for bugs.
+  void Run();
+
+  // Asks Run to drain and return. Thread-safe, idempotent, async-signal-unsafe (call it from a
+  // signal-handling thread, not a handler).
+  void Stop();
+
+  [[nodiscard]] const RelayCounters& counters() const { return counters_; }
+
+ private:
+  class Engine;
+  std::unique_ptr<Engine> engine_;
+  RelayCounters counters_;
+};
+
+}  // namespace outbox

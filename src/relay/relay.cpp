@@ -1,0 +1,325 @@
+#include "outbox/relay/relay.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+#include "outbox/core/error.h"
+
+namespace outbox {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+std::string Describe(const std::exception& error) { return error.what(); }
+
+}  // namespace
+
+class Relay::Engine {
+ public:
+  Engine(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr<Wakeup> wakeup,
+         SinkMap sinks, LogFn log, RelayCounters& counters)
+      : options_(std::move(options)),
+        store_(std::move(store)),
+        wakeup_(std::move(wakeup)),
+        sinks_(std::move(sinks)),
+        log_(std::move(log)),
+        counters_(counters),
+        backoff_(options_.min_backoff) {}
+
+  void Run() {
+    Log(LogLevel::kInfo, "relay " + options_.instance + " started");
+    std::vector<Envelope> current;
+    while (!stopping()) {
+      Housekeeping();
+      if (current.empty()) {
+        current = Claim();
+        if (current.empty()) {
+          current = IdleUntilWork();
+          continue;
+        }
+      }
+      // Publish this batch on another thread while the next one is claimed: the database and
+      // the broker work at the same time. Only a full batch suggests there is more to claim.
+      auto publishing =
+          std::async(std::launch::async, [this, &current] { return Publish(current); });
+      std::vector<Envelope> next;
+      if (static_cast<int>(current.size()) >= options_.batch_size && !stopping()) next = Claim();
+      const auto outcomes = publishing.get();
+      Settle(current, outcomes);
+      const bool broker_down =
+          std::all_of(outcomes.begin(), outcomes.end(), [](const PublishOutcome& outcome) {
+            return outcome.failure && outcome.failure->kind == FailureKind::kUnavailable;
+          });
+      if (broker_down) {
+        Release(next);  // don't sit on leases while waiting for the broker
+        next.clear();
+        Backoff("broker unavailable: " + outcomes.front().failure->reason);
+      } else {
+        backoff_ = options_.min_backoff;
+      }
+      current = std::move(next);
+    }
+    Release(current);
+    Log(LogLevel::kInfo, "relay " + options_.instance + " stopped");
+  }
+
+  void Stop() {
+    {
+      std::lock_guard lock(stop_mutex_);
+      stop_ = true;
+    }
+    stop_changed_.notify_all();
+    wakeup_->Interrupt();
+  }
+
+ private:
+  bool stopping() const {
+    std::lock_guard lock(stop_mutex_);
+    return stop_;
+  }
+
+  void Log(LogLevel level, const std::string& message) const {
+    if (log_) log_(level, message);
+  }
+
+  // Sleeps (interruptibly) after an outage, doubling the pause each time up to max_backoff.
+  void Backoff(const std::string& reason) {
+    Log(LogLevel::kWarn, reason + "; retrying in " + std::to_string(backoff_.count()) + " ms");
+    std::unique_lock lock(stop_mutex_);
+    stop_changed_.wait_for(lock, backoff_, [this] { return stop_; });
+    backoff_ = std::min(backoff_ * 2, options_.max_backoff);
+  }
+
+  std::vector<Envelope> Claim() {
+    try {
+      ClaimRequest request;
+      request.owner = options_.instance;
+      request.max_messages = options_.batch_size;
+      request.lease_duration = options_.lease;
+      auto batch = store_->Claim(request);
+      counters_.claimed += batch.size();
+      return batch;
+    } catch (const StoreError& error) {
+      ++counters_.store_errors;
+      Backoff("claim failed: " + Describe(error));
+      return {};
+    }
+  }
+
+  // Nothing to do: tell writers, look once more, then sleep until notified or the sweep is due.
+  std::vector<Envelope> IdleUntilWork() {
+    bool safe = false;
+    try {
+      safe = wakeup_->AnnounceIdle();
+    } catch (const StoreError& error) {
+      ++counters_.store_errors;
+      Backoff("announcing idleness failed: " + Describe(error));
+      return {};
+    }
+    auto batch = Claim();
+    if (!batch.empty() || stopping()) return batch;
+    // Not safe: a writer that may have missed the idle mark is still to commit; look again soon.
+    const auto pause = safe ? options_.sweep_interval : std::chrono::milliseconds{10};
+    wakeup_->Wait(SteadyClock::now() + pause);
+    return {};
+  }
+
+  void Housekeeping() {
+    const auto now = SteadyClock::now();
+    if (now < next_sweep_) return;
+    next_sweep_ = now + options_.sweep_interval;
+    try {
+      if (const auto reclaimed = store_->ReclaimExpired(); reclaimed > 0) {
+        Log(LogLevel::kWarn, std::to_string(reclaimed) +
+                                 " messages had expired leases (a relay stopped or stalled); "
+                                 "they will be published again");
+      }
+      if (now >= next_purge_) {
+        next_purge_ = now + options_.purge_interval;
+        std::int64_t purged = 0;
+        for (std::int64_t chunk = 1; chunk > 0 && !stopping();) {
+          chunk = store_->Purge(options_.retention, 1000);
+          purged += chunk;
+        }
+        if (purged > 0) Log(LogLevel::kInfo, "purged " + std::to_string(purged) + " messages");
+      }
+    } catch (const StoreError& error) {
+      ++counters_.store_errors;
+      Log(LogLevel::kWarn, "housekeeping failed: " + Describe(error));
+    }
+  }
+
+  // One outcome per message, in batch order. Messages go to the sink named by their target.
+  // A stream whose first message here is a retry sends only that message: if it fails again, its
+  // followers have not reached the broker ahead of it.
+  std::vector<PublishOutcome> Publish(const std::vector<Envelope>& batch) {
+    const Deadline deadline = SteadyClock::now() + options_.publish_timeout;
+    std::vector<PublishOutcome> outcomes(batch.size());
+    std::map<std::string_view, std::vector<std::size_t>> by_target;
+    std::unordered_map<std::string_view, bool> retrying_streams;  // stream -> head is a retry
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      const Envelope& envelope = batch[i];
+      if (envelope.stream_key) {
+        const auto [head, first] =
+            retrying_streams.try_emplace(*envelope.stream_key, envelope.attempts > 0);
+        if (!first && head->second) {
+          outcomes[i] = {envelope.id, Failure{FailureKind::kOutcomeUnknown,
+                                              "not sent: waiting for the retry of an earlier "
+                                              "message of its stream"}};
+          continue;
+        }
+      }
+      by_target[envelope.target].push_back(i);
+    }
+    for (const auto& [target, indexes] : by_target) {
+      const auto sink = sinks_.find(target);
+      if (sink == sinks_.end()) {
+        for (const auto i : indexes) {
+          outcomes[i] = {batch[i].id,
+                         Failure{FailureKind::kRejected,
+                                 "no sink is configured for target '" + std::string{target} + "'"}};
+        }
+        continue;
+      }
+      std::vector<Envelope> copies;
+      std::span<const Envelope> group{batch};
+      if (indexes.size() != batch.size()) {  // several targets in this batch
+        for (const auto i : indexes) copies.push_back(batch[i]);
+        group = copies;
+      }
+      auto results = sink->second->Publish(group, deadline);
+      for (std::size_t k = 0; k < indexes.size(); ++k) {
+        const auto i = indexes[k];
+        if (k < results.size() && results[k].id == batch[i].id) {
+          outcomes[i] = std::move(results[k]);
+        } else {
+          Log(LogLevel::kError,
+              "sink '" + std::string{target} + "' returned outcomes that do not match its batch");
+          outcomes[i] = {batch[i].id, Failure{FailureKind::kOutcomeUnknown, "no outcome"}};
+        }
+      }
+    }
+    return outcomes;
+  }
+
+  // Records the outcomes. Within a stream only the confirmed prefix counts as done: after a
+  // failure, later messages of that stream in this batch go back unpublished (they will be
+  // published again after the failed one, so nothing is reordered).
+  void Settle(const std::vector<Envelope>& batch, const std::vector<PublishOutcome>& outcomes) {
+    std::vector<LeasedId> done;
+    std::vector<FailedMessage> failed;
+    std::set<std::string_view> broken_streams;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      const Envelope& envelope = batch[i];
+      const PublishOutcome& outcome = outcomes[i];
+      const bool broken = envelope.stream_key && broken_streams.contains(*envelope.stream_key);
+      if (outcome.published() && !broken) {
+        done.push_back(LeasedId::Of(envelope));
+        continue;
+      }
+      if (outcome.published()) {
+        ++counters_.held_back;
+        failed.push_back(FailedMessage::Of(
+            envelope, Failure{FailureKind::kOutcomeUnknown,
+                              "held back: an earlier message of its stream failed"}));
+        continue;
+      }
+      const Failure& failure = *outcome.failure;
+      if (failure.treatment().spends_attempt) {
+        ++counters_.failed;
+        Log(LogLevel::kWarn, "message " + envelope.id.ToString() + " (topic " + envelope.topic +
+                                 ", attempt " + std::to_string(envelope.attempts + 1) +
+                                 ") failed: " + failure.Describe());
+      } else {
+        ++counters_.unconfirmed;
+      }
+      failed.push_back(FailedMessage::Of(envelope, failure));
+      if (envelope.stream_key) broken_streams.insert(*envelope.stream_key);
+    }
+    // The outcomes are known; keep trying to record them while the database is away (the leases
+    // may expire meanwhile, and then the messages are simply published again).
+    const auto give_up_at = SteadyClock::now() + options_.lease;
+    for (;;) {
+      try {
+        if (!done.empty()) {
+          const auto result = store_->Complete(options_.instance, done);
+          counters_.published += static_cast<std::uint64_t>(result.settled);
+          counters_.lease_lost += result.lease_lost.size();
+          done.clear();
+        }
+        if (!failed.empty()) {
+          const auto result = store_->Fail(options_.instance, failed);
+          counters_.lease_lost += result.lease_lost.size();
+          failed.clear();
+        }
+        return;
+      } catch (const StoreError& error) {
+        ++counters_.store_errors;
+        if (SteadyClock::now() > give_up_at) {
+          Log(LogLevel::kError, "could not record outcomes before the leases expired: " +
+                                    Describe(error) + "; the messages will be published again");
+          return;
+        }
+        Backoff("recording outcomes failed: " + Describe(error));
+      }
+    }
+  }
+
+  void Release(const std::vector<Envelope>& batch) {
+    if (batch.empty()) return;
+    std::vector<LeasedId> leases;
+    for (const auto& envelope : batch) leases.push_back(LeasedId::Of(envelope));
+    try {
+      store_->Release(options_.instance, leases);
+    } catch (const StoreError& error) {
+      ++counters_.store_errors;
+      Log(LogLevel::kWarn, "releasing " + std::to_string(batch.size()) +
+                               " messages failed (their leases will expire): " + Describe(error));
+    }
+  }
+
+  RelayOptions options_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Wakeup> wakeup_;
+  SinkMap sinks_;
+  LogFn log_;
+  RelayCounters& counters_;
+  std::chrono::milliseconds backoff_;
+  SteadyClock::time_point next_sweep_{};
+  SteadyClock::time_point next_purge_{};
+  mutable std::mutex stop_mutex_;
+  std::condition_variable stop_changed_;
+  bool stop_ = false;  // guarded by stop_mutex_
+};
+
+Relay::Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr<Wakeup> wakeup,
+             SinkMap sinks, LogFn log) {
+  if (options.instance.empty()) throw ConfigError("relay.instance", "must not be empty");
+  if (options.batch_size < 1) throw ConfigError("relay.batch_size", "must be at least 1");
+  if (options.publish_timeout >= options.lease) {
+    throw ConfigError("relay.publish_timeout", "must be shorter than relay.lease");
+  }
+  if (options.sweep_interval.count() < 1) {
+    throw ConfigError("relay.sweep_interval", "must be positive");
+  }
+  if (options.min_backoff.count() < 1 || options.max_backoff < options.min_backoff) {
+    throw ConfigError("relay.max_backoff", "backoff bounds must be positive and ordered");
+  }
+  if (sinks.empty()) throw ConfigError("sinks", "at least one sink is needed");
+  if (!store || !wakeup) throw std::invalid_argument("relay: store and wakeup are required");
+  engine_ = std::make_unique<Engine>(std::move(options), std::move(store), std::move(wakeup),
+                                     std::move(sinks), std::move(log), counters_);
+}
+
+Relay::~Relay() = default;
+
+void Relay::Run() { engine_->Run(); }
+
+void Relay::Stop() { engine_->Stop(); }
+
+}  // namespace outbox

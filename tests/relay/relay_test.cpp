@@ -1,0 +1,298 @@
+// The relay engine against a real PostgreSQL, with a scripted sink.
+#include "outbox/relay/relay.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <thread>
+
+#include "../postgres/pg_test_support.h"
+#include "outbox/core/error.h"
+#include "test_sink.h"
+
+namespace outbox::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class RelayTest : public ::testing::Test {
+ protected:
+  TestSchema schema_;
+
+  // Runs a relay over `sink` on its own thread until the test ends or StopRelay().
+  void StartRelay(std::unique_ptr<Sink> sink, RelayOptions options = {}, RetryPolicy retry = {}) {
+    if (options.instance.empty()) options.instance = "relay-test";
+    postgres::StoreOptions store_options;
+    store_options.conninfo = PgUrl();
+    store_options.schema = schema_.name();
+    store_options.retry = retry;
+    SinkMap sinks;
+    sinks.emplace("default", std::move(sink));
+    relay_ =
+        std::make_unique<Relay>(options, postgres::OpenStore(store_options),
+                                postgres::OpenWakeup(PgUrl(), schema_.name()), std::move(sinks));
+    thread_ = std::thread([this] { relay_->Run(); });
+  }
+  void StopRelay() {
+    if (!thread_.joinable()) return;
+    relay_->Stop();
+    thread_.join();
+  }
+  void TearDown() override { StopRelay(); }
+
+  // Waits (bounded) until `done` holds; false on time-out.
+  static bool WaitFor(const std::function<bool()>& done, milliseconds limit = milliseconds{20000}) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      if (done()) return true;
+      std::this_thread::sleep_for(milliseconds{5});
+    }
+    return done();
+  }
+
+  std::string Count(const std::string& where) {
+    return Scalar(schema_.conn(),
+                  "SELECT count(*) FROM " + schema_.name() + ".messages WHERE " + where);
+  }
+  std::string Enqueue(const std::string& args) {
+    return Scalar(schema_.conn(), "SELECT " + schema_.name() + ".enqueue(" + args + ")");
+  }
+
+  std::unique_ptr<Relay> relay_;
+  std::thread thread_;
+};
+
+TEST_F(RelayTest, DeliversWhatCommitsAndNothingThatRollsBackInStreamOrder) {
+  auto owned = std::make_unique<TestSink>();
+  TestSink* sink = owned.get();
+  RelayOptions options;
+  options.batch_size = 100;
+  StartRelay(std::move(owned), options);
+
+  constexpr int kWriters = 4;
+  constexpr int kPerWriter = 500;
+  std::mutex mutex;
+  std::set<std::string> committed;
+  std::set<std::string> rolled_back;
+  std::vector<std::thread> writers;
+  for (int w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&, w] {
+      auto conn = Connect();
+      for (int i = 0; i < kPerWriter; ++i) {
+        Sql(conn.get(), "BEGIN");
+        const std::string id =
+            Scalar(conn.get(), "SELECT " + schema_.name() + ".enqueue('t', '{}', stream_key => 's" +
+                                   std::to_string((w * kPerWriter + i) % 50) + "')");
+        const bool commit = (i + w) % 5 != 0;
+        Sql(conn.get(), commit ? "COMMIT" : "ROLLBACK");
+        std::lock_guard lock(mutex);
+        (commit ? committed : rolled_back).insert(id);
+      }
+    });
+  }
+  for (auto& writer : writers) writer.join();
+  ASSERT_TRUE(WaitFor([&] { return sink->delivered().size() >= committed.size(); }))
+      << sink->delivered().size() << " of " << committed.size() << " delivered";
+  StopRelay();
+
+  std::set<std::string> delivered;
+  std::map<std::string, std::int64_t> last_seq;
+  for (const auto& envelope : sink->delivered()) {
+    const std::string id = envelope.id.ToString();
+    EXPECT_FALSE(rolled_back.contains(id)) << "a rolled-back message was published: " << id;
+    if (!delivered.insert(id).second) continue;  // duplicates are allowed, not expected here
+    auto& last = last_seq[*envelope.stream_key];
+    EXPECT_EQ(*envelope.stream_seq, last + 1) << "stream " << *envelope.stream_key;
+    last = *envelope.stream_seq;
+  }
+  EXPECT_EQ(delivered, committed);
+  EXPECT_EQ(Count("true"), "0");
+  EXPECT_EQ(relay_->counters().published.load(), committed.size());
+}
+
+TEST_F(RelayTest, AnIdleRelayWakesOnCommitNotOnTheSweep) {
+  auto owned = std::make_unique<TestSink>();
+  TestSink* sink = owned.get();
+  RelayOptions options;
+  options.sweep_interval = seconds{60};
+  options.publish_timeout = seconds{5};
+  StartRelay(std::move(owned), options);
+  std::this_thread::sleep_for(milliseconds{300});  // let it go idle
+  EXPECT_EQ(Scalar(schema_.conn(), "SELECT idle FROM " + schema_.name() + ".wakeup"), "t");
+  for (int i = 0; i < 5; ++i) {
+    Enqueue("'t', '{}'");
+    // With a 60 s sweep, only the NOTIFY can bring it within 10 s.
+    ASSERT_TRUE(WaitFor([&] { return sink->delivered().size() == static_cast<std::size_t>(i + 1); },
+                        seconds{10}))
+        << "message " << i << " was not published without a sweep";
+    std::this_thread::sleep_for(milliseconds{100});
+  }
+}
+
+TEST_F(RelayTest, APoisonMessageIsAbandonedWhileOtherStreamsFlowAndItsOwnWaits) {
+  const auto poison = std::make_shared<std::string>();
+  auto owned =
+      std::make_unique<TestSink>([poison](const Envelope& envelope) -> std::optional<Failure> {
+        if (envelope.id.ToString() == *poison) return Failure{FailureKind::kRejected, "NO_ROUTE"};
+        return std::nullopt;
+      });
+  TestSink* sink = owned.get();
+  RetryPolicy retry;
+  retry.initial_delay = milliseconds{200};
+  retry.max_delay = milliseconds{200};
+  retry.max_attempts = 3;
+  *poison = Enqueue("'t', '{}', stream_key => 'bad'");
+  const std::string behind = Enqueue("'t', '{}', stream_key => 'bad'");
+  const std::string other = Enqueue("'t', '{}', stream_key => 'good'");
+  StartRelay(std::move(owned), {}, retry);
+
+  // Done when only the poison message is left, abandoned after its 3 attempts.
+  ASSERT_TRUE(
+      WaitFor([&] { return Count("status <> 'abandoned'") == "0" && Count("true") == "1"; }));
+  EXPECT_EQ(Scalar(schema_.conn(), "SELECT status || ' ' || attempts || ' ' || last_error FROM " +
+                                       schema_.name() + ".messages WHERE id = '" + *poison + "'"),
+            "abandoned 3 rejected: NO_ROUTE");
+  // The first batch held all three: `behind` reached the broker next to its failing predecessor
+  // (a broker's verdict arrives after the send) and was held back; the retries of the poison
+  // message went out alone, and `behind` went again once the poison message was abandoned.
+  // `other` flowed at once and only once.
+  std::vector<std::string> order;
+  for (const auto& envelope : sink->delivered()) order.push_back(envelope.id.ToString());
+  EXPECT_EQ(order, (std::vector<std::string>{behind, other, behind}));
+  EXPECT_EQ(relay_->counters().failed.load(), 3U);
+}
+
+TEST_F(RelayTest, ABrokerOutageSpendsNoAttemptsAndLosesNothing) {
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  auto owned = std::make_unique<TestSink>([calls](const Envelope&) -> std::optional<Failure> {
+    // Down for the first 20 batches, then back.
+    if (calls->load() < 20) return Failure{FailureKind::kUnavailable, "connection refused"};
+    return std::nullopt;
+  });
+  TestSink* sink = owned.get();
+  RelayOptions options;
+  options.min_backoff = milliseconds{5};
+  options.max_backoff = milliseconds{20};
+  RetryPolicy retry;
+  retry.max_attempts = 1;  // a single spent attempt would abandon
+  for (int i = 0; i < 10; ++i) Enqueue("'t', '{}', stream_key => 'k" + std::to_string(i % 3) + "'");
+  StartRelay(std::move(owned), options, retry);
+  std::thread counter([&] {
+    for (int i = 0; i < 2000 && sink->delivered().size() < 10; ++i) {
+      *calls = sink->calls();
+      std::this_thread::sleep_for(milliseconds{2});
+    }
+  });
+  counter.join();
+  ASSERT_TRUE(WaitFor([&] { return sink->delivered().size() == 10; }));
+  EXPECT_EQ(Count("status = 'abandoned'"), "0");
+  EXPECT_EQ(relay_->counters().failed.load(), 0U);
+  EXPECT_GE(relay_->counters().unconfirmed.load(), 10U);
+}
+
+TEST_F(RelayTest, AFailureInsideABatchReordersNothing) {
+  // s#2 is rejected once; s#3, confirmed in the same batch, must not count as done before s#2.
+  auto failed_once = std::make_shared<bool>(false);
+  auto owned =
+      std::make_unique<TestSink>([failed_once](const Envelope& envelope) -> std::optional<Failure> {
+        if (envelope.stream_seq == 2 && !*failed_once) {
+          *failed_once = true;
+          return Failure{FailureKind::kRejected, "nack"};
+        }
+        return std::nullopt;
+      });
+  TestSink* sink = owned.get();
+  RetryPolicy retry;
+  retry.initial_delay = milliseconds{50};
+  for (int i = 0; i < 3; ++i) Enqueue("'t', '{}', stream_key => 's'");
+  StartRelay(std::move(owned), {}, retry);
+  ASSERT_TRUE(WaitFor([&] { return Count("true") == "0"; }));
+  std::vector<std::int64_t> seqs;
+  for (const auto& envelope : sink->delivered()) seqs.push_back(*envelope.stream_seq);
+  // First pass: 1 and 3 reached the broker (2 was refused); 3 was held back, so after 2 succeeds
+  // 3 goes again: the last delivery of each is in order.
+  EXPECT_EQ(seqs, (std::vector<std::int64_t>{1, 3, 2, 3}));
+  EXPECT_EQ(relay_->counters().held_back.load(), 1U);
+}
+
+TEST_F(RelayTest, StopReleasesEveryLease) {
+  auto owned = std::make_unique<TestSink>([](const Envelope&) -> std::optional<Failure> {
+    std::this_thread::sleep_for(milliseconds{1});  // a slow broker
+    return std::nullopt;
+  });
+  RelayOptions options;
+  options.batch_size = 50;
+  Sql(schema_.conn(),
+      "SELECT " + schema_.name() + ".enqueue('t', '{}') FROM generate_series(1, 2000)");
+  StartRelay(std::move(owned), options);
+  ASSERT_TRUE(WaitFor([&] { return relay_->counters().published.load() > 100; }));
+  StopRelay();
+  EXPECT_EQ(Count("status = 'processing'"), "0");
+  const auto published = relay_->counters().published.load();
+  EXPECT_EQ(std::stoul(Count("true")), 2000U - published);  // the rest waits, none lost
+}
+
+TEST_F(RelayTest, BadOptionsAreConfigErrors) {
+  const auto make = [&](RelayOptions options) {
+    SinkMap sinks;
+    sinks.emplace("default", std::make_unique<TestSink>());
+    postgres::StoreOptions store_options;
+    store_options.conninfo = PgUrl();
+    store_options.schema = schema_.name();
+    Relay relay(options, postgres::OpenStore(store_options),
+                postgres::OpenWakeup(PgUrl(), schema_.name()), std::move(sinks));
+  };
+  RelayOptions options;
+  EXPECT_THROW(make(options), ConfigError);  // no instance name
+  options.instance = "r";
+  options.batch_size = 0;
+  EXPECT_THROW(make(options), ConfigError);
+  options.batch_size = 10;
+  options.publish_timeout = options.lease;
+  EXPECT_THROW(make(options), ConfigError);
+}
+
+}  // namespace
+}  // namespace outbox::testing
+
+namespace outbox::testing {
+namespace {
+
+TEST(PostgresWakeupTest, IdleIsSafeOnlyWhenNoWriterCanHaveMissedIt) {
+  TestSchema schema;
+  auto wakeup = postgres::OpenWakeup(PgUrl(), schema.name());
+  EXPECT_TRUE(wakeup->AnnounceIdle());
+  // A writer in the middle of its transaction: its enqueue may have read "not idle".
+  auto writer = Connect();
+  Sql(writer.get(), "BEGIN");
+  Sql(writer.get(), "SELECT " + schema.name() + ".enqueue('t', '{}')");
+  EXPECT_FALSE(wakeup->AnnounceIdle()) << "a writer still in flight must make idling unsafe";
+  Sql(writer.get(), "COMMIT");
+  EXPECT_TRUE(wakeup->AnnounceIdle());
+}
+
+TEST(PostgresWakeupTest, WaitEndsOnNotifyOnInterruptAndOnTheDeadline) {
+  TestSchema schema;
+  auto wakeup = postgres::OpenWakeup(PgUrl(), schema.name());
+  const auto soon = [] { return std::chrono::steady_clock::now() + milliseconds{200}; };
+  EXPECT_FALSE(wakeup->Wait(soon()));  // nothing happened
+  wakeup->AnnounceIdle();
+  Sql(schema.conn(), "SELECT " + schema.name() + ".enqueue('t', '{}')");
+  EXPECT_TRUE(wakeup->Wait(std::chrono::steady_clock::now() + seconds{10}));
+  wakeup->Interrupt();
+  EXPECT_TRUE(wakeup->Wait(std::chrono::steady_clock::now() + seconds{10}));
+  // A terminated connection is re-established and reported as a wake-up.
+  Sql(schema.conn(),
+      "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE "
+      "'%pg_try_advisory_xact_lock%' AND pid <> pg_backend_pid() AND datname = "
+      "current_database()");
+  EXPECT_TRUE(wakeup->Wait(std::chrono::steady_clock::now() + seconds{10}));
+  wakeup->AnnounceIdle();
+  Sql(schema.conn(), "SELECT " + schema.name() + ".enqueue('t', '{}')");
+  EXPECT_TRUE(wakeup->Wait(std::chrono::steady_clock::now() + seconds{10}));
+}
+
+}  // namespace
+}  // namespace outbox::testing

@@ -1,0 +1,52 @@
+#pragma once
+// A Sink for engine tests: records what it is asked to publish and answers as told. The real
+// brokers are tested in their own tiers and end to end; this one lets a test script failures.
+
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "outbox/sink/sink.h"
+
+namespace outbox::testing {
+
+class TestSink final : public Sink {
+ public:
+  using Verdict = std::function<std::optional<Failure>(const Envelope&)>;
+
+  explicit TestSink(Verdict verdict = {}) : verdict_(std::move(verdict)) {}
+
+  std::string_view Name() const override { return "test"; }
+
+  std::vector<PublishOutcome> Publish(std::span<const Envelope> batch, Deadline) override {
+    std::lock_guard lock(mutex_);
+    std::vector<PublishOutcome> outcomes;
+    ++calls_;
+    for (const auto& envelope : batch) {
+      std::optional<Failure> failure = verdict_ ? verdict_(envelope) : std::nullopt;
+      if (!failure) delivered_.push_back(envelope);  // what a consumer would have received
+      outcomes.push_back({envelope.id, std::move(failure)});
+    }
+    return outcomes;
+  }
+
+  void Close() override {}
+
+  std::vector<Envelope> delivered() const {
+    std::lock_guard lock(mutex_);
+    return delivered_;
+  }
+  int calls() const {
+    std::lock_guard lock(mutex_);
+    return calls_;
+  }
+
+ private:
+  Verdict verdict_;
+  mutable std::mutex mutex_;
+  std::vector<Envelope> delivered_;
+  int calls_ = 0;
+};
+
+}  // namespace outbox::testing
