@@ -34,6 +34,7 @@ inline PgConn Connect() {
         "scripts/services): " +
         std::string{PQerrorMessage(conn.get())});
   }
+  PgResult quiet{PQexec(conn.get(), "SET client_min_messages = warning")};
   return conn;
 }
 
