@@ -1,0 +1,49 @@
+#pragma once
+// The file sink: appends each message as one JSON line to a file or to standard output. Useful
+// for development, for piping into other tools, and as an audit trail.
+//
+// Each line is a JSON object with the keys, in this order:
+//   id, topic, stream_key, stream_seq, partition, target, type, content_type, headers, attempts,
+//   created_at (RFC 3339 UTC with milliseconds, e.g. "2024-05-01T12:34:56.789Z"), and then
+//   payload: the payload embedded as JSON when content_type is application/json (parameters
+//            such as "; charset=utf-8" allowed) and the payload parses as JSON; otherwise the
+//            payload as a string when it is valid UTF-8;
+//   payload_base64 (instead of payload): the payload bytes in standard base64 otherwise.
+// Absent optional fields (stream_key, stream_seq, type) are null.
+//
+// Publish writes the whole batch, then fsyncs it when asked, and only then reports the messages
+// published. A message is published once its whole line reached the file (and, with fsync, the
+// disk). Errors are outcomes, never exceptions:
+//   - a message whose line was not completely written (write error, or the deadline passed while
+//     a pipe or terminal would not take more) is kUnavailable, with the errno text;
+//   - a message that was written but whose fsync failed is kOutcomeUnknown (it may be in the
+//     file; publishing it again may duplicate it, which the inbox removes).
+// After a write stopped in the middle of a line, the next batch starts with a newline so that the
+// broken line stays on its own and later lines are intact.
+//
+// Threading: one thread calls Publish at a time (the Sink contract). Writing to a pipe that was
+// closed by its reader raises SIGPIPE: a program using this sink on stdout or a FIFO should
+// ignore SIGPIPE, after which the write fails with EPIPE and is reported as kUnavailable.
+
+#include <memory>
+#include <string>
+
+#include "outbox/sink/sink.h"
+
+namespace outbox::file {
+
+struct SinkOptions {
+  // "-" is standard output (never closed by the sink); anything else is a path opened for
+  // appending and created (mode 0644, less the umask) when missing.
+  std::string path = "-";
+  // fsync after each batch before reporting it published. Ignored where the output cannot be
+  // synced (a pipe or terminal).
+  bool fsync = false;
+};
+
+// Opens the output. Throws ConfigError("path", ...) when it cannot be opened for appending (a
+// directory, a missing parent directory, no permission, a FIFO without a reader, an empty path).
+// After Close(), the next Publish opens it again.
+std::unique_ptr<Sink> OpenSink(SinkOptions options);
+
+}  // namespace outbox::file

@@ -1,0 +1,35 @@
+#pragma once
+// Rendering of an Envelope as one JSON line (see include/outbox/sink/file.h for the format).
+
+#include <string>
+#include <string_view>
+
+#include "outbox/core/clock.h"
+#include "outbox/core/message.h"
+
+namespace outbox::file {
+
+// Appends the JSON object for `envelope` and a '\n' to `out`. Never throws for any message
+// content (invalid UTF-8 in topic or headers is replaced by U+FFFD); only std::bad_alloc.
+void AppendJsonLine(const Envelope& envelope, std::string& out);
+
+// "2024-05-01T12:34:56.789Z": UTC, milliseconds, rounded towards the past.
+std::string FormatRfc3339Millis(TimePoint time);
+
+// Standard base64 (RFC 4648 section 4) with padding.
+std::string Base64Encode(std::string_view bytes);
+
+// True when `text` is well-formed UTF-8 (no overlong forms, surrogates or code points above
+// U+10FFFF).
+bool IsValidUtf8(std::string_view text);
+
+// True for "application/json", in any case, with or without parameters ("; charset=utf-8").
+bool IsJsonContentType(std::string_view content_type);
+
+// True when `payload` can be embedded as parsed JSON without changing what it says: its
+// nesting is at most kMaxEmbeddedJsonDepth deep and every number survives a round trip through
+// a 64-bit integer or a double. It does not check that `payload` is valid JSON.
+inline constexpr int kMaxEmbeddedJsonDepth = 256;
+bool JsonPayloadIsEmbeddable(std::string_view payload);
+
+}  // namespace outbox::file

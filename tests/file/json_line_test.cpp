@@ -1,0 +1,141 @@
+#include "json_line.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace outbox::file {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(JsonLineTest, Base64MatchesRfc4648Vectors) {
+  EXPECT_EQ(Base64Encode(""), "");
+  EXPECT_EQ(Base64Encode("f"), "Zg==");
+  EXPECT_EQ(Base64Encode("fo"), "Zm8=");
+  EXPECT_EQ(Base64Encode("foo"), "Zm9v");
+  EXPECT_EQ(Base64Encode("foob"), "Zm9vYg==");
+  EXPECT_EQ(Base64Encode("fooba"), "Zm9vYmE=");
+  EXPECT_EQ(Base64Encode("foobar"), "Zm9vYmFy");
+  EXPECT_EQ(Base64Encode(std::string("\x00\xff\xfe", 3)), "AP/+");
+}
+
+TEST(JsonLineTest, Utf8Validation) {
+  EXPECT_TRUE(IsValidUtf8(""));
+  EXPECT_TRUE(IsValidUtf8("plain ascii"));
+  EXPECT_TRUE(IsValidUtf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"));  // é € 😀
+  EXPECT_TRUE(IsValidUtf8(std::string("nul\0inside", 10)));
+  EXPECT_FALSE(IsValidUtf8("\xff"));
+  EXPECT_FALSE(IsValidUtf8("\xc3"));              // truncated
+  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));          // overlong '/'
+  EXPECT_FALSE(IsValidUtf8("\xe0\x80\xaf"));      // overlong
+  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));      // surrogate U+D800
+  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));  // above U+10FFFF
+  EXPECT_FALSE(IsValidUtf8("\xe2\x82"));          // truncated at the end
+  EXPECT_FALSE(IsValidUtf8("a\x80z"));            // stray continuation byte
+}
+
+TEST(JsonLineTest, Rfc3339WithMillisecondsInUtc) {
+  EXPECT_EQ(FormatRfc3339Millis(TimePoint{}), "1970-01-01T00:00:00.000Z");
+  const TimePoint time =
+      std::chrono::sys_days{std::chrono::year{2024} / 5 / 1} + 12h + 34min + 56s + 789ms + 999us;
+  EXPECT_EQ(FormatRfc3339Millis(time), "2024-05-01T12:34:56.789Z");  // truncated, not rounded
+  EXPECT_EQ(FormatRfc3339Millis(TimePoint{} - 1ms), "1969-12-31T23:59:59.999Z");
+}
+
+TEST(JsonLineTest, JsonContentTypeRecognition) {
+  EXPECT_TRUE(IsJsonContentType("application/json"));
+  EXPECT_TRUE(IsJsonContentType("Application/JSON"));
+  EXPECT_TRUE(IsJsonContentType("application/json; charset=utf-8"));
+  EXPECT_TRUE(IsJsonContentType(" application/json ;charset=utf-8"));
+  EXPECT_FALSE(IsJsonContentType("application/jsonx"));
+  EXPECT_FALSE(IsJsonContentType("text/plain"));
+  EXPECT_FALSE(IsJsonContentType("application/x-protobuf"));
+  EXPECT_FALSE(IsJsonContentType(""));
+}
+
+TEST(JsonLineTest, EmbeddableJsonKeepsEveryValue) {
+  EXPECT_TRUE(JsonPayloadIsEmbeddable(R"({"a": [1, -2, 3.25, 1e10, "x]]]{{{\"", null]})"));
+  EXPECT_TRUE(JsonPayloadIsEmbeddable("18446744073709551615"));   // uint64 max
+  EXPECT_TRUE(JsonPayloadIsEmbeddable("-9223372036854775808"));   // int64 min
+  EXPECT_FALSE(JsonPayloadIsEmbeddable("18446744073709551616"));  // would become a double
+  EXPECT_FALSE(JsonPayloadIsEmbeddable("-9223372036854775809"));
+  EXPECT_FALSE(JsonPayloadIsEmbeddable("0.12345678901234567"));  // more than 15 digits
+  EXPECT_TRUE(JsonPayloadIsEmbeddable("1.50000000000000000000"));
+  EXPECT_FALSE(JsonPayloadIsEmbeddable("1e400"));
+  EXPECT_FALSE(JsonPayloadIsEmbeddable("1e-400"));
+  EXPECT_TRUE(JsonPayloadIsEmbeddable(std::string(kMaxEmbeddedJsonDepth, '[') +
+                                      std::string(kMaxEmbeddedJsonDepth, ']')));
+  EXPECT_FALSE(JsonPayloadIsEmbeddable(std::string(kMaxEmbeddedJsonDepth + 1, '[') +
+                                       std::string(kMaxEmbeddedJsonDepth + 1, ']')));
+}
+
+Envelope Sample() {
+  Envelope envelope;
+  envelope.id = *Uuid::Parse("0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b");
+  envelope.topic = "orders";
+  envelope.partition = 7;
+  envelope.created_at = TimePoint{} + 1500ms;
+  return envelope;
+}
+
+nlohmann::json Render(const Envelope& envelope) {
+  std::string line;
+  AppendJsonLine(envelope, line);
+  EXPECT_FALSE(line.empty());
+  EXPECT_EQ(line.back(), '\n');
+  EXPECT_EQ(line.find('\n'), line.size() - 1) << "exactly one line";
+  return nlohmann::json::parse(line);
+}
+
+TEST(JsonLineTest, KeysInDocumentedOrderWithNullsForAbsentFields) {
+  std::string line;
+  AppendJsonLine(Sample(), line);
+  EXPECT_EQ(line,
+            R"({"id":"0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b","topic":"orders","stream_key":null,)"
+            R"("stream_seq":null,"partition":7,"target":"default","type":null,)"
+            R"("content_type":"application/json","headers":{},"attempts":0,)"
+            R"("created_at":"1970-01-01T00:00:01.500Z","payload":""})"
+            "\n");
+}
+
+TEST(JsonLineTest, PayloadEmbeddedOnlyWhenItIsExactJson) {
+  Envelope envelope = Sample();
+  envelope.payload = R"({"b": 1, "a": [true, 2.5]})";
+  EXPECT_EQ(Render(envelope)["payload"], nlohmann::json::parse(envelope.payload));
+  std::string line;
+  AppendJsonLine(envelope, line);
+  EXPECT_NE(line.find(R"("payload":{"b":1,"a":[true,2.5]})"), std::string::npos)
+      << "object key order is kept: " << line;
+
+  envelope.payload = "{not json";
+  EXPECT_EQ(Render(envelope)["payload"], "{not json");
+
+  envelope.payload = R"({"big": 123456789012345678901234567890})";
+  EXPECT_EQ(Render(envelope)["payload"], envelope.payload) << "kept as text, not rounded";
+
+  envelope.payload = R"({"a": 1})";
+  envelope.content_type = "text/plain";
+  EXPECT_EQ(Render(envelope)["payload"], R"({"a": 1})");
+}
+
+TEST(JsonLineTest, InvalidUtf8InMetadataIsReplacedNotThrown) {
+  Envelope envelope = Sample();
+  envelope.topic = "bad\xff";
+  envelope.headers["h"] = "\xc3";
+  const nlohmann::json line = Render(envelope);
+  EXPECT_EQ(line["topic"], "bad\xef\xbf\xbd");
+  EXPECT_EQ(line["headers"]["h"], "\xef\xbf\xbd");
+}
+
+TEST(JsonLineTest, ControlCharactersStayOnOneLine) {
+  Envelope envelope = Sample();
+  envelope.content_type = "text/plain";
+  envelope.payload = std::string("line1\nline2\r\0end", 16);
+  EXPECT_EQ(Render(envelope)["payload"], envelope.payload);
+}
+
+}  // namespace
+}  // namespace outbox::file
