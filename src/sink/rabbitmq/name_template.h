@@ -1,0 +1,35 @@
+#pragma once
+// Exchange and routing-key templates: "{topic}", "orders.{type}", "{target}.{topic}".
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "outbox/core/message.h"
+
+namespace outbox::rabbitmq {
+
+class NameTemplate {
+ public:
+  // Parses `text`; the placeholders are {topic}, {target} and {type}. Throws ConfigError(key)
+  // for any other '{' or '}'.
+  static NameTemplate Parse(std::string_view text, const std::string& key);
+
+  // The name for `envelope` ({type} is "" when the envelope has none).
+  [[nodiscard]] std::string Expand(const Envelope& envelope) const;
+  // True when the template has no placeholder: every envelope gets the same name.
+  [[nodiscard]] bool is_literal() const;
+  [[nodiscard]] const std::string& text() const { return text_; }
+
+ private:
+  enum class Field : unsigned char { kLiteral, kTopic, kTarget, kType };
+  struct Part {
+    Field field = Field::kLiteral;
+    std::string literal;
+  };
+
+  std::string text_;
+  std::vector<Part> parts_;
+};
+
+}  // namespace outbox::rabbitmq

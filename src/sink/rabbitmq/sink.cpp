@@ -1,0 +1,771 @@
+// The RabbitMQ sink: publisher confirms over one channel, windowed, outcomes in batch order.
+//
+// How a batch goes out. Messages are published in batch order on channel 1, which is in confirm
+// mode; every publish gets the next delivery tag and an entry in `pending_` (ordered by tag).
+// Frames from the broker are read between publishes whenever the socket has something, and once
+// `confirm_window` publishes are unconfirmed the loop waits for frames before sending more:
+//   basic.ack (multiple)   settles every pending tag up to the given one: published, or
+//                          rejected when a basic.return came first for it
+//   basic.nack (multiple)  settles the same range as rejected
+//   basic.return           marks the pending publish with that message_id (mandatory and
+//                          unroutable); RabbitMQ sends it just before the ack for that message
+//   channel.close          the channel is gone: the publish that caused it (the first pending one
+//                          to the exchange named in a 404) is rejected, every other pending one
+//                          is outcome-unknown, nothing more of the batch is sent, and the channel
+//                          is reopened on the next Publish
+//   connection.close / socket error
+//                          pending publishes are outcome-unknown, unsent ones unavailable; the
+//                          next Publish reconnects
+// A publish still unconfirmed when the deadline passes is outcome-unknown; its tag stays in
+// `pending_` (without a batch index) so that its late confirm is recognized and ignored.
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "connection.h"
+#include "name_template.h"
+#include "outbox/core/error.h"
+#include "outbox/sink/rabbitmq.h"
+
+namespace outbox::rabbitmq {
+namespace {
+
+using std::chrono::milliseconds;
+using SteadyClock = std::chrono::steady_clock;
+
+constexpr amqp_channel_t kChannel = 1;
+constexpr milliseconds kMinBackoff{100};
+constexpr milliseconds kMaxBackoff{5000};
+constexpr milliseconds kCloseTimeout{2000};
+// AMQP 0-9-1 limits: short strings (exchange, routing key, message properties) and field-table
+// keys.
+constexpr std::size_t kShortStringMax = 255;
+constexpr std::size_t kFieldNameMax = 128;
+// The socket is polled (for the broker's frames, and for room to write) at least every this
+// many messages or bytes.
+constexpr std::size_t kPollEveryMessages = 16;
+constexpr std::size_t kPollEveryBytes = 64 * 1024;
+constexpr std::size_t kPerMessageOverhead = 256;  // frames, properties, headers (roughly)
+// A pending publish whose batch has already been answered.
+constexpr std::size_t kNoIndex = std::numeric_limits<std::size_t>::max();
+
+constexpr std::string_view kTopicHeader = "outbox-topic";
+constexpr std::string_view kStreamKeyHeader = "outbox-stream-key";
+constexpr std::string_view kStreamSeqHeader = "outbox-stream-seq";
+constexpr std::string_view kPartitionHeader = "outbox-partition";
+constexpr std::string_view kAttemptsHeader = "outbox-attempts";
+
+Failure MakeFailure(FailureKind kind, std::string reason) {
+  return Failure{.kind = kind, .reason = std::move(reason)};
+}
+
+std::string Shorten(std::string_view text, std::size_t max = 64) {
+  if (text.size() <= max) return std::string{text};
+  return std::string{text.substr(0, max)} + "...";
+}
+
+std::string Millis(SteadyClock::duration duration) {
+  return std::to_string(std::chrono::duration_cast<milliseconds>(duration).count()) + " ms";
+}
+
+// The text between `prefix` and the next quote in `text`, e.g. the exchange of
+// "NOT_FOUND - no exchange 'orders' in vhost '/'".
+std::optional<std::string> QuotedAfter(std::string_view text, std::string_view prefix) {
+  const std::size_t at = text.find(prefix);
+  if (at == std::string_view::npos) return std::nullopt;
+  const std::size_t begin = at + prefix.size();
+  const std::size_t end = text.find('\'', begin);
+  if (end == std::string_view::npos) return std::nullopt;
+  return std::string{text.substr(begin, end - begin)};
+}
+
+// The number after `prefix` in `text`, e.g. N in "message size N is larger than ...".
+std::optional<std::size_t> NumberAfter(std::string_view text, std::string_view prefix) {
+  const std::size_t at = text.find(prefix);
+  if (at == std::string_view::npos) return std::nullopt;
+  std::size_t value = 0;
+  bool any = false;
+  for (std::size_t i = at + prefix.size(); i < text.size() && text[i] >= '0' && text[i] <= '9';
+       ++i) {
+    value = value * 10 + static_cast<std::size_t>(text[i] - '0');
+    any = true;
+  }
+  return any ? std::optional<std::size_t>{value} : std::nullopt;
+}
+
+void ValidateOptions(const SinkOptions& options) {
+  try {
+    ParseUrl(options.url);
+  } catch (const std::invalid_argument& error) {
+    throw ConfigError("url", error.what());
+  }
+  if (options.confirm_window == 0) {
+    throw ConfigError("confirm_window", "must be at least 1 (unconfirmed publishes in flight)");
+  }
+  if (options.connect_timeout <= milliseconds::zero()) {
+    throw ConfigError("connect_timeout", "must be positive");
+  }
+  if (options.heartbeat < std::chrono::seconds::zero() ||
+      options.heartbeat.count() > std::numeric_limits<std::uint16_t>::max()) {
+    throw ConfigError("heartbeat", "must be between 0 (off) and 65535 seconds");
+  }
+  if (options.max_message_bytes == 0) {
+    throw ConfigError("max_message_bytes", "must be at least 1");
+  }
+  if (options.exchange.size() > kShortStringMax) {
+    throw ConfigError("exchange", "longer than AMQP's 255 bytes");
+  }
+  if (options.routing_key.size() > kShortStringMax) {
+    throw ConfigError("routing_key", "longer than AMQP's 255 bytes");
+  }
+  const std::string& type = options.declare_exchange_type;
+  if (!type.empty()) {
+    if (type != "direct" && type != "topic" && type != "fanout" && type != "headers") {
+      throw ConfigError("declare_exchange_type", "'" + type +
+                                                     "' is not an exchange type (direct, topic, "
+                                                     "fanout or headers; empty declares nothing)");
+    }
+    if (options.exchange.empty() || options.exchange.find('{') != std::string::npos) {
+      throw ConfigError("declare_exchange_type",
+                        "needs `exchange` to be a plain, non-empty exchange name to declare");
+    }
+  }
+}
+
+// One message in AMQP form. Its properties point into its own members and into the envelope,
+// so both must stay put until the publish returns.
+struct Prepared {
+  std::string exchange;
+  std::string routing_key;
+  std::string message_id;
+  std::vector<amqp_table_entry_t> headers;
+  amqp_basic_properties_t properties{};
+};
+
+amqp_table_entry_t StringEntry(std::string_view key, std::string_view value) {
+  amqp_table_entry_t entry{};
+  entry.key = Bytes(key);
+  entry.value.kind = AMQP_FIELD_KIND_UTF8;
+  entry.value.value.bytes = Bytes(value);
+  return entry;
+}
+
+amqp_table_entry_t Int64Entry(std::string_view key, std::int64_t value) {
+  amqp_table_entry_t entry{};
+  entry.key = Bytes(key);
+  entry.value.kind = AMQP_FIELD_KIND_I64;
+  entry.value.value.i64 = value;
+  return entry;
+}
+
+amqp_table_entry_t Int32Entry(std::string_view key, std::int32_t value) {
+  amqp_table_entry_t entry{};
+  entry.key = Bytes(key);
+  entry.value.kind = AMQP_FIELD_KIND_I32;
+  entry.value.value.i32 = value;
+  return entry;
+}
+
+// The encoded size of the content-header frame carrying `properties` (AMQP 0-9-1 section 4.2.6):
+// it must fit in one frame.
+std::size_t HeaderFrameSize(const amqp_basic_properties_t& properties) {
+  std::size_t size = 7 + 1 + 14;  // frame header and end octet; class, weight, body size, flags
+  const auto short_string = [&](amqp_flags_t flag, amqp_bytes_t bytes) {
+    if ((properties._flags & flag) != 0U) size += 1 + bytes.len;
+  };
+  short_string(AMQP_BASIC_CONTENT_TYPE_FLAG, properties.content_type);
+  short_string(AMQP_BASIC_CORRELATION_ID_FLAG, properties.correlation_id);
+  short_string(AMQP_BASIC_MESSAGE_ID_FLAG, properties.message_id);
+  short_string(AMQP_BASIC_TYPE_FLAG, properties.type);
+  if ((properties._flags & AMQP_BASIC_DELIVERY_MODE_FLAG) != 0U) size += 1;
+  if ((properties._flags & AMQP_BASIC_TIMESTAMP_FLAG) != 0U) size += 8;
+  if ((properties._flags & AMQP_BASIC_HEADERS_FLAG) != 0U) {
+    size += 4;
+    for (int i = 0; i < properties.headers.num_entries; ++i) {
+      const amqp_table_entry_t& entry = properties.headers.entries[i];
+      size += 1 + entry.key.len + 1;
+      switch (entry.value.kind) {
+        case AMQP_FIELD_KIND_I64:
+          size += 8;
+          break;
+        case AMQP_FIELD_KIND_I32:
+          size += 4;
+          break;
+        default:
+          size += 4 + entry.value.value.bytes.len;
+          break;
+      }
+    }
+  }
+  return size;
+}
+
+class RabbitSink final : public Sink {
+ public:
+  explicit RabbitSink(SinkOptions options)
+      : options_(std::move(options)),
+        endpoint_(ParseUrl(options_.url)),
+        exchange_(NameTemplate::Parse(options_.exchange, "exchange")),
+        routing_key_(NameTemplate::Parse(options_.routing_key, "routing_key")) {}
+
+  RabbitSink(const RabbitSink&) = delete;
+  RabbitSink& operator=(const RabbitSink&) = delete;
+  ~RabbitSink() override { Close(); }
+
+  [[nodiscard]] std::string_view Name() const override { return kSinkName; }
+
+  std::vector<PublishOutcome> Publish(std::span<const Envelope> batch, Deadline deadline) override;
+
+  void Close() override {
+    if (connection_) {
+      const milliseconds timeout = std::min(options_.connect_timeout, kCloseTimeout);
+      connection_->SetRpcTimeout(timeout);
+      if (channel_open_) amqp_channel_close(connection_->get(), kChannel, AMQP_REPLY_SUCCESS);
+      if (connection_->is_open()) connection_->Close(timeout);
+    }
+    connection_.reset();
+    channel_open_ = false;
+    blocked_ = false;
+    pending_.clear();
+  }
+
+ private:
+  // One publish awaiting its confirm.
+  struct Pending {
+    std::size_t index = kNoIndex;  // in the current batch; kNoIndex once that batch was answered
+    std::string message_id;
+    std::string exchange;
+    std::size_t body_size = 0;
+    std::optional<std::string> returned;  // why the broker returned it (basic.return)
+  };
+
+  // The verdicts of one Publish call, filled in as frames arrive.
+  struct BatchState {
+    explicit BatchState(std::size_t size) : verdicts(size), settled(size, false) {}
+    std::vector<std::optional<Failure>> verdicts;
+    std::vector<bool> settled;
+    std::size_t in_flight = 0;  // sent by this call, not yet settled
+    std::string stop_reason;    // why the rest of the batch was not sent
+  };
+
+  void Settle(std::size_t index, std::optional<Failure> failure) {
+    if (batch_ == nullptr || index == kNoIndex || batch_->settled[index]) return;
+    batch_->settled[index] = true;
+    batch_->verdicts[index] = std::move(failure);
+  }
+  void SettlePending(const Pending& pending, std::optional<Failure> failure) {
+    if (pending.index == kNoIndex || batch_ == nullptr) return;
+    Settle(pending.index, std::move(failure));
+    --batch_->in_flight;
+  }
+  void Stop(std::string reason) {
+    if (batch_ != nullptr && batch_->stop_reason.empty()) batch_->stop_reason = std::move(reason);
+  }
+  [[nodiscard]] bool CanPublish() const { return connection_ && channel_open_ && !blocked_; }
+
+  bool Ready(Deadline deadline);
+  bool Connect(Deadline deadline);
+  bool ReopenChannel(Deadline deadline);
+  std::optional<Failure> Prepare(const Envelope& envelope, Prepared& out) const;
+  void PublishAll(std::span<const Envelope> batch, Deadline deadline);
+  bool AwaitWritable(Deadline deadline);
+  void DrainReady();
+  bool WaitForFrame(Deadline deadline);
+  void HandleFrame(const amqp_frame_t& frame);
+  void HandleAcks(std::uint64_t tag, bool multiple, bool ack);
+  void HandleReturn(const amqp_basic_return_t& method);
+  void HandleChannelClose(const amqp_channel_close_t& method);
+  void LoseConnection(const std::string& reason);
+
+  SinkOptions options_;
+  Endpoint endpoint_;
+  NameTemplate exchange_;
+  NameTemplate routing_key_;
+
+  std::optional<Connection> connection_;
+  bool channel_open_ = false;
+  bool blocked_ = false;  // connection.blocked: the broker stopped reading (resource alarm)
+  std::string blocked_reason_;
+  std::size_t frame_max_ = AMQP_DEFAULT_FRAME_SIZE;
+  std::uint64_t next_tag_ = 1;
+  std::map<std::uint64_t, Pending> pending_;
+
+  // Reconnect backoff: after a failed connect, no new attempt before next_connect_at_.
+  milliseconds backoff_{0};
+  SteadyClock::time_point next_connect_at_{};
+  std::string last_connect_error_;
+
+  BatchState* batch_ = nullptr;  // the Publish call in progress
+};
+
+std::vector<PublishOutcome> RabbitSink::Publish(std::span<const Envelope> batch,
+                                                Deadline deadline) {
+  BatchState state(batch.size());
+  batch_ = &state;
+  struct Detach {
+    BatchState*& batch;
+    ~Detach() { batch = nullptr; }
+  } detach{batch_};
+  if (!batch.empty()) {
+    if (SteadyClock::now() >= deadline) {
+      Stop("the deadline had already passed");
+    } else if (Ready(deadline)) {
+      PublishAll(batch, deadline);
+      while (state.in_flight > 0 && connection_ && channel_open_) {
+        if (!WaitForFrame(deadline) && SteadyClock::now() >= deadline) break;
+      }
+    }
+  }
+
+  // Whatever is still pending has no verdict by the deadline; its late confirm will be ignored.
+  for (auto& [tag, pending] : pending_) {
+    if (pending.index == kNoIndex) continue;
+    Settle(pending.index, MakeFailure(FailureKind::kOutcomeUnknown,
+                                      "sent, but no confirm from the broker by the deadline"));
+    pending.index = kNoIndex;
+  }
+  std::vector<PublishOutcome> outcomes;
+  outcomes.reserve(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    if (!state.settled[i]) {
+      state.verdicts[i] = MakeFailure(
+          FailureKind::kUnavailable,
+          "not sent: " + (state.stop_reason.empty() ? std::string{"stopped"} : state.stop_reason));
+    }
+    outcomes.push_back({.id = batch[i].id, .failure = std::move(state.verdicts[i])});
+  }
+  return outcomes;
+}
+
+bool RabbitSink::Ready(Deadline deadline) {
+  if (connection_) DrainReady();  // notices a connection or channel closed since the last call
+  if (!connection_ && !Connect(deadline)) return false;
+  if (!channel_open_ && !ReopenChannel(deadline)) return false;
+  if (blocked_) {
+    Stop("the broker blocked the connection (" + blocked_reason_ + ")");
+    return false;
+  }
+  batch_->stop_reason.clear();  // a connection lost and re-made above is no reason to stop
+  return true;
+}
+
+bool RabbitSink::Connect(Deadline deadline) {
+  const auto now = SteadyClock::now();
+  if (now < next_connect_at_) {
+    Stop(last_connect_error_ + " (next attempt in " + Millis(next_connect_at_ - now) + ")");
+    return false;
+  }
+  const auto remaining = std::chrono::duration_cast<milliseconds>(deadline - now);
+  const milliseconds timeout =
+      std::max(milliseconds{1}, std::min(options_.connect_timeout, remaining));
+  try {
+    Connection connection(endpoint_, timeout, options_.heartbeat);
+    connection.OpenChannel(kChannel, /*confirms=*/true);
+    if (!options_.declare_exchange_type.empty()) {
+      amqp_exchange_declare(connection.get(), kChannel, Bytes(options_.exchange),
+                            Bytes(options_.declare_exchange_type), /*passive=*/0, /*durable=*/1,
+                            /*auto_delete=*/0, /*internal=*/0, amqp_empty_table);
+      connection.CheckLastRpc(kChannel, "declaring exchange '" + options_.exchange + "'");
+    }
+    frame_max_ = static_cast<std::size_t>(std::max(amqp_get_frame_max(connection.get()), 4096));
+    connection_.emplace(std::move(connection));
+  } catch (const AmqpError& error) {
+    backoff_ = backoff_ == milliseconds::zero() ? kMinBackoff : std::min(backoff_ * 2, kMaxBackoff);
+    next_connect_at_ = SteadyClock::now() + backoff_;
+    last_connect_error_ = error.what();
+    Stop(last_connect_error_);
+    return false;
+  }
+  backoff_ = milliseconds::zero();
+  channel_open_ = true;
+  blocked_ = false;
+  next_tag_ = 1;
+  pending_.clear();
+  return true;
+}
+
+bool RabbitSink::ReopenChannel(Deadline deadline) {
+  const auto remaining = std::chrono::duration_cast<milliseconds>(deadline - SteadyClock::now());
+  connection_->SetRpcTimeout(
+      std::max(milliseconds{1}, std::min(options_.connect_timeout, remaining)));
+  try {
+    connection_->OpenChannel(kChannel, /*confirms=*/true);
+  } catch (const AmqpError& error) {
+    if (!connection_->is_open()) LoseConnection(error.what());
+    Stop(std::string{"reopening the channel: "} + error.what());
+    return false;
+  }
+  channel_open_ = true;
+  next_tag_ = 1;
+  pending_.clear();
+  return true;
+}
+
+std::optional<Failure> RabbitSink::Prepare(const Envelope& envelope, Prepared& out) const {
+  if (envelope.payload.size() > options_.max_message_bytes) {
+    return MakeFailure(FailureKind::kPermanent,
+                       "payload is " + std::to_string(envelope.payload.size()) +
+                           " bytes, over max_message_bytes (" +
+                           std::to_string(options_.max_message_bytes) + ")");
+  }
+  out.exchange = exchange_.Expand(envelope);
+  out.routing_key = routing_key_.Expand(envelope);
+  if (out.exchange.size() > kShortStringMax) {
+    return MakeFailure(FailureKind::kPermanent, "exchange name '" + Shorten(out.exchange) +
+                                                    "' is " + std::to_string(out.exchange.size()) +
+                                                    " bytes, over AMQP's 255");
+  }
+  if (out.routing_key.size() > kShortStringMax) {
+    return MakeFailure(FailureKind::kPermanent,
+                       "routing key '" + Shorten(out.routing_key) + "' is " +
+                           std::to_string(out.routing_key.size()) + " bytes, over AMQP's 255");
+  }
+  out.message_id = envelope.id.ToString();
+
+  out.headers.clear();
+  for (const auto& [name, value] : envelope.headers) {
+    // The store refuses these names; skip them anyway so that they can never shadow ours.
+    if (name == kMessageIdHeader || name.starts_with(kReservedHeaderPrefix)) continue;
+    if (name.size() > kFieldNameMax) {
+      return MakeFailure(FailureKind::kPermanent, "header name '" + Shorten(name) + "' is " +
+                                                      std::to_string(name.size()) +
+                                                      " bytes, over AMQP's 128");
+    }
+    out.headers.push_back(StringEntry(name, value));
+  }
+  out.headers.push_back(StringEntry(kTopicHeader, envelope.topic));
+  if (envelope.stream_key)
+    out.headers.push_back(StringEntry(kStreamKeyHeader, *envelope.stream_key));
+  if (envelope.stream_seq)
+    out.headers.push_back(Int64Entry(kStreamSeqHeader, *envelope.stream_seq));
+  out.headers.push_back(Int32Entry(kPartitionHeader, envelope.partition));
+  out.headers.push_back(Int32Entry(kAttemptsHeader, envelope.attempts));
+
+  amqp_basic_properties_t& p = out.properties;
+  p = amqp_basic_properties_t{};
+  p._flags = AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_HEADERS_FLAG |
+             AMQP_BASIC_TIMESTAMP_FLAG;
+  p.message_id = Bytes(out.message_id);
+  p.delivery_mode = options_.persistent ? AMQP_DELIVERY_PERSISTENT : AMQP_DELIVERY_NONPERSISTENT;
+  p.headers = {.num_entries = static_cast<int>(out.headers.size()), .entries = out.headers.data()};
+  const auto seconds =
+      std::chrono::duration_cast<std::chrono::seconds>(envelope.created_at.time_since_epoch());
+  p.timestamp = static_cast<std::uint64_t>(std::max<std::int64_t>(0, seconds.count()));
+  if (!envelope.content_type.empty()) {
+    if (envelope.content_type.size() > kShortStringMax) {
+      return MakeFailure(FailureKind::kPermanent, "content type is " +
+                                                      std::to_string(envelope.content_type.size()) +
+                                                      " bytes, over AMQP's 255");
+    }
+    p._flags |= AMQP_BASIC_CONTENT_TYPE_FLAG;
+    p.content_type = Bytes(envelope.content_type);
+  }
+  if (envelope.type && !envelope.type->empty()) {
+    if (envelope.type->size() > kShortStringMax) {
+      return MakeFailure(FailureKind::kPermanent, "type '" + Shorten(*envelope.type) + "' is " +
+                                                      std::to_string(envelope.type->size()) +
+                                                      " bytes, over AMQP's 255");
+    }
+    p._flags |= AMQP_BASIC_TYPE_FLAG;
+    p.type = Bytes(*envelope.type);
+  }
+  // correlation_id also travels as a header, so an over-long one only loses its property.
+  if (const auto it = envelope.headers.find(kCorrelationIdHeader);
+      it != envelope.headers.end() && !it->second.empty() && it->second.size() <= kShortStringMax) {
+    p._flags |= AMQP_BASIC_CORRELATION_ID_FLAG;
+    p.correlation_id = Bytes(it->second);
+  }
+  if (const std::size_t size = HeaderFrameSize(p); size > frame_max_) {
+    return MakeFailure(FailureKind::kPermanent, "properties and headers take " +
+                                                    std::to_string(size) +
+                                                    " bytes, over the connection's frame size (" +
+                                                    std::to_string(frame_max_) + ")");
+  }
+  return std::nullopt;
+}
+
+void RabbitSink::PublishAll(std::span<const Envelope> batch, Deadline deadline) {
+  Prepared prepared;
+  std::size_t unpolled_messages = kPollEveryMessages;  // poll before the first publish
+  std::size_t unpolled_bytes = 0;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    if (!CanPublish()) break;
+    if (SteadyClock::now() >= deadline) {
+      Stop("the deadline passed before its turn");
+      break;
+    }
+    if (auto failure = Prepare(batch[i], prepared)) {
+      Settle(i, std::move(failure));
+      continue;
+    }
+    while (CanPublish() && pending_.size() >= options_.confirm_window) {
+      if (!WaitForFrame(deadline) && SteadyClock::now() >= deadline) {
+        Stop("the deadline passed with " + std::to_string(pending_.size()) +
+             " publishes unconfirmed (confirm_window " + std::to_string(options_.confirm_window) +
+             ")");
+        return;
+      }
+    }
+    if (!CanPublish()) break;
+    // Reads what the broker sent (a closed channel or a blocked connection stops the batch
+    // early) and waits while the broker is not reading. The socket is polled once every few
+    // messages: publishing is three send() calls a message, a poll would add a fourth.
+    unpolled_bytes += batch[i].payload.size() + kPerMessageOverhead;
+    if (++unpolled_messages >= kPollEveryMessages || unpolled_bytes >= kPollEveryBytes) {
+      unpolled_messages = unpolled_bytes = 0;
+      if (!AwaitWritable(deadline)) break;
+    } else if (amqp_frames_enqueued(connection_->get()) ||
+               amqp_data_in_buffer(connection_->get())) {
+      DrainReady();
+    }
+    if (!CanPublish()) break;
+
+    const int status =
+        amqp_basic_publish(connection_->get(), kChannel, Bytes(prepared.exchange),
+                           Bytes(prepared.routing_key), options_.mandatory ? 1 : 0,
+                           /*immediate=*/0, &prepared.properties, Bytes(batch[i].payload));
+    if (status != AMQP_STATUS_OK) {
+      Settle(i, MakeFailure(
+                    FailureKind::kOutcomeUnknown,
+                    std::string{"connection lost while sending: "} + amqp_error_string2(status)));
+      LoseConnection(std::string{"while sending: "} + amqp_error_string2(status));
+      return;
+    }
+    pending_.emplace(next_tag_++, Pending{.index = i,
+                                          .message_id = prepared.message_id,
+                                          .exchange = prepared.exchange,
+                                          .body_size = batch[i].payload.size()});
+    ++batch_->in_flight;
+  }
+  if (!connection_) return;  // LoseConnection said why
+  if (!channel_open_) Stop("the channel was closed by the broker");
+  if (blocked_) Stop("the broker blocked the connection (" + blocked_reason_ + ")");
+}
+
+bool RabbitSink::AwaitWritable(Deadline deadline) {
+  for (;;) {
+    if (amqp_frames_enqueued(connection_->get()) || amqp_data_in_buffer(connection_->get())) {
+      DrainReady();
+      if (!CanPublish()) return false;
+    }
+    pollfd fd{.fd = connection_->fd(), .events = POLLIN | POLLOUT, .revents = 0};
+    if (poll(&fd, 1, 0) < 0 && errno != EINTR) {
+      LoseConnection("poll failed");
+      return false;
+    }
+    if ((fd.revents & (POLLIN | POLLERR | POLLHUP)) != 0) {
+      DrainReady();
+      if (!CanPublish()) return false;
+      continue;
+    }
+    if ((fd.revents & POLLOUT) != 0) return true;
+    const auto remaining = std::chrono::ceil<milliseconds>(deadline - SteadyClock::now()).count();
+    if (remaining <= 0) {
+      Stop("not sent by the deadline: the broker is not reading (back-pressure)");
+      return false;
+    }
+    // Wake at least every second to let rabbitmq-c send its heartbeats.
+    fd.revents = 0;
+    if (poll(&fd, 1, static_cast<int>(std::min<std::int64_t>(remaining, 1000))) < 0 &&
+        errno != EINTR) {
+      LoseConnection("poll failed");
+      return false;
+    }
+    DrainReady();  // lets rabbitmq-c send a heartbeat and reads what came
+    if (!CanPublish()) return false;
+  }
+}
+
+void RabbitSink::DrainReady() {
+  while (connection_) {
+    amqp_frame_t frame{};
+    timeval zero{.tv_sec = 0, .tv_usec = 0};
+    const int status = amqp_simple_wait_frame_noblock(connection_->get(), &frame, &zero);
+    if (status == AMQP_STATUS_TIMEOUT) break;
+    if (status != AMQP_STATUS_OK) {
+      LoseConnection(amqp_error_string2(status));
+      return;
+    }
+    HandleFrame(frame);
+  }
+  // Decoded frames live in per-channel pools until released; a long batch reads many acks.
+  if (connection_) amqp_maybe_release_buffers(connection_->get());
+}
+
+bool RabbitSink::WaitForFrame(Deadline deadline) {
+  if (!connection_) return false;
+  const auto remaining = deadline - SteadyClock::now();
+  if (remaining <= SteadyClock::duration::zero()) return false;
+  timeval tv = ToTimeval(std::chrono::ceil<std::chrono::microseconds>(remaining));
+  amqp_frame_t frame{};
+  const int status = amqp_simple_wait_frame_noblock(connection_->get(), &frame, &tv);
+  if (status == AMQP_STATUS_TIMEOUT) return false;
+  if (status != AMQP_STATUS_OK) {
+    LoseConnection(amqp_error_string2(status));
+    return false;
+  }
+  HandleFrame(frame);
+  DrainReady();
+  return connection_.has_value();
+}
+
+void RabbitSink::HandleFrame(const amqp_frame_t& frame) {
+  if (frame.frame_type != AMQP_FRAME_METHOD) return;  // no content is expected outside a return
+  const amqp_method_number_t id = frame.payload.method.id;
+  void* decoded = frame.payload.method.decoded;
+  if (frame.channel == 0) {
+    if (id == AMQP_CONNECTION_CLOSE_METHOD) {
+      const auto* close = static_cast<const amqp_connection_close_t*>(decoded);
+      const std::string text{View(close->reply_text)};
+      amqp_connection_close_ok_t close_ok{};
+      amqp_send_method(connection_->get(), 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &close_ok);
+      LoseConnection("closed by the broker: " + text);
+    } else if (id == AMQP_CONNECTION_BLOCKED_METHOD) {
+      blocked_ = true;
+      blocked_reason_ = View(static_cast<const amqp_connection_blocked_t*>(decoded)->reason);
+    } else if (id == AMQP_CONNECTION_UNBLOCKED_METHOD) {
+      blocked_ = false;
+      blocked_reason_.clear();
+    }
+    return;
+  }
+  if (frame.channel != kChannel) return;
+  if (id == AMQP_BASIC_ACK_METHOD) {
+    const auto* ack = static_cast<const amqp_basic_ack_t*>(decoded);
+    HandleAcks(ack->delivery_tag, ack->multiple != 0, /*ack=*/true);
+  } else if (id == AMQP_BASIC_NACK_METHOD) {
+    const auto* nack = static_cast<const amqp_basic_nack_t*>(decoded);
+    HandleAcks(nack->delivery_tag, nack->multiple != 0, /*ack=*/false);
+  } else if (id == AMQP_BASIC_RETURN_METHOD) {
+    HandleReturn(*static_cast<const amqp_basic_return_t*>(decoded));
+  } else if (id == AMQP_CHANNEL_CLOSE_METHOD) {
+    HandleChannelClose(*static_cast<const amqp_channel_close_t*>(decoded));
+  }
+}
+
+void RabbitSink::HandleAcks(std::uint64_t tag, bool multiple, bool ack) {
+  auto first = pending_.begin();
+  auto last = pending_.end();
+  if (!multiple) {
+    first = pending_.find(tag);
+    if (first == pending_.end()) return;
+    last = std::next(first);
+  } else if (tag != 0) {  // multiple with tag 0: everything outstanding
+    last = pending_.upper_bound(tag);
+  }
+  for (auto it = first; it != last; ++it) {
+    const Pending& pending = it->second;
+    if (!ack) {
+      SettlePending(pending, MakeFailure(FailureKind::kRejected,
+                                         "nacked by broker (e.g. a queue full with "
+                                         "x-overflow=reject-publish, or a broker-internal error)"));
+    } else if (pending.returned) {
+      SettlePending(pending, MakeFailure(FailureKind::kRejected, *pending.returned));
+    } else {
+      SettlePending(pending, std::nullopt);
+    }
+  }
+  pending_.erase(first, last);
+}
+
+void RabbitSink::HandleReturn(const amqp_basic_return_t& method) {
+  // Copy out of the frame before reading more frames.
+  const std::string reason = "unroutable: " + std::string{View(method.reply_text)} + " exchange='" +
+                             std::string{View(method.exchange)} + "' routing_key='" +
+                             std::string{View(method.routing_key)} + "'";
+  MessagePtr message{new amqp_message_t{}};
+  const amqp_rpc_reply_t reply = amqp_read_message(connection_->get(), kChannel, message.get(), 0);
+  if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+    LoseConnection("reading a returned message: " + DescribeReply(reply));
+    return;
+  }
+  const amqp_basic_properties_t& properties = message->properties;
+  if ((properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG) == 0U) return;
+  const std::string_view message_id = View(properties.message_id);
+  // The first pending publish of that message not yet returned (a batch may repeat an id, and a
+  // late return may belong to an earlier batch's publish, which comes first in tag order).
+  for (auto& [tag, pending] : pending_) {
+    if (!pending.returned && pending.message_id == message_id) {
+      pending.returned = reason;
+      return;
+    }
+  }
+}
+
+void RabbitSink::HandleChannelClose(const amqp_channel_close_t& method) {
+  const int code = method.reply_code;
+  const std::string text{View(method.reply_text)};
+  const bool caused_by_publish = method.class_id == AMQP_BASIC_CLASS &&
+                                 method.method_id == (AMQP_BASIC_PUBLISH_METHOD & 0xFFFFU);
+  channel_open_ = false;
+  amqp_channel_close_ok_t close_ok{};
+  const int sent =
+      amqp_send_method(connection_->get(), kChannel, AMQP_CHANNEL_CLOSE_OK_METHOD, &close_ok);
+
+  // Which publish the broker refused: the first pending one to the exchange a 404 names, the
+  // first of the reported size for an over-size 406, else the first pending one.
+  auto culprit = pending_.end();
+  const FailureKind kind = KindOfCloseCode(code, text);
+  std::string reason = "channel closed by broker: " + text;
+  if (caused_by_publish && !pending_.empty()) {
+    culprit = pending_.begin();
+    if (const auto exchange = QuotedAfter(text, "no exchange '");
+        code == AMQP_NOT_FOUND && exchange) {
+      reason = "exchange '" + *exchange + "' not found (" + text + ")";
+      culprit = std::find_if(pending_.begin(), pending_.end(),
+                             [&](const auto& entry) { return entry.second.exchange == *exchange; });
+    } else if (const auto size = NumberAfter(text, "message size ");
+               kind == FailureKind::kPermanent && size) {
+      culprit = std::find_if(pending_.begin(), pending_.end(),
+                             [&](const auto& entry) { return entry.second.body_size == *size; });
+    }
+    if (culprit == pending_.end()) culprit = pending_.begin();
+  }
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    if (it == culprit) {
+      SettlePending(it->second, MakeFailure(kind, reason));
+    } else {
+      SettlePending(it->second,
+                    MakeFailure(FailureKind::kOutcomeUnknown,
+                                "sent, but the channel was closed by the broker before the "
+                                "confirm (" +
+                                    text + ")"));
+    }
+  }
+  pending_.clear();
+  Stop("the channel was closed by the broker (" + text + ")");
+  if (sent != AMQP_STATUS_OK) LoseConnection(amqp_error_string2(sent));
+}
+
+void RabbitSink::LoseConnection(const std::string& reason) {
+  const std::string what = "connection to " + endpoint_.Describe() + " lost: " + reason;
+  for (const auto& [tag, pending] : pending_) {
+    SettlePending(pending, MakeFailure(FailureKind::kOutcomeUnknown,
+                                       "sent, but no confirm before the " + what));
+  }
+  pending_.clear();
+  if (connection_) connection_->Abandon();
+  connection_.reset();
+  channel_open_ = false;
+  blocked_ = false;
+  Stop(what);
+}
+
+}  // namespace
+
+std::unique_ptr<Sink> OpenSink(SinkOptions options) {
+  ValidateOptions(options);
+  return std::make_unique<RabbitSink>(std::move(options));
+}
+
+}  // namespace outbox::rabbitmq

@@ -1,0 +1,680 @@
+// The RabbitMQ sink against a real broker: what arrives, in what order, and how every refusal and
+// outage is reported. Each test declares its own queues and exchanges and reads them back through
+// a separate rabbitmq-c connection (Admin), so a "published" outcome is checked against what the
+// broker actually holds: no loss, no phantom.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "name_template.h"
+#include "outbox/core/error.h"
+#include "outbox/sink/rabbitmq.h"
+#include "rabbit_test_support.h"
+#include "tcp_proxy.h"
+
+namespace outbox::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using SteadyClock = std::chrono::steady_clock;
+
+rabbitmq::SinkOptions Options() {
+  rabbitmq::SinkOptions options;
+  options.url = AmqpUrl();
+  return options;
+}
+
+std::unique_ptr<Sink> Open(rabbitmq::SinkOptions options = Options()) {
+  return rabbitmq::OpenSink(std::move(options));
+}
+
+std::string Describe(const PublishOutcome& outcome) {
+  return outcome.published() ? "published" : outcome.failure->Describe();
+}
+
+void ExpectAllPublished(const std::vector<PublishOutcome>& outcomes,
+                        std::span<const Envelope> batch) {
+  ASSERT_EQ(outcomes.size(), batch.size());
+  for (std::size_t i = 0; i < outcomes.size(); ++i) {
+    EXPECT_EQ(outcomes[i].id, batch[i].id) << "outcome " << i << " out of batch order";
+    EXPECT_TRUE(outcomes[i].published()) << "message " << i << ": " << Describe(outcomes[i]);
+  }
+}
+
+std::vector<std::string> Ids(const std::vector<Received>& received) {
+  std::vector<std::string> ids;
+  for (const Received& message : received) ids.push_back(message.message_id);
+  return ids;
+}
+
+std::vector<std::string> Ids(std::span<const Envelope> batch) {
+  std::vector<std::string> ids;
+  for (const Envelope& envelope : batch) ids.push_back(envelope.id.ToString());
+  return ids;
+}
+
+// No phantom: every message reported published is in the queue.
+void ExpectPublishedAreDelivered(const std::vector<PublishOutcome>& outcomes,
+                                 const std::vector<Received>& received) {
+  std::set<std::string> delivered;
+  for (const Received& message : received) delivered.insert(message.message_id);
+  for (const PublishOutcome& outcome : outcomes) {
+    if (outcome.published()) {
+      EXPECT_TRUE(delivered.contains(outcome.id.ToString()))
+          << outcome.id.ToString() << " reported published but not in the queue";
+    }
+  }
+}
+
+TEST(RabbitSinkOptionsTest, InvalidOptionsThrowConfigErrorNamingTheKey) {
+  const auto expect_key = [](const std::string& key, auto mutate) {
+    rabbitmq::SinkOptions options = Options();
+    mutate(options);
+    try {
+      rabbitmq::OpenSink(options);
+      ADD_FAILURE() << "no ConfigError for " << key;
+    } catch (const ConfigError& error) {
+      EXPECT_EQ(error.key(), key) << error.what();
+      EXPECT_EQ(std::string{error.what()}.find("s3cret"), std::string::npos) << error.what();
+    }
+  };
+  expect_key("url", [](auto& o) { o.url = "http://guest:s3cret@localhost/"; });
+  expect_key("url", [](auto& o) { o.url = "amqp://guest:s3cret@host:notaport/"; });
+  expect_key("url", [](auto& o) { o.url = "amqps://guest:s3cret@localhost/"; });
+  expect_key("confirm_window", [](auto& o) { o.confirm_window = 0; });
+  expect_key("routing_key", [](auto& o) { o.routing_key = "orders.{nope}"; });
+  expect_key("routing_key", [](auto& o) { o.routing_key = "orders.{topic"; });
+  expect_key("routing_key", [](auto& o) { o.routing_key = "orders}"; });
+  expect_key("exchange", [](auto& o) { o.exchange = "{Topic}"; });
+  expect_key("connect_timeout", [](auto& o) { o.connect_timeout = milliseconds{0}; });
+  expect_key("heartbeat", [](auto& o) { o.heartbeat = seconds{-1}; });
+  expect_key("max_message_bytes", [](auto& o) { o.max_message_bytes = 0; });
+  expect_key("declare_exchange_type", [](auto& o) {
+    o.exchange = "x";
+    o.declare_exchange_type = "round-robin";
+  });
+  expect_key("declare_exchange_type", [](auto& o) {
+    o.exchange = "{topic}";
+    o.declare_exchange_type = "topic";
+  });
+}
+
+TEST(RabbitSinkOptionsTest, TemplatesExpandTopicTargetAndType) {
+  Envelope envelope = MakeEnvelope("orders");
+  envelope.target = "main";
+  envelope.type = "OrderPlaced";
+  const auto expand = [&](const std::string& text) {
+    return rabbitmq::NameTemplate::Parse(text, "routing_key").Expand(envelope);
+  };
+  EXPECT_EQ(expand("{topic}"), "orders");
+  EXPECT_EQ(expand("{target}.{topic}.{type}"), "main.orders.OrderPlaced");
+  EXPECT_EQ(expand("events"), "events");
+  EXPECT_EQ(expand(""), "");
+  envelope.type.reset();
+  EXPECT_EQ(expand("x.{type}"), "x.");
+  EXPECT_TRUE(rabbitmq::NameTemplate::Parse("plain", "exchange").is_literal());
+  EXPECT_FALSE(rabbitmq::NameTemplate::Parse("a{topic}", "exchange").is_literal());
+}
+
+TEST(RabbitSinkTest, OpeningDoesNotNeedTheBroker) {
+  rabbitmq::SinkOptions options;
+  options.url = "amqp://guest:guest@127.0.0.1:1/";
+  auto sink = Open(options);
+  EXPECT_EQ(sink->Name(), "rabbitmq");
+  sink->Close();
+  sink->Close();
+}
+
+TEST(RabbitSinkTest, PropertiesAndHeadersArrive) {
+  Admin admin;
+  const std::string queue = UniqueName("props");
+  admin.DeclareQueue(queue);
+  auto sink = Open();
+
+  Envelope envelope = MakeEnvelope(queue, R"({"order":42})");
+  envelope.type = "OrderPlaced";
+  envelope.content_type = "application/vnd.test+json";
+  envelope.stream_key = "order-42";
+  envelope.stream_seq = 7;
+  envelope.partition = 3;
+  envelope.attempts = 2;
+  envelope.created_at = std::chrono::system_clock::time_point{seconds{1700000000}};
+  envelope.headers = {{"correlation_id", "corr-1"},
+                      {"causation_id", "cause-1"},
+                      {"tenant_id", "tenant-a"},
+                      {"traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+                      {"x-custom", "value with spaces"},
+                      // Refused by the store; the sink must not let them shadow its own.
+                      {"message_id", "forged"},
+                      {"outbox-partition", "99"}};
+  const std::vector<Envelope> batch{envelope};
+  ExpectAllPublished(sink->Publish(batch, In(milliseconds{5000})), batch);
+
+  const auto received = admin.Consume(queue, 2, milliseconds{1000});
+  ASSERT_EQ(received.size(), 1U);
+  const Received& message = received[0];
+  EXPECT_EQ(message.body, R"({"order":42})");
+  EXPECT_EQ(message.exchange, "");
+  EXPECT_EQ(message.routing_key, queue);
+  EXPECT_EQ(message.message_id, envelope.id.ToString());
+  EXPECT_EQ(message.correlation_id, "corr-1");
+  EXPECT_EQ(message.type, "OrderPlaced");
+  EXPECT_EQ(message.content_type, "application/vnd.test+json");
+  EXPECT_EQ(message.timestamp, 1700000000U);
+  EXPECT_EQ(message.delivery_mode, 2);
+
+  EXPECT_EQ(message.headers.at("correlation_id"), "corr-1");
+  EXPECT_EQ(message.headers.at("causation_id"), "cause-1");
+  EXPECT_EQ(message.headers.at("tenant_id"), "tenant-a");
+  EXPECT_EQ(message.headers.at("traceparent"),
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+  EXPECT_EQ(message.headers.at("x-custom"), "value with spaces");
+  EXPECT_EQ(message.header_kinds.at("x-custom"), 'S');
+  EXPECT_FALSE(message.headers.contains("message_id"));
+  EXPECT_EQ(message.headers.at("outbox-topic"), queue);
+  EXPECT_EQ(message.headers.at("outbox-stream-key"), "order-42");
+  EXPECT_EQ(message.headers.at("outbox-stream-seq"), "7");
+  EXPECT_EQ(message.header_kinds.at("outbox-stream-seq"), 'l');
+  EXPECT_EQ(message.headers.at("outbox-partition"), "3");
+  EXPECT_EQ(message.headers.at("outbox-attempts"), "2");
+}
+
+TEST(RabbitSinkTest, MinimalEnvelopeAndTransientDelivery) {
+  Admin admin;
+  const std::string queue = UniqueName("minimal");
+  admin.DeclareQueue(queue);
+  rabbitmq::SinkOptions options = Options();
+  options.persistent = false;
+  auto sink = Open(options);
+
+  Envelope envelope = MakeEnvelope(queue, "");
+  envelope.content_type.clear();
+  const std::vector<Envelope> batch{envelope};
+  ExpectAllPublished(sink->Publish(batch, In(milliseconds{5000})), batch);
+
+  const auto received = admin.Consume(queue, 1);
+  ASSERT_EQ(received.size(), 1U);
+  EXPECT_EQ(received[0].body, "");
+  EXPECT_EQ(received[0].delivery_mode, 1);
+  EXPECT_EQ(received[0].flags & (AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_CONTENT_TYPE_FLAG |
+                                 AMQP_BASIC_CORRELATION_ID_FLAG),
+            0U);
+  EXPECT_FALSE(received[0].headers.contains("outbox-stream-key"));
+  EXPECT_FALSE(received[0].headers.contains("outbox-stream-seq"));
+}
+
+TEST(RabbitSinkTest, TenThousandMessagesAllConfirmedAndDeliveredInOrder) {
+  Admin admin;
+  const std::string queue = UniqueName("10k");
+  admin.DeclareQueue(queue);
+  rabbitmq::SinkOptions options = Options();
+  options.confirm_window = 1000;
+  auto sink = Open(options);
+
+  const auto batch = MakeEnvelopes(queue, 10000);
+  const auto started = SteadyClock::now();
+  const auto outcomes = sink->Publish(batch, In(milliseconds{60000}));
+  const auto elapsed = SteadyClock::now() - started;
+  ExpectAllPublished(outcomes, batch);
+  RecordProperty("publish_ms",
+                 std::to_string(std::chrono::duration_cast<milliseconds>(elapsed).count()));
+
+  EXPECT_EQ(admin.Count(queue), 10000U);
+  const auto received = admin.Consume(queue, 10000);
+  EXPECT_EQ(Ids(received), Ids(batch));
+}
+
+TEST(RabbitSinkTest, SmallWindowAcrossManyBatchesKeepsOrder) {
+  Admin admin;
+  const std::string queue = UniqueName("window");
+  admin.DeclareQueue(queue);
+  rabbitmq::SinkOptions options = Options();
+  options.confirm_window = 7;
+  auto sink = Open(options);
+
+  std::vector<std::string> sent;
+  for (int round = 0; round < 5; ++round) {
+    const auto batch = MakeEnvelopes(queue, 50);
+    ExpectAllPublished(sink->Publish(batch, In(milliseconds{10000})), batch);
+    for (const auto& id : Ids(batch)) sent.push_back(id);
+  }
+  EXPECT_EQ(Ids(admin.Consume(queue, sent.size())), sent);
+}
+
+TEST(RabbitSinkTest, EmptyBatchIsANoOp) {
+  auto sink = Open();
+  EXPECT_TRUE(sink->Publish({}, In(milliseconds{1000})).empty());
+}
+
+TEST(RabbitSinkTest, UnroutableMandatoryMessageIsRejectedOthersArePublished) {
+  Admin admin;
+  const std::string exchange = UniqueName("routes");
+  const std::string queue = UniqueName("routed");
+  admin.DeclareExchange(exchange, "direct");
+  admin.DeclareQueue(queue);
+  admin.Bind(queue, exchange, "good");
+  rabbitmq::SinkOptions options = Options();
+  options.exchange = exchange;
+  options.routing_key = "{type}";
+  auto sink = Open(options);
+
+  std::vector<Envelope> batch = MakeEnvelopes("orders", 5);
+  for (auto& envelope : batch) envelope.type = "good";
+  batch[1].type = "nowhere";
+  batch[3].type = "nowhere";
+  const auto outcomes = sink->Publish(batch, In(milliseconds{5000}));
+  ASSERT_EQ(outcomes.size(), 5U);
+  for (const std::size_t i : {0U, 2U, 4U}) {
+    EXPECT_TRUE(outcomes[i].published()) << i << ": " << Describe(outcomes[i]);
+  }
+  for (const std::size_t i : {1U, 3U}) {
+    ASSERT_FALSE(outcomes[i].published()) << i;
+    EXPECT_EQ(outcomes[i].failure->kind, FailureKind::kRejected);
+    EXPECT_EQ(outcomes[i].failure->reason,
+              "unroutable: NO_ROUTE exchange='" + exchange + "' routing_key='nowhere'");
+  }
+  const auto received = admin.Consume(queue, 5, milliseconds{500});
+  EXPECT_EQ(Ids(received), (std::vector<std::string>{batch[0].id.ToString(), batch[2].id.ToString(),
+                                                     batch[4].id.ToString()}));
+}
+
+TEST(RabbitSinkTest, UnroutableWithoutMandatoryIsConfirmedAndDropped) {
+  Admin admin;
+  const std::string exchange = UniqueName("nomandatory");
+  admin.DeclareExchange(exchange, "direct");
+  rabbitmq::SinkOptions options = Options();
+  options.exchange = exchange;
+  options.mandatory = false;
+  auto sink = Open(options);
+  const auto batch = MakeEnvelopes("nowhere", 3);
+  ExpectAllPublished(sink->Publish(batch, In(milliseconds{5000})), batch);
+}
+
+TEST(RabbitSinkTest, MissingExchangeIsRejectedByNameAndTheChannelIsReopened) {
+  Admin admin;
+  const std::string queue = UniqueName("after-404");
+  admin.DeclareQueue(queue);
+  const std::string missing = UniqueName("missing");
+  rabbitmq::SinkOptions options = Options();
+  options.exchange = "{type}";  // "" (the default exchange) when the envelope has no type
+  auto sink = Open(options);
+
+  std::vector<Envelope> bad = MakeEnvelopes(queue, 1);
+  bad[0].type = missing;
+  const auto outcomes = sink->Publish(bad, In(milliseconds{5000}));
+  ASSERT_EQ(outcomes.size(), 1U);
+  ASSERT_FALSE(outcomes[0].published());
+  EXPECT_EQ(outcomes[0].failure->kind, FailureKind::kRejected);
+  EXPECT_EQ(outcomes[0].failure->reason, "exchange '" + missing + "' not found (NOT_FOUND - no " +
+                                             "exchange '" + missing + "' in vhost '/')");
+
+  // The next Publish on the same sink reopens the channel.
+  const auto good = MakeEnvelopes(queue, 3);
+  ExpectAllPublished(sink->Publish(good, In(milliseconds{5000})), good);
+  EXPECT_EQ(Ids(admin.Consume(queue, 3)), Ids(good));
+}
+
+TEST(RabbitSinkTest, MissingExchangeMidBatchLosesNothingAndInventsNothing) {
+  Admin admin;
+  const std::string queue = UniqueName("mid-404");
+  admin.DeclareQueue(queue);
+  const std::string missing = UniqueName("missing");
+  rabbitmq::SinkOptions options = Options();
+  options.exchange = "{type}";
+  auto sink = Open(options);
+
+  std::vector<Envelope> batch = MakeEnvelopes(queue, 200);
+  batch[100].type = missing;
+  const auto outcomes = sink->Publish(batch, In(milliseconds{5000}));
+  ASSERT_EQ(outcomes.size(), batch.size());
+  ASSERT_FALSE(outcomes[100].published());
+  EXPECT_EQ(outcomes[100].failure->kind, FailureKind::kRejected);
+  EXPECT_NE(outcomes[100].failure->reason.find("exchange '" + missing + "' not found"),
+            std::string::npos)
+      << outcomes[100].failure->reason;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    if (i == 100 || outcomes[i].published()) continue;
+    // Before the failing publish: sent, confirm lost with the channel. After it: discarded by the
+    // broker or never sent. Either way retried without spending an attempt.
+    const FailureKind kind = outcomes[i].failure->kind;
+    EXPECT_TRUE(kind == FailureKind::kOutcomeUnknown || kind == FailureKind::kUnavailable)
+        << i << ": " << Describe(outcomes[i]);
+    EXPECT_FALSE(outcomes[i].failure->treatment().spends_attempt);
+  }
+  for (std::size_t i = 101; i < batch.size(); ++i) {
+    EXPECT_FALSE(outcomes[i].published()) << i << " published after the channel was closed";
+  }
+  const auto received = admin.Consume(queue, batch.size(), milliseconds{500});
+  ExpectPublishedAreDelivered(outcomes, received);
+  EXPECT_LE(received.size(), 100U);
+
+  const auto next = MakeEnvelopes(queue, 10);
+  ExpectAllPublished(sink->Publish(next, In(milliseconds{5000})), next);
+}
+
+TEST(RabbitSinkTest, QueueFullWithRejectPublishIsNackedAndRejected) {
+  Admin admin;
+  const std::string queue = UniqueName("full");
+  admin.DeclareQueue(
+      queue, {{"x-max-length", std::int64_t{0}}, {"x-overflow", std::string{"reject-publish"}}});
+  auto sink = Open();
+  const auto batch = MakeEnvelopes(queue, 3);
+  const auto outcomes = sink->Publish(batch, In(milliseconds{5000}));
+  ASSERT_EQ(outcomes.size(), 3U);
+  for (const auto& outcome : outcomes) {
+    ASSERT_FALSE(outcome.published());
+    EXPECT_EQ(outcome.failure->kind, FailureKind::kRejected);
+    EXPECT_TRUE(outcome.failure->reason.starts_with("nacked by broker")) << outcome.failure->reason;
+  }
+  EXPECT_EQ(admin.Count(queue), 0U);
+}
+
+TEST(RabbitSinkTest, OversizedMessagesArePermanentAndNeverSent) {
+  Admin admin;
+  const std::string queue = UniqueName("oversize");
+  admin.DeclareQueue(queue);
+  rabbitmq::SinkOptions options = Options();
+  options.max_message_bytes = 1000;
+  auto sink = Open(options);
+
+  std::vector<Envelope> batch = MakeEnvelopes(queue, 4);
+  batch[1].payload.assign(1001, 'x');
+  // Headers that cannot fit in one AMQP frame (131072 bytes) are refused the same way, before
+  // anything reaches the socket, so the connection survives.
+  for (int i = 0; i < 40; ++i) {
+    batch[2].headers["x-big-" + std::to_string(i)] = std::string(4000, 'h');
+  }
+  const auto outcomes = sink->Publish(batch, In(milliseconds{5000}));
+  ASSERT_EQ(outcomes.size(), 4U);
+  EXPECT_TRUE(outcomes[0].published()) << Describe(outcomes[0]);
+  EXPECT_TRUE(outcomes[3].published()) << Describe(outcomes[3]);
+  ASSERT_FALSE(outcomes[1].published());
+  EXPECT_EQ(outcomes[1].failure->kind, FailureKind::kPermanent);
+  EXPECT_EQ(outcomes[1].failure->reason, "payload is 1001 bytes, over max_message_bytes (1000)");
+  ASSERT_FALSE(outcomes[2].published());
+  EXPECT_EQ(outcomes[2].failure->kind, FailureKind::kPermanent);
+  EXPECT_NE(outcomes[2].failure->reason.find("frame size"), std::string::npos)
+      << outcomes[2].failure->reason;
+  EXPECT_EQ(Ids(admin.Consume(queue, 4, milliseconds{500})),
+            (std::vector<std::string>{batch[0].id.ToString(), batch[3].id.ToString()}));
+}
+
+TEST(RabbitSinkTest, UnreachableBrokerIsUnavailableQuicklyWithBackoff) {
+  rabbitmq::SinkOptions options;
+  options.url = "amqp://guest:guest@127.0.0.1:1/";
+  auto sink = Open(options);
+  const auto batch = MakeEnvelopes("orders", 3);
+
+  auto started = SteadyClock::now();
+  auto outcomes = sink->Publish(batch, In(milliseconds{5000}));
+  EXPECT_LT(SteadyClock::now() - started, milliseconds{1000});
+  ASSERT_EQ(outcomes.size(), 3U);
+  for (const auto& outcome : outcomes) {
+    ASSERT_FALSE(outcome.published());
+    EXPECT_EQ(outcome.failure->kind, FailureKind::kUnavailable);
+    EXPECT_NE(
+        outcome.failure->reason.find("cannot connect to RabbitMQ (amqp://guest@127.0.0.1:1/)"),
+        std::string::npos)
+        << outcome.failure->reason;
+  }
+  // Within the backoff the sink does not even try.
+  started = SteadyClock::now();
+  outcomes = sink->Publish(batch, In(milliseconds{5000}));
+  EXPECT_LT(SteadyClock::now() - started, milliseconds{50});
+  for (const auto& outcome : outcomes) {
+    ASSERT_FALSE(outcome.published());
+    EXPECT_EQ(outcome.failure->kind, FailureKind::kUnavailable);
+    EXPECT_NE(outcome.failure->reason.find("next attempt in"), std::string::npos)
+        << outcome.failure->reason;
+  }
+  sink->Close();
+}
+
+TEST(RabbitSinkTest, WrongPasswordIsUnavailableAndNeverShowsThePassword) {
+  rabbitmq::SinkOptions options;
+  const rabbitmq::Endpoint endpoint = rabbitmq::ParseUrl(AmqpUrl());
+  options.url =
+      "amqp://guest:wrong-s3cret@" + endpoint.host + ":" + std::to_string(endpoint.port) + "/";
+  auto sink = Open(options);
+  const auto outcomes = sink->Publish(MakeEnvelopes("orders", 1), In(milliseconds{5000}));
+  ASSERT_FALSE(outcomes[0].published());
+  EXPECT_EQ(outcomes[0].failure->kind, FailureKind::kUnavailable);
+  EXPECT_NE(outcomes[0].failure->reason.find("login failed"), std::string::npos)
+      << outcomes[0].failure->reason;
+  EXPECT_EQ(outcomes[0].failure->reason.find("s3cret"), std::string::npos);
+}
+
+TEST(RabbitSinkTest, DeadlineAlreadyPassedSendsNothing) {
+  Admin admin;
+  const std::string queue = UniqueName("late");
+  admin.DeclareQueue(queue);
+  auto sink = Open();
+  const auto batch = MakeEnvelopes(queue, 3);
+  const auto outcomes = sink->Publish(batch, SteadyClock::now() - milliseconds{1});
+  ASSERT_EQ(outcomes.size(), 3U);
+  for (std::size_t i = 0; i < outcomes.size(); ++i) {
+    EXPECT_EQ(outcomes[i].id, batch[i].id);
+    ASSERT_FALSE(outcomes[i].published());
+    EXPECT_EQ(outcomes[i].failure->kind, FailureKind::kUnavailable);
+    EXPECT_EQ(outcomes[i].failure->reason, "not sent: the deadline had already passed");
+  }
+  EXPECT_EQ(admin.Count(queue), 0U);
+  // The sink is still usable.
+  ExpectAllPublished(sink->Publish(batch, In(milliseconds{5000})), batch);
+  EXPECT_EQ(admin.Count(queue), 3U);
+}
+
+TEST(RabbitSinkTest, DeclaresTheExchangeWhenAsked) {
+  Admin admin;
+  const std::string exchange = UniqueName("declared");
+  const std::string queue = UniqueName("declared-q");
+  admin.DeclareQueue(queue);
+  admin.DeleteLater(exchange);
+  ASSERT_FALSE(admin.ExchangeExists(exchange));
+
+  rabbitmq::SinkOptions options = Options();
+  options.exchange = exchange;
+  options.declare_exchange_type = "topic";
+  auto sink = Open(options);
+  // Nothing is bound yet: mandatory makes the first message come back.
+  const auto first = MakeEnvelopes("orders.created", 1);
+  auto outcomes = sink->Publish(first, In(milliseconds{5000}));
+  ASSERT_FALSE(outcomes[0].published());
+  EXPECT_EQ(outcomes[0].failure->kind, FailureKind::kRejected);
+  EXPECT_TRUE(admin.ExchangeExists(exchange));
+
+  admin.Bind(queue, exchange, "orders.#");
+  const auto second = MakeEnvelopes("orders.created", 2);
+  ExpectAllPublished(sink->Publish(second, In(milliseconds{5000})), second);
+  EXPECT_EQ(Ids(admin.Consume(queue, 2)), Ids(second));
+}
+
+TEST(RabbitSinkTest, ConflictingExchangeDeclarationIsUnavailableNamingTheExchange) {
+  Admin admin;
+  const std::string exchange = UniqueName("conflict");
+  admin.DeclareExchange(exchange, "fanout");
+  rabbitmq::SinkOptions options = Options();
+  options.exchange = exchange;
+  options.declare_exchange_type = "direct";
+  auto sink = Open(options);
+  const auto outcomes = sink->Publish(MakeEnvelopes("orders", 2), In(milliseconds{5000}));
+  for (const auto& outcome : outcomes) {
+    ASSERT_FALSE(outcome.published());
+    EXPECT_EQ(outcome.failure->kind, FailureKind::kUnavailable);
+    EXPECT_NE(outcome.failure->reason.find("declaring exchange '" + exchange + "'"),
+              std::string::npos)
+        << outcome.failure->reason;
+    EXPECT_NE(outcome.failure->reason.find("PRECONDITION_FAILED"), std::string::npos)
+        << outcome.failure->reason;
+  }
+}
+
+TEST(RabbitSinkTest, PublishAfterCloseReconnects) {
+  Admin admin;
+  const std::string queue = UniqueName("reopen");
+  admin.DeclareQueue(queue);
+  auto sink = Open();
+  const auto first = MakeEnvelopes(queue, 2);
+  ExpectAllPublished(sink->Publish(first, In(milliseconds{5000})), first);
+  sink->Close();
+  const auto second = MakeEnvelopes(queue, 2);
+  ExpectAllPublished(sink->Publish(second, In(milliseconds{5000})), second);
+  EXPECT_EQ(admin.Count(queue), 4U);
+}
+
+TEST(RabbitSinkTest, IdleLongerThanTwoHeartbeatsStillPublishes) {
+  Admin admin;
+  const std::string queue = UniqueName("idle");
+  admin.DeclareQueue(queue);
+  rabbitmq::SinkOptions options = Options();
+  options.heartbeat = seconds{1};
+  auto sink = Open(options);
+  const auto first = MakeEnvelopes(queue, 2);
+  ExpectAllPublished(sink->Publish(first, In(milliseconds{5000})), first);
+  // No library call for 3 s: the broker gives up on the connection after two missed heartbeats.
+  std::this_thread::sleep_for(milliseconds{3500});
+  const auto second = MakeEnvelopes(queue, 2);
+  ExpectAllPublished(sink->Publish(second, In(milliseconds{5000})), second);
+  EXPECT_EQ(admin.Count(queue), 4U);
+}
+
+// Through a proxy that can break the connection.
+class RabbitSinkProxyTest : public ::testing::Test {
+ protected:
+  RabbitSinkProxyTest()
+      : endpoint_(rabbitmq::ParseUrl(AmqpUrl())), proxy_(endpoint_.host, endpoint_.port) {}
+
+  rabbitmq::SinkOptions ProxiedOptions() {
+    rabbitmq::SinkOptions options;
+    options.url = "amqp://" + endpoint_.user + ":" + endpoint_.password +
+                  "@127.0.0.1:" + std::to_string(proxy_.port()) + "/";
+    if (endpoint_.vhost != "/") options.url += endpoint_.vhost;
+    return options;
+  }
+
+  rabbitmq::Endpoint endpoint_;
+  TcpProxy proxy_;
+  Admin admin_;
+};
+
+TEST_F(RabbitSinkProxyTest, ConnectionDroppedBetweenBatchesIsReconnectedBeforeSending) {
+  const std::string queue = UniqueName("drop");
+  admin_.DeclareQueue(queue);
+  auto sink = Open(ProxiedOptions());
+  const auto first = MakeEnvelopes(queue, 5);
+  ExpectAllPublished(sink->Publish(first, In(milliseconds{5000})), first);
+
+  proxy_.DropAll();
+  const auto second = MakeEnvelopes(queue, 5);
+  ExpectAllPublished(sink->Publish(second, In(milliseconds{5000})), second);
+  EXPECT_EQ(admin_.Count(queue), 10U);
+}
+
+TEST_F(RabbitSinkProxyTest, NoConfirmByTheDeadlineIsOutcomeUnknownAndNotLost) {
+  const std::string queue = UniqueName("noconfirm");
+  admin_.DeclareQueue(queue);
+  auto sink = Open(ProxiedOptions());
+  const auto warmup = MakeEnvelopes(queue, 1);
+  ExpectAllPublished(sink->Publish(warmup, In(milliseconds{5000})), warmup);
+
+  proxy_.SetMode(TcpProxy::Mode::kHoldReplies);
+  const auto batch = MakeEnvelopes(queue, 5);
+  const auto started = SteadyClock::now();
+  const auto outcomes = sink->Publish(batch, In(milliseconds{300}));
+  EXPECT_LT(SteadyClock::now() - started, milliseconds{1000});
+  for (const auto& outcome : outcomes) {
+    ASSERT_FALSE(outcome.published());
+    EXPECT_EQ(outcome.failure->kind, FailureKind::kOutcomeUnknown) << outcome.failure->reason;
+  }
+  // They were sent: the broker has them (the inbox removes the duplicates after the retry).
+  EXPECT_EQ(admin_.Count(queue), 6U);
+
+  // The late confirms of those publishes must not be mistaken for the next batch's.
+  proxy_.SetMode(TcpProxy::Mode::kForward);
+  const auto next = MakeEnvelopes(queue, 3);
+  ExpectAllPublished(sink->Publish(next, In(milliseconds{5000})), next);
+  EXPECT_EQ(admin_.Count(queue), 9U);
+
+  // And once the connection breaks with publishes unconfirmed, they are unknown too.
+  proxy_.SetMode(TcpProxy::Mode::kHoldReplies);
+  const auto held = MakeEnvelopes(queue, 3);
+  std::thread dropper([&] {
+    std::this_thread::sleep_for(milliseconds{200});
+    proxy_.DropAll();
+  });
+  const auto lost = sink->Publish(held, In(milliseconds{5000}));
+  dropper.join();
+  for (const auto& outcome : lost) {
+    ASSERT_FALSE(outcome.published());
+    EXPECT_EQ(outcome.failure->kind, FailureKind::kOutcomeUnknown) << outcome.failure->reason;
+    EXPECT_NE(outcome.failure->reason.find("lost"), std::string::npos) << outcome.failure->reason;
+  }
+  proxy_.SetMode(TcpProxy::Mode::kForward);
+  const auto after = MakeEnvelopes(queue, 2);
+  ExpectAllPublished(sink->Publish(after, In(milliseconds{5000})), after);
+}
+
+TEST_F(RabbitSinkProxyTest, ConnectionLostWhileTheWindowIsFull) {
+  const std::string queue = UniqueName("window-lost");
+  admin_.DeclareQueue(queue);
+  rabbitmq::SinkOptions options = ProxiedOptions();
+  options.confirm_window = 2;
+  auto sink = Open(options);
+  const auto warmup = MakeEnvelopes(queue, 1);
+  ExpectAllPublished(sink->Publish(warmup, In(milliseconds{5000})), warmup);
+
+  proxy_.SetMode(TcpProxy::Mode::kHoldReplies);
+  const auto batch = MakeEnvelopes(queue, 5);
+  std::thread dropper([&] {
+    std::this_thread::sleep_for(milliseconds{200});
+    proxy_.DropAll();
+  });
+  const auto outcomes = sink->Publish(batch, In(milliseconds{5000}));
+  dropper.join();
+  ASSERT_EQ(outcomes.size(), 5U);
+  for (std::size_t i = 0; i < outcomes.size(); ++i) {
+    ASSERT_FALSE(outcomes[i].published()) << i;
+    EXPECT_EQ(outcomes[i].failure->kind,
+              i < 2 ? FailureKind::kOutcomeUnknown : FailureKind::kUnavailable)
+        << i << ": " << outcomes[i].failure->reason;
+  }
+  EXPECT_EQ(admin_.Count(queue), 3U);  // the warm-up and the two sent before the window filled
+
+  proxy_.SetMode(TcpProxy::Mode::kForward);
+  ExpectAllPublished(sink->Publish(batch, In(milliseconds{5000})), batch);
+}
+
+TEST_F(RabbitSinkProxyTest, SilentBrokerTimesOutTheHandshakeAsUnavailable) {
+  proxy_.SetMode(TcpProxy::Mode::kBlackhole);
+  rabbitmq::SinkOptions options = ProxiedOptions();
+  options.connect_timeout = milliseconds{300};
+  auto sink = Open(options);
+  const auto started = SteadyClock::now();
+  const auto outcomes = sink->Publish(MakeEnvelopes("orders", 2), In(milliseconds{5000}));
+  const auto elapsed = SteadyClock::now() - started;
+  EXPECT_GE(elapsed, milliseconds{250});
+  EXPECT_LT(elapsed, milliseconds{2000});
+  for (const auto& outcome : outcomes) {
+    ASSERT_FALSE(outcome.published());
+    EXPECT_EQ(outcome.failure->kind, FailureKind::kUnavailable) << outcome.failure->reason;
+  }
+}
+
+TEST_F(RabbitSinkProxyTest, ConnectBoundedByTheCallersDeadline) {
+  proxy_.SetMode(TcpProxy::Mode::kBlackhole);
+  auto sink = Open(ProxiedOptions());  // connect_timeout 5 s
+  const auto started = SteadyClock::now();
+  const auto outcomes = sink->Publish(MakeEnvelopes("orders", 1), In(milliseconds{300}));
+  EXPECT_LT(SteadyClock::now() - started, milliseconds{2000});
+  ASSERT_FALSE(outcomes[0].published());
+  EXPECT_EQ(outcomes[0].failure->kind, FailureKind::kUnavailable);
+}
+
+}  // namespace
+}  // namespace outbox::testing

@@ -1,0 +1,60 @@
+#pragma once
+// A loopback TCP proxy in front of the test broker, to break connections on purpose: forward,
+// hold the broker's replies (so no confirm arrives), swallow new connections, drop everything.
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace outbox::testing {
+
+class TcpProxy {
+ public:
+  enum class Mode : std::uint8_t {
+    kForward,      // both directions
+    kHoldReplies,  // client to broker only; the broker's bytes wait in the kernel
+    kBlackhole,    // new connections are accepted and never answered
+  };
+
+  // Listens on 127.0.0.1 on a free port and forwards to upstream_host:upstream_port.
+  TcpProxy(std::string upstream_host, int upstream_port);
+  ~TcpProxy();
+  TcpProxy(const TcpProxy&) = delete;
+  TcpProxy& operator=(const TcpProxy&) = delete;
+
+  [[nodiscard]] int port() const { return port_; }
+  void SetMode(Mode mode);
+  // Closes every connection it proxies; returns once they are closed.
+  void DropAll();
+
+ private:
+  struct Link {
+    int client = -1;
+    int upstream = -1;  // -1 for a blackholed connection
+  };
+
+  void Run();
+  void Wake();
+  static void CloseLink(Link& link);
+
+  std::string upstream_host_;
+  int upstream_port_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  int wake_[2] = {-1, -1};
+
+  std::mutex mutex_;
+  std::condition_variable done_;
+  Mode mode_ = Mode::kForward;
+  bool stop_ = false;
+  std::uint64_t drop_requested_ = 0;
+  std::uint64_t drop_done_ = 0;
+
+  std::vector<Link> links_;  // proxy thread only
+  std::thread thread_;
+};
+
+}  // namespace outbox::testing
