@@ -1,34 +1,196 @@
-// outboxd: the relay daemon. Publishes committed outbox messages to brokers.
+// outboxd: the relay daemon. Publishes committed outbox messages to brokers, with confirms.
 //
-// Exit codes: 0 clean shutdown, 1 runtime failure, 2 bad command line or configuration,
-// 3 not implemented yet (the relay engine is under construction; see README).
+//   outboxd --config outbox.toml [--check-config] [--log-level LEVEL]
+//
+// Exit codes: 0 clean shutdown (SIGTERM/SIGINT: drain, release leases, exit), 1 runtime failure,
+// 2 bad command line or configuration, 130 a second signal during the drain (exit at once; the
+// leases expire and another relay, or this one restarted, publishes what was in flight).
+
+#include <signal.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
+#include "config.h"
+#include "outbox/core/error.h"
 #include "outbox/core/version.h"
+#include "outbox/relay/relay.h"
+#include "outbox/sink/file.h"
+#include "outbox/sink/rabbitmq.h"
+#include "outbox/store/postgres.h"
 
 namespace {
+
+constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
-constexpr int kExitNotImplemented = 3;
+constexpr int kExitSecondSignal = 130;
+
+std::shared_ptr<spdlog::logger> MakeLogger(const outbox::outboxd::Config& config) {
+  auto logger = spdlog::stderr_logger_mt("outboxd");
+  logger->set_level(spdlog::level::from_str(config.log_level));
+  if (config.log_format == "json") {
+    logger->set_pattern("%v");  // each message is rendered as a whole JSON object below
+  } else {
+    logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %l %v");
+  }
+  return logger;
+}
+
+outbox::LogFn MakeLogFn(std::shared_ptr<spdlog::logger> logger, bool json) {
+  return [logger = std::move(logger), json](outbox::LogLevel level, std::string_view message) {
+    const auto spd = level == outbox::LogLevel::kDebug  ? spdlog::level::debug
+                     : level == outbox::LogLevel::kInfo ? spdlog::level::info
+                     : level == outbox::LogLevel::kWarn ? spdlog::level::warn
+                                                        : spdlog::level::err;
+    if (!json) {
+      logger->log(spd, "{}", message);
+      return;
+    }
+    const auto now = std::chrono::system_clock::now();
+    const nlohmann::json line = {
+        {"time_ms",
+         std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count()},
+        {"level", spdlog::level::to_string_view(spd)},
+        {"msg", message}};
+    logger->log(spd, "{}", line.dump());
+  };
+}
+
+outbox::SinkMap OpenSinks(const outbox::outboxd::Config& config) {
+  outbox::SinkMap sinks;
+  for (const auto& sink : config.sinks) {
+    // The sinks name their own keys ("url"); the user wrote "sinks.<name>.url".
+    try {
+      if (const auto* rabbit = std::get_if<outbox::outboxd::RabbitSinkConfig>(&sink.settings)) {
+        sinks.emplace(sink.name, outbox::rabbitmq::OpenSink({
+                                     .url = rabbit->url,
+                                     .exchange = rabbit->exchange,
+                                     .routing_key = rabbit->routing_key,
+                                     .mandatory = rabbit->mandatory,
+                                     .persistent = rabbit->persistent,
+                                     .confirm_window = rabbit->confirm_window,
+                                     .connect_timeout = rabbit->connect_timeout,
+                                     .heartbeat = rabbit->heartbeat,
+                                     .max_message_bytes = rabbit->max_message_bytes,
+                                     .declare_exchange_type = rabbit->declare_exchange_type,
+                                 }));
+      } else {
+        const auto& file = std::get<outbox::outboxd::FileSinkConfig>(sink.settings);
+        sinks.emplace(sink.name, outbox::file::OpenSink({.path = file.path, .fsync = file.fsync}));
+      }
+    } catch (const outbox::ConfigError& error) {
+      throw outbox::ConfigError("sinks." + sink.name + "." + error.key(),
+                                std::string{error.what()}.substr(error.key().size() + 2));
+    }
+  }
+  return sinks;
+}
+
+// Waits for SIGTERM/SIGINT on a thread of its own (the signals are blocked everywhere else): the
+// first asks the relay to drain, a second exits at once.
+void HandleSignals(outbox::Relay& relay, const std::shared_ptr<spdlog::logger>& logger,
+                   const sigset_t& signals) {
+  int signal = 0;
+  if (sigwait(&signals, &signal) != 0) return;
+  logger->info("received {}: draining (send it again to exit at once)", strsignal(signal));
+  relay.Stop();
+  if (sigwait(&signals, &signal) != 0) return;
+  logger->warn("received {} again: exiting without draining", strsignal(signal));
+  logger->flush();
+  _exit(kExitSecondSignal);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"outboxd: publishes committed outbox messages to brokers, with confirms", "outboxd"};
   app.set_version_flag("--version", std::string{"outboxd "} + outbox::kVersion);
   std::string config_path;
-  app.add_option("-c,--config", config_path, "TOML configuration file")->check(CLI::ExistingFile);
+  app.add_option("-c,--config", config_path, "TOML configuration file (see outbox.example.toml)")
+      ->envname("OUTBOX_CONFIG");
   bool check_config = false;
-  app.add_flag("--check-config", check_config, "Validate the configuration and exit");
+  app.add_flag("--check-config", check_config,
+               "Validate the configuration, print it with secrets masked, and exit");
+  std::string log_level;
+  app.add_option("--log-level", log_level, "Override [log] level")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    // --help and --version are "errors" that exit 0; everything else is a usage error: 2.
+    // --help and --version are "errors" that exit 0; everything else is a usage error.
     return app.exit(error) == 0 ? 0 : kExitUsage;
   }
+  if (config_path.empty()) {
+    std::cerr << "outboxd: --config is required (or OUTBOX_CONFIG); see --help\n";
+    return kExitUsage;
+  }
 
-  std::cerr << "outboxd " << outbox::kVersion
-            << ": the relay engine is not implemented yet; only --version and --help work.\n";
-  return kExitNotImplemented;
+  outbox::outboxd::Config config;
+  try {
+    config = outbox::outboxd::LoadConfig(config_path);
+    if (!log_level.empty()) config.log_level = log_level;
+    // Options the library checks beyond the file's syntax: building the sinks validates them.
+    auto sinks = OpenSinks(config);
+    if (check_config) {
+      std::cout << outbox::outboxd::Describe(config);
+      std::cerr << "outboxd: configuration " << config_path << " is valid\n";
+      return 0;
+    }
+  } catch (const outbox::ConfigError& error) {
+    std::cerr << "outboxd: " << config_path << ": " << error.what() << "\n";
+    return kExitUsage;
+  }
+
+  // Block the shutdown signals before any thread starts, so only the signal thread sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a closed stdout pipe is a write error for the file sink
+
+  auto logger = MakeLogger(config);
+  try {
+    outbox::postgres::StoreOptions store_options;
+    store_options.conninfo = config.database_url;
+    store_options.schema = config.schema;
+    store_options.retry = config.retry;
+    store_options.retention = config.retention;
+    outbox::RelayOptions options;
+    options.instance = config.instance;
+    options.batch_size = config.batch_size;
+    options.lease = config.lease;
+    options.sweep_interval = config.sweep_interval;
+    options.publish_timeout = config.publish_timeout;
+    options.min_backoff = config.min_backoff;
+    options.max_backoff = config.max_backoff;
+    options.purge_interval = config.purge_interval;
+    options.retention = config.retention;
+    outbox::Relay relay(options, outbox::postgres::OpenStore(store_options),
+                        outbox::postgres::OpenWakeup(config.database_url, config.schema),
+                        OpenSinks(config), MakeLogFn(logger, config.log_format == "json"));
+    logger->info("outboxd {} relaying schema {} as {} to {} sink(s)", outbox::kVersion,
+                 config.schema, config.instance, config.sinks.size());
+    std::thread signal_thread([&] { HandleSignals(relay, logger, signals); });
+    signal_thread.detach();  // it either exits the process or waits forever
+    relay.Run();
+    const auto& counters = relay.counters();
+    logger->info("published {} messages, {} failed attempts, {} republished; bye",
+                 counters.published.load(), counters.failed.load(), counters.unconfirmed.load());
+    logger->flush();
+    return 0;
+  } catch (const outbox::ConfigError& error) {
+    logger->error("configuration: {}", error.what());
+    return kExitUsage;
+  } catch (const std::exception& error) {
+    logger->error("{}", error.what());
+    return kExitFailure;
+  }
 }

@@ -1,0 +1,103 @@
+#pragma once
+// outboxd's configuration: a TOML file (every key is documented, with its default, in
+// apps/outboxd/outbox.example.toml), validated as a whole before anything starts. Unknown keys are
+// rejected by name, so that a typo is an error and not a silently ignored setting.
+//
+// Secrets may come from the environment instead of the file; a set, non-empty variable wins over
+// the file:
+//   OUTBOX_DATABASE_URL       [database] url
+//   OUTBOX_SINK_<NAME>_URL    [sinks.<name>] url of a rabbitmq sink; <NAME> is the sink's name
+//                             upper-cased with '-' replaced by '_' (sink "audit-log" reads
+//                             OUTBOX_SINK_AUDIT_LOG_URL)
+
+#include <chrono>
+#include <cstddef>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "outbox/core/retry_policy.h"
+#include "outbox/store/store.h"
+
+namespace outbox::outboxd {
+
+// [sinks.<name>] type = "rabbitmq"; the fields of outbox::rabbitmq::SinkOptions.
+struct RabbitSinkConfig {
+  std::string url;  // required (or OUTBOX_SINK_<NAME>_URL): amqp://user:password@host:port/vhost
+  std::string exchange;                 // "" is the default exchange; a template like routing_key
+  std::string routing_key = "{topic}";  // placeholders {topic}, {target}, {type}
+  bool mandatory = true;
+  bool persistent = true;
+  std::size_t confirm_window = 1000;
+  std::chrono::milliseconds connect_timeout{5000};
+  std::chrono::seconds heartbeat{10};  // 0 disables heartbeats
+  std::string declare_exchange_type;   // "" (declare nothing), direct, topic, fanout, headers
+  std::size_t max_message_bytes = 16 * 1024 * 1024;
+};
+
+// [sinks.<name>] type = "file"; the fields of outbox::file::SinkOptions.
+struct FileSinkConfig {
+  std::string path = "-";  // "-" is standard output
+  bool fsync = false;
+};
+
+struct SinkConfig {
+  std::string name;  // the message target it serves; "default" serves messages without a target
+  std::variant<RabbitSinkConfig, FileSinkConfig> settings;
+};
+
+struct Config {
+  // [database]
+  std::string database_url;  // url: required unless OUTBOX_DATABASE_URL is set, which wins
+  std::string schema = "outbox";
+
+  // [relay]
+  std::string instance;  // lease owner name; default "<hostname>-<pid>"
+  int batch_size = 500;  // 1..10000
+  std::chrono::milliseconds lease{30000};
+  std::chrono::milliseconds sweep_interval{1000};
+  std::chrono::milliseconds publish_timeout{10000};  // shorter than lease
+  std::chrono::milliseconds shutdown_timeout{10000};
+  std::chrono::milliseconds min_backoff{100};  // pause after an outage, doubling up to max_backoff
+  std::chrono::milliseconds max_backoff{5000};
+  std::chrono::milliseconds purge_interval{60000};
+
+  RetryPolicy retry;          // [retry]
+  RetentionPolicy retention;  // [retention]
+
+  // [log]
+  std::string log_level = "info";   // trace|debug|info|warn|error
+  std::string log_format = "text";  // text|json
+
+  // [sinks.<name>]: at least one, in the order the file defines them. A message goes to the sink
+  // named like its target ("default" unless the writer chose another).
+  std::vector<SinkConfig> sinks;
+};
+
+using GetenvFn = std::function<const char*(const char*)>;
+
+// Reads and validates the file at `path`. Throws outbox::ConfigError whose key() is the full
+// dotted key as written ("relay.batch_size", "sinks.default.confirm_window") for an unknown key
+// or section, a value of the wrong type or out of range, a malformed duration, an unknown sink
+// type or a missing required key; with key "file" when the file cannot be read or is not valid
+// TOML (the message then carries toml11's line and column). Messages never contain a password.
+Config LoadConfig(
+    const std::string& path,
+    const GetenvFn& getenv = [](const char* name) -> const char* { return std::getenv(name); });
+
+// LoadConfig on text already read; `origin` names it in messages (usually the path).
+Config ParseConfig(std::string_view toml_text, const std::string& origin, const GetenvFn& getenv);
+
+// The effective configuration as TOML (it parses back to the same values), with every password
+// in a URL or connection string replaced by ***. For --check-config.
+std::string Describe(const Config& config);
+
+// `url` with its password replaced by ***: the password of a URI's user info
+// (scheme://user:password@host), and any password=... parameter of a URI query or a libpq
+// key=value connection string.
+std::string MaskPassword(std::string_view url);
+
+}  // namespace outbox::outboxd

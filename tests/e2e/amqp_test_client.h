@@ -1,0 +1,193 @@
+#pragma once
+// A plain rabbitmq-c client for tests: declares and deletes queues, and consumes as an
+// independent consumer would, with manual acks, reconnecting when the broker restarts. It shares
+// no code with the sink under test on purpose.
+
+#include <amqp.h>
+#include <amqp_tcp_socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace outbox::testing {
+
+inline std::string AmqpUrl() {
+  const char* url = std::getenv("OUTBOX_TEST_AMQP_URL");
+  return url != nullptr && url[0] != '\0' ? url : "amqp://guest:guest@127.0.0.1:5672/";
+}
+
+struct AmqpConnDeleter {
+  void operator()(amqp_connection_state_t conn) const noexcept {
+    amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
+    amqp_destroy_connection(conn);
+  }
+};
+using AmqpConn = std::unique_ptr<amqp_connection_state_t_, AmqpConnDeleter>;
+
+inline void CheckReply(amqp_rpc_reply_t reply, const char* what) {
+  if (reply.reply_type != AMQP_RESPONSE_NORMAL)
+    throw std::runtime_error(std::string{what} + " failed");
+}
+
+// Connects and opens channel 1; nullptr when the broker is not there (yet).
+inline AmqpConn AmqpTryConnect() {
+  std::string url = AmqpUrl();
+  amqp_connection_info info{};
+  if (amqp_parse_url(url.data(), &info) != AMQP_STATUS_OK) throw std::runtime_error("bad AMQP url");
+  AmqpConn conn{amqp_new_connection()};
+  amqp_socket_t* socket = amqp_tcp_socket_new(conn.get());
+  timeval timeout{2, 0};
+  if (amqp_socket_open_noblock(socket, info.host, info.port, &timeout) != AMQP_STATUS_OK)
+    return nullptr;
+  const char* vhost = info.vhost[0] == '\0' ? "/" : info.vhost;  // "amqp://host/" means "/"
+  if (amqp_login(conn.get(), vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, info.user, info.password)
+          .reply_type != AMQP_RESPONSE_NORMAL) {
+    return nullptr;
+  }
+  amqp_channel_open(conn.get(), 1);
+  if (amqp_get_rpc_reply(conn.get()).reply_type != AMQP_RESPONSE_NORMAL) return nullptr;
+  return conn;
+}
+
+inline AmqpConn AmqpConnect() {
+  for (int i = 0; i < 300; ++i) {
+    if (auto conn = AmqpTryConnect()) return conn;
+    std::this_thread::sleep_for(std::chrono::milliseconds{100});
+  }
+  throw std::runtime_error("cannot connect to RabbitMQ at " + AmqpUrl());
+}
+
+// Declares a durable queue; `args` as x-arguments (string keys, int or string values).
+inline void DeclareQueue(const std::string& name,
+                         const std::vector<std::pair<std::string, std::string>>& string_args = {},
+                         const std::vector<std::pair<std::string, std::int64_t>>& int_args = {}) {
+  auto conn = AmqpConnect();
+  std::vector<amqp_table_entry_t> entries;
+  for (const auto& [key, value] : string_args) {
+    amqp_table_entry_t entry{};
+    entry.key = amqp_cstring_bytes(key.c_str());
+    entry.value.kind = AMQP_FIELD_KIND_UTF8;
+    entry.value.value.bytes = amqp_cstring_bytes(value.c_str());
+    entries.push_back(entry);
+  }
+  for (const auto& [key, value] : int_args) {
+    amqp_table_entry_t entry{};
+    entry.key = amqp_cstring_bytes(key.c_str());
+    entry.value.kind = AMQP_FIELD_KIND_I64;
+    entry.value.value.i64 = value;
+    entries.push_back(entry);
+  }
+  amqp_table_t table{static_cast<int>(entries.size()), entries.data()};
+  amqp_queue_declare(conn.get(), 1, amqp_cstring_bytes(name.c_str()), 0, 1, 0, 0, table);
+  CheckReply(amqp_get_rpc_reply(conn.get()), "queue.declare");
+}
+
+inline void DeleteQueue(const std::string& name) {
+  if (auto conn = AmqpTryConnect()) {
+    amqp_queue_delete(conn.get(), 1, amqp_cstring_bytes(name.c_str()), 0, 0);
+  }
+}
+
+struct Delivery {
+  std::string message_id;
+  std::string stream_key;
+  std::int64_t stream_seq = 0;
+};
+
+// Consumes `queue` on its own thread until Stop(), acking each delivery after recording it.
+class Consumer {
+ public:
+  explicit Consumer(std::string queue) : queue_(std::move(queue)), thread_([this] { Loop(); }) {}
+  ~Consumer() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  std::vector<Delivery> deliveries() const {
+    std::lock_guard lock(mutex_);
+    return deliveries_;
+  }
+  std::size_t count() const {
+    std::lock_guard lock(mutex_);
+    return deliveries_.size();
+  }
+  int reconnects() const { return reconnects_; }
+
+ private:
+  void Loop() {
+    while (!stop_) {
+      AmqpConn conn = AmqpTryConnect();
+      if (!conn) {
+        std::this_thread::sleep_for(std::chrono::milliseconds{100});
+        continue;
+      }
+      amqp_basic_qos(conn.get(), 1, 0, 500, 0);
+      amqp_basic_consume(conn.get(), 1, amqp_cstring_bytes(queue_.c_str()), amqp_empty_bytes, 0, 0,
+                         0, amqp_empty_table);
+      if (amqp_get_rpc_reply(conn.get()).reply_type != AMQP_RESPONSE_NORMAL) {
+        std::this_thread::sleep_for(std::chrono::milliseconds{100});
+        continue;
+      }
+      while (!stop_) {
+        amqp_maybe_release_buffers(conn.get());
+        amqp_envelope_t envelope{};
+        timeval timeout{0, 100000};
+        const auto reply = amqp_consume_message(conn.get(), &envelope, &timeout, 0);
+        if (reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+            reply.library_error == AMQP_STATUS_TIMEOUT) {
+          continue;
+        }
+        if (reply.reply_type != AMQP_RESPONSE_NORMAL) break;  // connection lost: reconnect
+        Record(envelope.message);
+        amqp_basic_ack(conn.get(), 1, envelope.delivery_tag, 0);
+        amqp_destroy_envelope(&envelope);
+      }
+      ++reconnects_;
+    }
+  }
+
+  void Record(const amqp_message_t& message) {
+    Delivery delivery;
+    const auto& props = message.properties;
+    if ((props._flags & AMQP_BASIC_MESSAGE_ID_FLAG) != 0) {
+      delivery.message_id.assign(static_cast<const char*>(props.message_id.bytes),
+                                 props.message_id.len);
+    }
+    if ((props._flags & AMQP_BASIC_HEADERS_FLAG) != 0) {
+      for (int i = 0; i < props.headers.num_entries; ++i) {
+        const auto& entry = props.headers.entries[i];
+        const std::string key(static_cast<const char*>(entry.key.bytes), entry.key.len);
+        if (key == "outbox-stream-key" && entry.value.kind == AMQP_FIELD_KIND_UTF8) {
+          delivery.stream_key.assign(static_cast<const char*>(entry.value.value.bytes.bytes),
+                                     entry.value.value.bytes.len);
+        } else if (key == "outbox-stream-seq") {
+          delivery.stream_seq =
+              entry.value.kind == AMQP_FIELD_KIND_I64
+                  ? entry.value.value.i64
+                  : std::atoll(std::string(static_cast<const char*>(entry.value.value.bytes.bytes),
+                                           entry.value.value.bytes.len)
+                                   .c_str());
+        }
+      }
+    }
+    std::lock_guard lock(mutex_);
+    deliveries_.push_back(std::move(delivery));
+  }
+
+  std::string queue_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> reconnects_{0};
+  mutable std::mutex mutex_;
+  std::vector<Delivery> deliveries_;
+  std::thread thread_;
+};
+
+}  // namespace outbox::testing

@@ -1,0 +1,554 @@
+#include "config.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "outbox/core/error.h"
+
+namespace outbox::outboxd {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using Env = std::map<std::string, std::string>;
+
+GetenvFn FakeEnv(Env env) {
+  return [env = std::move(env)](const char* name) -> const char* {
+    const auto found = env.find(name);
+    return found == env.end() ? nullptr : found->second.c_str();
+  };
+}
+
+constexpr std::string_view kMinimal = R"(
+[database]
+url = "postgresql://outbox@db/app"
+
+[sinks.default]
+type = "file"
+)";
+
+Config Parse(std::string_view text, const Env& env = {}) {
+  return ParseConfig(text, "test.toml", FakeEnv(env));
+}
+
+// Parses `text`, expecting a ConfigError for `key` whose message contains `fragment`.
+void ExpectError(std::string_view text, const std::string& key, const std::string& fragment,
+                 const Env& env = {}) {
+  try {
+    Parse(text, env);
+    ADD_FAILURE() << "no error; expected one for " << key << " in:\n" << text;
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key(), key) << error.what();
+    EXPECT_NE(std::string{error.what()}.find(fragment), std::string::npos)
+        << "'" << error.what() << "' lacks '" << fragment << "'";
+  }
+}
+
+std::string WithRelay(std::string_view relay_lines) {
+  return std::string{kMinimal} + "\n[relay]\n" + std::string{relay_lines} + "\n";
+}
+
+std::string WithSink(std::string_view sink_lines) {
+  return "[database]\nurl = \"postgresql://outbox@db/app\"\n[sinks.default]\n" +
+         std::string{sink_lines} + "\n";
+}
+
+constexpr std::string_view kRabbit = "type = \"rabbitmq\"\nurl = \"amqp://guest:guest@mq/\"\n";
+
+// ---- The example file ----
+
+TEST(ConfigTest, ExampleFileIsValidAndStatesTheDefaults) {
+  const Config config = LoadConfig(OUTBOX_EXAMPLE_CONFIG, FakeEnv({}));
+  const Config defaults;
+  EXPECT_EQ(config.database_url, "postgresql://outbox@127.0.0.1:5432/app");
+  EXPECT_EQ(config.schema, defaults.schema);
+  EXPECT_EQ(config.batch_size, defaults.batch_size);
+  EXPECT_EQ(config.lease, defaults.lease);
+  EXPECT_EQ(config.sweep_interval, defaults.sweep_interval);
+  EXPECT_EQ(config.publish_timeout, defaults.publish_timeout);
+  EXPECT_EQ(config.shutdown_timeout, defaults.shutdown_timeout);
+  EXPECT_EQ(config.min_backoff, defaults.min_backoff);
+  EXPECT_EQ(config.max_backoff, defaults.max_backoff);
+  EXPECT_EQ(config.purge_interval, defaults.purge_interval);
+  EXPECT_EQ(config.retry.initial_delay, defaults.retry.initial_delay);
+  EXPECT_EQ(config.retry.max_delay, defaults.retry.max_delay);
+  EXPECT_EQ(config.retry.multiplier, defaults.retry.multiplier);
+  EXPECT_EQ(config.retry.jitter, defaults.retry.jitter);
+  EXPECT_EQ(config.retry.max_attempts, defaults.retry.max_attempts);
+  EXPECT_EQ(config.retention.published, defaults.retention.published);
+  EXPECT_EQ(config.retention.abandoned, defaults.retention.abandoned);
+  EXPECT_EQ(config.log_level, defaults.log_level);
+  EXPECT_EQ(config.log_format, defaults.log_format);
+
+  ASSERT_EQ(config.sinks.size(), 2U);
+  EXPECT_EQ(config.sinks[0].name, "default");
+  const auto& rabbit = std::get<RabbitSinkConfig>(config.sinks[0].settings);
+  const RabbitSinkConfig rabbit_defaults;
+  EXPECT_EQ(rabbit.url, "amqp://guest:guest@127.0.0.1:5672/");
+  EXPECT_EQ(rabbit.exchange, rabbit_defaults.exchange);
+  EXPECT_EQ(rabbit.routing_key, rabbit_defaults.routing_key);
+  EXPECT_EQ(rabbit.mandatory, rabbit_defaults.mandatory);
+  EXPECT_EQ(rabbit.persistent, rabbit_defaults.persistent);
+  EXPECT_EQ(rabbit.confirm_window, rabbit_defaults.confirm_window);
+  EXPECT_EQ(rabbit.connect_timeout, rabbit_defaults.connect_timeout);
+  EXPECT_EQ(rabbit.heartbeat, rabbit_defaults.heartbeat);
+  EXPECT_EQ(rabbit.declare_exchange_type, rabbit_defaults.declare_exchange_type);
+  EXPECT_EQ(rabbit.max_message_bytes, rabbit_defaults.max_message_bytes);
+  EXPECT_EQ(config.sinks[1].name, "audit");
+  const auto& file = std::get<FileSinkConfig>(config.sinks[1].settings);
+  EXPECT_EQ(file.path, FileSinkConfig{}.path);
+  EXPECT_EQ(file.fsync, FileSinkConfig{}.fsync);
+}
+
+TEST(ConfigTest, ExampleFileMentionsEveryKey) {
+  std::ifstream in(OUTBOX_EXAMPLE_CONFIG);
+  std::stringstream example;
+  example << in.rdbuf();
+  const std::string text = example.str();
+  // Describe writes every key there is; each must be in the example, set or commented out.
+  std::istringstream described(Describe(LoadConfig(OUTBOX_EXAMPLE_CONFIG, FakeEnv({}))));
+  int keys = 0;
+  for (std::string line; std::getline(described, line);) {
+    const std::size_t equals = line.find(" = ");
+    if (equals == std::string::npos) continue;
+    const std::string key = line.substr(0, equals);
+    ++keys;
+    EXPECT_TRUE(text.find("\n" + key + " = ") != std::string::npos ||
+                text.find("\n# " + key + " = ") != std::string::npos)
+        << "the example does not document " << key;
+  }
+  EXPECT_GT(keys, 30);
+}
+
+// ---- Defaults ----
+
+TEST(ConfigTest, MinimalFileGetsDefaults) {
+  const Config config = Parse(kMinimal);
+  const Config defaults;
+  EXPECT_EQ(config.database_url, "postgresql://outbox@db/app");
+  EXPECT_EQ(config.schema, "outbox");
+  EXPECT_EQ(config.batch_size, 500);
+  EXPECT_EQ(config.lease, milliseconds{30000});
+  EXPECT_EQ(config.sweep_interval, milliseconds{1000});
+  EXPECT_EQ(config.publish_timeout, milliseconds{10000});
+  EXPECT_EQ(config.shutdown_timeout, milliseconds{10000});
+  EXPECT_EQ(config.retry.max_attempts, defaults.retry.max_attempts);
+  EXPECT_EQ(config.retention.abandoned, defaults.retention.abandoned);
+  EXPECT_EQ(config.log_level, "info");
+  EXPECT_EQ(config.log_format, "text");
+  const std::string pid_suffix = "-" + std::to_string(::getpid());
+  ASSERT_GT(config.instance.size(), pid_suffix.size());
+  EXPECT_EQ(config.instance.substr(config.instance.size() - pid_suffix.size()), pid_suffix);
+  ASSERT_EQ(config.sinks.size(), 1U);
+  EXPECT_EQ(config.sinks[0].name, "default");
+  EXPECT_EQ(std::get<FileSinkConfig>(config.sinks[0].settings).path, "-");
+}
+
+TEST(ConfigTest, ValuesAreRead) {
+  const Config config = Parse(std::string{kMinimal} + R"(
+[relay]
+instance = "relay-7"
+batch_size = 50
+lease = "2m"
+sweep_interval = "250ms"
+publish_timeout = "90s"
+shutdown_timeout = "0s"
+[retry]
+initial_delay = "100ms"
+max_delay = "1h"
+multiplier = 3
+jitter = 0.5
+max_attempts = 4
+[retention]
+published = "1d"
+abandoned = "7d"
+[log]
+level = "debug"
+format = "json"
+[sinks.orders-mq]
+type = "rabbitmq"
+url = "amqp://u:p@mq:5672/vh"
+exchange = "events"
+routing_key = "{target}.{topic}.{type}"
+mandatory = false
+persistent = false
+confirm_window = 16
+connect_timeout = "1500ms"
+heartbeat = "0s"
+declare_exchange_type = "topic"
+max_message_bytes = 1024
+)");
+  EXPECT_EQ(config.instance, "relay-7");
+  EXPECT_EQ(config.batch_size, 50);
+  EXPECT_EQ(config.lease, std::chrono::minutes{2});
+  EXPECT_EQ(config.sweep_interval, milliseconds{250});
+  EXPECT_EQ(config.publish_timeout, seconds{90});
+  EXPECT_EQ(config.shutdown_timeout, milliseconds{0});
+  EXPECT_EQ(config.retry.initial_delay, milliseconds{100});
+  EXPECT_EQ(config.retry.max_delay, std::chrono::hours{1});
+  EXPECT_EQ(config.retry.multiplier, 3.0);
+  EXPECT_EQ(config.retry.jitter, 0.5);
+  EXPECT_EQ(config.retry.max_attempts, 4);
+  EXPECT_EQ(config.retention.published, std::chrono::hours{24});
+  EXPECT_EQ(config.retention.abandoned, std::chrono::hours{24 * 7});
+  EXPECT_EQ(config.log_level, "debug");
+  EXPECT_EQ(config.log_format, "json");
+  ASSERT_EQ(config.sinks.size(), 2U);
+  EXPECT_EQ(config.sinks[1].name, "orders-mq");
+  const auto& rabbit = std::get<RabbitSinkConfig>(config.sinks[1].settings);
+  EXPECT_EQ(rabbit.url, "amqp://u:p@mq:5672/vh");
+  EXPECT_EQ(rabbit.exchange, "events");
+  EXPECT_EQ(rabbit.routing_key, "{target}.{topic}.{type}");
+  EXPECT_FALSE(rabbit.mandatory);
+  EXPECT_FALSE(rabbit.persistent);
+  EXPECT_EQ(rabbit.confirm_window, 16U);
+  EXPECT_EQ(rabbit.connect_timeout, milliseconds{1500});
+  EXPECT_EQ(rabbit.heartbeat, seconds{0});
+  EXPECT_EQ(rabbit.declare_exchange_type, "topic");
+  EXPECT_EQ(rabbit.max_message_bytes, 1024U);
+}
+
+TEST(ConfigTest, SinksKeepFileOrder) {
+  const Config config = Parse(R"(
+[database]
+url = "x"
+[sinks.zeta]
+type = "file"
+[sinks.alpha]
+type = "file"
+path = "/tmp/a"
+[sinks.mid]
+type = "file"
+)");
+  ASSERT_EQ(config.sinks.size(), 3U);
+  EXPECT_EQ(config.sinks[0].name, "zeta");
+  EXPECT_EQ(config.sinks[1].name, "alpha");
+  EXPECT_EQ(config.sinks[2].name, "mid");
+}
+
+// ---- Unknown keys ----
+
+TEST(ConfigTest, UnknownKeysAreRejectedByFullName) {
+  ExpectError(std::string{kMinimal} + "\n[metrics]\nport = 9090\n", "metrics",
+              "unknown section or key");
+  ExpectError("stray = 1\n" + std::string{kMinimal}, "stray", "unknown section or key");
+  ExpectError(WithRelay("batchsize = 10"), "relay.batchsize",
+              "unknown key (did you mean \"relay.batch_size\"?)");
+  ExpectError(WithRelay("color = \"red\""), "relay.color", "[relay] accepts: instance, batch_size");
+  ExpectError(std::string{kMinimal} + "[database.pool]\nsize = 3\n", "database.pool",
+              "unknown key");
+  ExpectError(std::string{kMinimal} + "[retry]\nattempts = 3\n", "retry.attempts", "unknown key");
+  ExpectError(std::string{kMinimal} + "[log]\nfile = \"x\"\n", "log.file", "unknown key");
+  ExpectError(std::string{kMinimal} + "[retention]\npublish = \"1s\"\n", "retention.publish",
+              "did you mean \"retention.published\"");
+}
+
+TEST(ConfigTest, SinkKeysDependOnItsType) {
+  ExpectError(WithSink("type = \"file\"\nurl = \"amqp://x/\""), "sinks.default.url", "unknown key");
+  ExpectError(WithSink(std::string{kRabbit} + "path = \"-\""), "sinks.default.path", "unknown key");
+  ExpectError(WithSink(std::string{kRabbit} + "confirm_windows = 5"),
+              "sinks.default.confirm_windows", "did you mean \"sinks.default.confirm_window\"");
+}
+
+// ---- Types ----
+
+TEST(ConfigTest, WrongTypesNameTheExpectedOne) {
+  try {
+    Parse(WithRelay("batch_size = \"500\""));
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key(), "relay.batch_size");
+    EXPECT_EQ(
+        std::string{error.what()}.rfind("relay.batch_size: expected an integer, got string", 0), 0U)
+        << error.what();
+    EXPECT_NE(std::string{error.what()}.find("test.toml:"), std::string::npos) << "a location";
+  }
+  ExpectError(WithRelay("instance = 7"), "relay.instance", "expected a string, got integer");
+  ExpectError(WithRelay("batch_size = 1.5"), "relay.batch_size", "expected an integer, got float");
+  ExpectError(WithSink(std::string{kRabbit} + "mandatory = \"yes\""), "sinks.default.mandatory",
+              "expected a boolean (true or false), got string");
+  ExpectError(WithSink(std::string{kRabbit} + "confirm_window = [1]"),
+              "sinks.default.confirm_window", "expected an integer, got array");
+  ExpectError(std::string{kMinimal} + "[retry]\nmultiplier = \"2\"\n", "retry.multiplier",
+              "expected a number, got string");
+  ExpectError("relay = 5\n" + std::string{kMinimal}, "relay", "expected a table, got integer");
+  ExpectError("database = \"x\"\n", "database", "expected a table, got string");
+  ExpectError("[database]\nurl = \"x\"\n[sinks]\ndefault = 1\n", "sinks.default",
+              "expected a table");
+  ExpectError("sinks = [1]\n[database]\nurl = \"x\"\n", "sinks", "expected a table, got array");
+  ExpectError(std::string{kMinimal} + "[log]\nlevel = 1979-05-27T07:32:00Z\n", "log.level",
+              "expected a string, got date-time");
+}
+
+// ---- Ranges and choices ----
+
+TEST(ConfigTest, OutOfRangeValuesAreRejected) {
+  ExpectError(WithRelay("batch_size = 0"), "relay.batch_size", "between 1 and 10000, got 0");
+  ExpectError(WithRelay("batch_size = 10001"), "relay.batch_size", "got 10001");
+  ExpectError(WithRelay("instance = \"\""), "relay.instance", "must be 1 to 255 bytes");
+  ExpectError(WithRelay("lease = \"500ms\""), "relay.lease", "between 1s and 1d");
+  ExpectError(WithRelay("lease = \"10s\"\npublish_timeout = \"10s\""), "relay.publish_timeout",
+              "shorter than relay.lease (10s)");
+  ExpectError(WithRelay("min_backoff = \"1s\"\nmax_backoff = \"500ms\""), "relay.max_backoff",
+              "at least relay.min_backoff");
+  ExpectError(WithSink(std::string{kRabbit} + "confirm_window = 0"), "sinks.default.confirm_window",
+              "between 1 and 100000, got 0");
+  ExpectError(WithSink(std::string{kRabbit} + "max_message_bytes = -1"),
+              "sinks.default.max_message_bytes", "got -1");
+  ExpectError(WithSink(std::string{kRabbit} + "heartbeat = \"1500ms\""), "sinks.default.heartbeat",
+              "whole number of seconds");
+  ExpectError(std::string{kMinimal} + "[retry]\njitter = 1.0\n", "retry.jitter",
+              "must be in [0, 1)");
+  ExpectError(std::string{kMinimal} + "[retry]\ninitial_delay = \"10s\"\nmax_delay = \"1s\"\n",
+              "retry.max_delay", "must be at least initial_delay");
+  ExpectError(std::string{kMinimal} + "[retry]\nmultiplier = 0.5\n", "retry.multiplier",
+              "must be a finite number >= 1");
+  ExpectError(std::string{kMinimal} + "[retry]\nmultiplier = nan\n", "retry.multiplier",
+              "must be a finite number >= 1");
+  ExpectError(std::string{kMinimal} + "[retry]\nmax_attempts = 0\n", "retry.max_attempts",
+              "between 1 and");
+  ExpectError(std::string{kMinimal} + "[retention]\npublished = \"1500ms\"\n",
+              "retention.published", "whole number of seconds");
+  ExpectError(
+      std::string{kMinimal} + "[log]\nlevel = \"verbose\"\n", "log.level",
+      "must be one of \"trace\", \"debug\", \"info\", \"warn\", \"error\"; got \"verbose\"");
+  ExpectError(std::string{kMinimal} + "[log]\nformat = \"xml\"\n", "log.format", "\"json\"");
+  ExpectError("[database]\nurl = \"x\"\nschema = \"Outbox\"\n[sinks.default]\ntype = \"file\"\n",
+              "database.schema", "plain lower-case identifier");
+  ExpectError(WithSink("type = \"file\"\npath = \"\""), "sinks.default.path",
+              "must be a file path");
+}
+
+TEST(ConfigTest, RabbitTemplatesAndTopologyAreChecked) {
+  ExpectError(WithSink(std::string{kRabbit} + "routing_key = \"{topik}\""),
+              "sinks.default.routing_key", "unknown placeholder \"{topik}\"");
+  ExpectError(WithSink(std::string{kRabbit} + "routing_key = \"{topic\""),
+              "sinks.default.routing_key", "unknown placeholder \"{topic\"");
+  ExpectError(WithSink(std::string{kRabbit} + "exchange = \"a}\""), "sinks.default.exchange",
+              "'}' without a matching '{'");
+  ExpectError(WithSink(std::string{kRabbit} + "exchange = \"" + std::string(256, 'x') + "\""),
+              "sinks.default.exchange", "at most 255 bytes");
+  ExpectError(WithSink(std::string{kRabbit} + "declare_exchange_type = \"topic\""),
+              "sinks.default.exchange", "plain, non-empty name");
+  ExpectError(WithSink(std::string{kRabbit} + "declare_exchange_type = \"x-delayed\""),
+              "sinks.default.declare_exchange_type", "must be one of");
+  ExpectError(WithSink("type = \"rabbitmq\"\nurl = \"amqps://mq/\""), "sinks.default.url",
+              "amqps:// (TLS) is not supported yet");
+  ExpectError(WithSink("type = \"rabbitmq\"\nurl = \"http://u:secret@mq/\""), "sinks.default.url",
+              "expected an amqp:// URL, got \"http://u:***@mq/\"");
+}
+
+// ---- Durations ----
+
+TEST(ConfigTest, DurationsAreStringsWithAUnit) {
+  EXPECT_EQ(Parse(WithRelay("lease = \"1h\"\npublish_timeout = \"59m\"")).publish_timeout,
+            std::chrono::minutes{59});
+  ExpectError(WithRelay("lease = 30"), "relay.lease",
+              "expected a duration such as \"250ms\", \"30s\", \"5m\", \"1h\" or \"7d\" (a "
+              "string), got integer");
+  for (const char* bad :
+       {"30", "30 s", "1.5s", "-1s", "30sec", "s", "", "1h30m", "99999999999999s"}) {
+    ExpectError(WithRelay(std::string{"lease = \""} + bad + "\""), "relay.lease",
+                std::string{"got \""} + bad + "\"");
+  }
+}
+
+// ---- Sinks ----
+
+TEST(ConfigTest, SinkTypeIsRequiredAndKnown) {
+  ExpectError(WithSink("type = \"kafka\""), "sinks.default.type",
+              "unknown sink type \"kafka\"; expected \"rabbitmq\" or \"file\"");
+  ExpectError(WithSink("path = \"-\""), "sinks.default.type", "is required");
+  ExpectError(WithSink("type = 1"), "sinks.default.type", "expected a string, got integer");
+  ExpectError("[database]\nurl = \"x\"\n", "sinks", "at least one sink is required");
+  ExpectError("[database]\nurl = \"x\"\n[sinks]\n", "sinks", "at least one sink is required");
+  ExpectError("[database]\nurl = \"x\"\n[sinks.\"a.b\"]\ntype = \"file\"\n", "sinks.a.b",
+              "a sink name must be");
+  ExpectError(
+      "[database]\nurl = \"x\"\n[sinks.a-b]\ntype = \"file\"\n[sinks.a_b]\ntype = \"file\"\n",
+      "sinks.a_b", "OUTBOX_SINK_A_B_URL is also that of sink \"a-b\"");
+}
+
+// ---- Required keys and the environment ----
+
+TEST(ConfigTest, RequiredKeysAreNamed) {
+  ExpectError("[sinks.default]\ntype = \"file\"\n", "database.url",
+              "is required (or set OUTBOX_DATABASE_URL)");
+  ExpectError("[database]\nurl = \"\"\n[sinks.default]\ntype = \"file\"\n", "database.url",
+              "is required");
+  ExpectError(WithSink("type = \"rabbitmq\""), "sinks.default.url",
+              "is required (or set OUTBOX_SINK_DEFAULT_URL)");
+  ExpectError("[database]\nurl = \"x\"\n[sinks.audit-log]\ntype = \"rabbitmq\"\n",
+              "sinks.audit-log.url", "OUTBOX_SINK_AUDIT_LOG_URL");
+}
+
+TEST(ConfigTest, EnvironmentOverridesWin) {
+  const Env env{{"OUTBOX_DATABASE_URL", "postgresql://env@db/app"},
+                {"OUTBOX_SINK_AUDIT_LOG_URL", "amqp://env:pw@mq/"}};
+  // Without the keys in the file.
+  Config config = Parse("[sinks.audit-log]\ntype = \"rabbitmq\"\n", env);
+  EXPECT_EQ(config.database_url, "postgresql://env@db/app");
+  EXPECT_EQ(std::get<RabbitSinkConfig>(config.sinks[0].settings).url, "amqp://env:pw@mq/");
+  // Over the keys in the file.
+  config = Parse(
+      "[database]\nurl = \"postgresql://file@db/app\"\n"
+      "[sinks.audit-log]\ntype = \"rabbitmq\"\nurl = \"amqp://file@mq/\"\n",
+      env);
+  EXPECT_EQ(config.database_url, "postgresql://env@db/app");
+  EXPECT_EQ(std::get<RabbitSinkConfig>(config.sinks[0].settings).url, "amqp://env:pw@mq/");
+  // Empty variables are unset.
+  config = Parse(kMinimal, {{"OUTBOX_DATABASE_URL", ""}});
+  EXPECT_EQ(config.database_url, "postgresql://outbox@db/app");
+  // A bad value from the environment is named as such.
+  ExpectError(WithSink("type = \"rabbitmq\""), "sinks.default.url",
+              "(from OUTBOX_SINK_DEFAULT_URL)", {{"OUTBOX_SINK_DEFAULT_URL", "nats://mq"}});
+}
+
+// ---- Files ----
+
+class ConfigFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "outbox_config_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string Write(const std::string& name, std::string_view text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  std::filesystem::path dir_;
+};
+
+void ExpectFileError(const std::string& path, const std::string& fragment) {
+  try {
+    LoadConfig(path, FakeEnv({}));
+    ADD_FAILURE() << "no error for " << path;
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key(), "file") << error.what();
+    EXPECT_NE(std::string{error.what()}.find(fragment), std::string::npos)
+        << "'" << error.what() << "' lacks '" << fragment << "'";
+  }
+}
+
+TEST_F(ConfigFileTest, UnreadableAndMalformedFilesAreFileErrors) {
+  ExpectFileError((dir_ / "missing.toml").string(), "No such file or directory");
+  ExpectFileError(dir_.string(), "Is a directory");
+  const std::string bad = Write("bad.toml", "[database]\nurl = \"x\"\n\n[relay\nbatch_size = 1\n");
+  ExpectFileError(bad, "bad.toml is not valid TOML");
+  ExpectFileError(bad, " 4 | [relay");  // toml11 shows the line, numbered
+  const std::string duplicate = Write("dup.toml", "[relay]\nlease = \"1s\"\nlease = \"2s\"\n");
+  ExpectFileError(duplicate, " 3 | lease = \"2s\"");
+}
+
+TEST_F(ConfigFileTest, LoadsAFile) {
+  const Config config = LoadConfig(Write("ok.toml", kMinimal), FakeEnv({}));
+  EXPECT_EQ(config.database_url, "postgresql://outbox@db/app");
+}
+
+TEST_F(ConfigFileTest, ErrorLocationsNameTheFileAndLine) {
+  const std::string path = Write("where.toml", WithRelay("batch_size = 0"));
+  try {
+    LoadConfig(path, FakeEnv({}));
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key(), "relay.batch_size");
+    EXPECT_NE(std::string{error.what()}.find("where.toml:9)"), std::string::npos) << error.what();
+  }
+}
+
+// ---- Secrets ----
+
+TEST(ConfigTest, MaskPasswordHidesEveryForm) {
+  EXPECT_EQ(MaskPassword("postgresql://app:s3cret@db:5432/app"),
+            "postgresql://app:***@db:5432/app");
+  EXPECT_EQ(MaskPassword("amqp://guest:guest@127.0.0.1:5672/"), "amqp://guest:***@127.0.0.1:5672/");
+  EXPECT_EQ(MaskPassword("amqp://u:p%40ss@mq/vh"), "amqp://u:***@mq/vh");
+  EXPECT_EQ(MaskPassword("amqp://u:p@ss@mq/vh"), "amqp://u:***@mq/vh");
+  EXPECT_EQ(MaskPassword("postgresql://app@db/app"), "postgresql://app@db/app");
+  EXPECT_EQ(MaskPassword("postgresql://db:5432/app"), "postgresql://db:5432/app");
+  EXPECT_EQ(MaskPassword("postgresql://db/app?user=u&password=s3cret&sslmode=require"),
+            "postgresql://db/app?user=u&password=***&sslmode=require");
+  EXPECT_EQ(MaskPassword("host=db user=app password=s3cret dbname=app"),
+            "host=db user=app password=*** dbname=app");
+  EXPECT_EQ(MaskPassword("host=db password = 'a b\\' c' dbname=app"),
+            "host=db password = *** dbname=app");
+  EXPECT_EQ(MaskPassword("host=db PASSWORD=x"), "host=db PASSWORD=***");
+  EXPECT_EQ(MaskPassword("host=db old_password=x"), "host=db old_password=x");
+}
+
+TEST(ConfigTest, DescribeNeverShowsAPassword) {
+  Config config = Parse(
+      R"(
+[database]
+url = "host=db user=app password='pw-db-1 x' dbname=app"
+[sinks.default]
+type = "rabbitmq"
+url = "amqp://u:pw-mq-1@mq/"
+[sinks.second]
+type = "rabbitmq"
+[sinks.third]
+type = "rabbitmq"
+url = "amqp://u@mq/?password=pw-mq-3"
+)",
+      {{"OUTBOX_SINK_SECOND_URL", "amqp://u:pw-mq-2@mq/"}});
+  const std::string described = Describe(config);
+  EXPECT_EQ(described.find("pw-"), std::string::npos) << described;
+  EXPECT_NE(described.find("password=***"), std::string::npos) << described;
+  EXPECT_NE(described.find("amqp://u:***@mq/"), std::string::npos) << described;
+
+  config.database_url = "postgresql://app:pw-db-2@db/app";
+  EXPECT_EQ(Describe(config).find("pw-"), std::string::npos);
+}
+
+TEST(ConfigTest, ErrorsNeverShowAPassword) {
+  // toml11 quotes the broken line; the password on it is masked.
+  try {
+    Parse("[database]\nurl = \"postgresql://app:pw-secret@db/app\" extra\n");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key(), "file");
+    EXPECT_EQ(std::string{error.what()}.find("pw-secret"), std::string::npos) << error.what();
+  }
+}
+
+TEST(ConfigTest, DescribeParsesBackToTheSameConfiguration) {
+  const std::string text = std::string{kMinimal} + R"(
+[relay]
+instance = "relay \"one\""
+lease = "90s"
+publish_timeout = "1500ms"
+[retry]
+multiplier = 1.1
+jitter = 0.0
+[retention]
+published = "3600s"
+[sinks.mq]
+type = "rabbitmq"
+url = "amqp://u@mq/"
+routing_key = "{topic}.{type}"
+heartbeat = "0s"
+)";
+  const std::string described = Describe(Parse(text));
+  const std::string again = Describe(Parse(described));
+  EXPECT_EQ(described, again);
+  EXPECT_NE(described.find("published = \"1h\""), std::string::npos) << described;
+  EXPECT_NE(described.find("publish_timeout = \"1500ms\""), std::string::npos) << described;
+  EXPECT_NE(described.find("multiplier = 1.1\n"), std::string::npos) << described;
+  EXPECT_NE(described.find("jitter = 0.0\n"), std::string::npos) << described;
+  EXPECT_NE(described.find("instance = \"relay \\\"one\\\"\""), std::string::npos) << described;
+}
+
+}  // namespace
+}  // namespace outbox::outboxd
