@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "outbox/core/error.h"
+#include "outbox/core/uuid.h"
 
 namespace outbox {
 namespace {
@@ -29,10 +30,13 @@ class Relay::Engine {
         sinks_(std::move(sinks)),
         log_(std::move(log)),
         counters_(counters),
+        // Unique per run: a restarted relay with the same instance name must not mistake the
+        // leases of its dead predecessor for its own (see Store::Claim).
+        owner_(options_.instance + "/" + NewUuidV7().ToString().substr(24)),
         backoff_(options_.min_backoff) {}
 
   void Run() {
-    Log(LogLevel::kInfo, "relay " + options_.instance + " started");
+    Log(LogLevel::kInfo, "relay started; leases are held as " + owner_);
     std::vector<Envelope> current;
     while (!stopping()) {
       Housekeeping();
@@ -50,7 +54,8 @@ class Relay::Engine {
       std::vector<Envelope> next;
       if (static_cast<int>(current.size()) >= options_.batch_size && !stopping()) next = Claim();
       const auto outcomes = publishing.get();
-      Settle(current, outcomes);
+      const auto broken_streams = Settle(current, outcomes);
+      HoldBack(next, broken_streams);
       const bool broker_down =
           std::all_of(outcomes.begin(), outcomes.end(), [](const PublishOutcome& outcome) {
             return outcome.failure && outcome.failure->kind == FailureKind::kUnavailable;
@@ -98,7 +103,7 @@ class Relay::Engine {
   std::vector<Envelope> Claim() {
     try {
       ClaimRequest request;
-      request.owner = options_.instance;
+      request.owner = owner_;
       request.max_messages = options_.batch_size;
       request.lease_duration = options_.lease;
       auto batch = store_->Claim(request);
@@ -210,10 +215,12 @@ class Relay::Engine {
   // Records the outcomes. Within a stream only the confirmed prefix counts as done: after a
   // failure, later messages of that stream in this batch go back unpublished (they will be
   // published again after the failed one, so nothing is reordered).
-  void Settle(const std::vector<Envelope>& batch, const std::vector<PublishOutcome>& outcomes) {
+  // Returns the streams that had a failure: their later messages must wait for it.
+  std::set<std::string> Settle(const std::vector<Envelope>& batch,
+                               const std::vector<PublishOutcome>& outcomes) {
     std::vector<LeasedId> done;
     std::vector<FailedMessage> failed;
-    std::set<std::string_view> broken_streams;
+    std::set<std::string> broken_streams;
     for (std::size_t i = 0; i < batch.size(); ++i) {
       const Envelope& envelope = batch[i];
       const PublishOutcome& outcome = outcomes[i];
@@ -247,26 +254,49 @@ class Relay::Engine {
     for (;;) {
       try {
         if (!done.empty()) {
-          const auto result = store_->Complete(options_.instance, done);
+          const auto result = store_->Complete(owner_, done);
           counters_.published += static_cast<std::uint64_t>(result.settled);
           counters_.lease_lost += result.lease_lost.size();
           done.clear();
         }
         if (!failed.empty()) {
-          const auto result = store_->Fail(options_.instance, failed);
+          const auto result = store_->Fail(owner_, failed);
           counters_.lease_lost += result.lease_lost.size();
           failed.clear();
         }
-        return;
+        return broken_streams;
       } catch (const StoreError& error) {
         ++counters_.store_errors;
         if (SteadyClock::now() > give_up_at) {
           Log(LogLevel::kError, "could not record outcomes before the leases expired: " +
                                     Describe(error) + "; the messages will be published again");
-          return;
+          return broken_streams;
         }
         Backoff("recording outcomes failed: " + Describe(error));
       }
+    }
+  }
+
+  // The next batch was claimed while this one was in flight; messages in it that follow a
+  // failure of their stream go back unpublished, to wait for the failed one.
+  void HoldBack(std::vector<Envelope>& next, const std::set<std::string>& broken_streams) {
+    if (broken_streams.empty() || next.empty()) return;
+    std::vector<FailedMessage> held;
+    std::erase_if(next, [&](const Envelope& envelope) {
+      if (!envelope.stream_key || !broken_streams.contains(*envelope.stream_key)) return false;
+      held.push_back(FailedMessage::Of(
+          envelope, Failure{FailureKind::kOutcomeUnknown,
+                            "not sent: an earlier message of its stream failed"}));
+      return true;
+    });
+    if (held.empty()) return;
+    counters_.held_back += held.size();
+    try {
+      store_->Fail(owner_, held);
+    } catch (const StoreError& error) {
+      ++counters_.store_errors;
+      Log(LogLevel::kWarn, "holding back " + std::to_string(held.size()) +
+                               " messages failed (their leases will expire): " + Describe(error));
     }
   }
 
@@ -275,7 +305,7 @@ class Relay::Engine {
     std::vector<LeasedId> leases;
     for (const auto& envelope : batch) leases.push_back(LeasedId::Of(envelope));
     try {
-      store_->Release(options_.instance, leases);
+      store_->Release(owner_, leases);
     } catch (const StoreError& error) {
       ++counters_.store_errors;
       Log(LogLevel::kWarn, "releasing " + std::to_string(batch.size()) +
@@ -289,6 +319,7 @@ class Relay::Engine {
   SinkMap sinks_;
   LogFn log_;
   RelayCounters& counters_;
+  std::string owner_;  // lease owner: instance name plus a per-run suffix
   std::chrono::milliseconds backoff_;
   SteadyClock::time_point next_sweep_{};
   SteadyClock::time_point next_purge_{};

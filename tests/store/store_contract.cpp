@@ -250,16 +250,28 @@ TEST_P(StoreContractTest, AFailedMessageHoldsBackOnlyItsOwnStream) {
   auto batch = store->Claim(Request("relay", 1));
   ASSERT_EQ(batch.size(), 1U);
   ASSERT_EQ(batch[0].id, ids[0]);  // a#1
-  // While a#1 is leased, a#2 must wait; b flows.
-  auto next = store->Claim(Request("relay", 10));
+  // While a#1 is leased by "relay", another owner must not take a#2; b flows.
+  auto next = store->Claim(Request("other", 10));
   ASSERT_EQ(next.size(), 2U);
   EXPECT_EQ(next[0].id, ids[2]);
   EXPECT_EQ(next[1].id, ids[3]);
-  // a#1 fails with a long backoff: a#2 still waits.
+  // a#1 fails with a long backoff: a#2 waits, for every owner.
   const FailedMessage failed = FailedMessage::Of(batch[0], Failure{FailureKind::kRejected, "nack"});
   store->Fail("relay", std::span{&failed, 1});
   EXPECT_TRUE(store->Claim(Request("relay", 10)).empty());
+  EXPECT_TRUE(store->Claim(Request("other", 10)).empty());
   EXPECT_EQ(store->Stats().failed, 1);
+}
+
+TEST_P(StoreContractTest, AnOwnerMayClaimBehindItsOwnLeases) {
+  auto store = OpenFresh(GetParam());
+  std::vector<NewMessage> messages{Message("t", "a"), Message("t", "a")};
+  const auto ids = store->Enqueue(messages);
+  ASSERT_EQ(store->Claim(Request("relay", 1)).size(), 1U);
+  EXPECT_TRUE(store->Claim(Request("other", 10)).empty());
+  const auto next = store->Claim(Request("relay", 10));  // pipelining: the next batch
+  ASSERT_EQ(next.size(), 1U);
+  EXPECT_EQ(next[0].id, ids[1]);
 }
 
 TEST_P(StoreContractTest, AnAbandonedMessageNoLongerHoldsBackItsStream) {

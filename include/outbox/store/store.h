@@ -107,8 +107,10 @@ class Store {
   // Claims up to request.max_messages due messages (pending, or failed whose retry time has
   // come), oldest first, in one statement: each gets lease_owner = request.owner, lease_until =
   // now + lease_duration and a new lease_epoch. No row lock is held after the call returns.
-  // Within one stream only the oldest unsettled message and those after it in order are
-  // returned, never a later one while an earlier one is leased by someone else.
+  // Within one stream, a message is not returned while an earlier one is leased by another owner
+  // or waits for its retry; behind the caller's own leases it may be (the caller then publishes
+  // in order and holds back what follows a failure). Owners must therefore be unique per
+  // running process.
   virtual std::vector<Envelope> Claim(const ClaimRequest& request) = 0;
 
   // Marks messages published (deleted, or kept when published retention > 0). Fenced: only rows

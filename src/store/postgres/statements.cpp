@@ -12,7 +12,9 @@ constexpr const char* kFenced = R"(
     AND m.status = 'processing')";
 
 // Oldest first; SKIP LOCKED lets claimers pass each other; a keyed message waits while an earlier
-// message of its stream is leased or waiting for its retry (head-of-line per stream).
+// message of its stream is leased by another owner or waits for its retry (head-of-line per
+// stream). Behind the caller's own leases it may be claimed: the caller publishes its batches in
+// order and holds back what follows a failure (see Relay), which keeps a busy stream pipelined.
 constexpr const char* kClaim = R"(
 WITH claimable AS (
   SELECT m.id FROM __TABLE__ m
@@ -22,7 +24,8 @@ WITH claimable AS (
       SELECT 1 FROM __TABLE__ e
       WHERE e.stream_key = m.stream_key AND e.id < m.id
         AND e.status IN ('processing', 'failed')
-        AND (e.status = 'processing' OR e.available_at > now())))
+        AND ((e.status = 'processing' AND e.lease_owner <> $3) OR
+             (e.status = 'failed' AND e.available_at > now()))))
   ORDER BY m.id
   LIMIT $1::integer
   FOR UPDATE SKIP LOCKED)
