@@ -33,7 +33,18 @@ class Relay::Engine {
         // Unique per run: a restarted relay with the same instance name must not mistake the
         // leases of its dead predecessor for its own (see Store::Claim).
         owner_(options_.instance + "/" + NewUuidV7().ToString().substr(24)),
-        backoff_(options_.min_backoff) {}
+        backoff_(options_.min_backoff) {
+    if (options_.hand_off != nullptr) {
+      options_.hand_off->SetListener([wakeup = wakeup_.get()] { wakeup->Interrupt(); });
+    }
+  }
+
+  ~Engine() {
+    if (options_.hand_off != nullptr) options_.hand_off->SetListener({});
+  }
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
   void Run() {
     Log(LogLevel::kInfo, "relay started; leases are held as " + owner_);
@@ -131,6 +142,10 @@ class Relay::Engine {
     // Not safe: a writer that may have missed the idle mark is still to commit; look again soon.
     const auto pause = safe ? options_.sweep_interval : std::chrono::milliseconds{10};
     wakeup_->Wait(SteadyClock::now() + pause);
+    if (options_.hand_off != nullptr) {
+      // The ids only woke us; the claim reads the table. Keep the queue from filling up.
+      options_.hand_off->Take(SIZE_MAX, std::chrono::milliseconds{0});
+    }
     return {};
   }
 

@@ -296,3 +296,49 @@ TEST(PostgresWakeupTest, WaitEndsOnNotifyOnInterruptAndOnTheDeadline) {
 
 }  // namespace
 }  // namespace outbox::testing
+
+namespace outbox::testing {
+namespace {
+
+TEST(RelayHandOffTest, AWriterInTheSameProcessWakesTheRelayWithoutNotify) {
+  TestSchema schema;
+  HandOffQueue hand_off;
+  auto owned = std::make_unique<TestSink>();
+  TestSink* sink = owned.get();
+  RelayOptions options;
+  options.instance = "hand-off";
+  options.sweep_interval = std::chrono::seconds{60};
+  options.hand_off = &hand_off;
+  postgres::StoreOptions store_options;
+  store_options.conninfo = PgUrl();
+  store_options.schema = schema.name();
+  SinkMap sinks;
+  sinks.emplace("default", std::move(owned));
+  Relay relay(options, postgres::OpenStore(store_options),
+              postgres::OpenWakeup(PgUrl(), schema.name()), std::move(sinks));
+  std::thread runner([&] { relay.Run(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds{300});  // idle now
+  // Suppress the NOTIFY path: pretend the relay is busy, so only the hand-off can wake it.
+  Sql(schema.conn(), "UPDATE " + schema.name() + ".wakeup SET idle = false");
+  auto app = Connect();
+  postgres::Writer writer{schema.name()};
+  NewMessage message;
+  message.topic = "t";
+  message.payload = "{}";
+  Sql(app.get(), "BEGIN");
+  const MessageId id = writer.Enqueue(app.get(), message);
+  Sql(app.get(), "COMMIT");
+  hand_off.Offer(std::span{&id, 1});
+  bool delivered = false;
+  for (int i = 0; i < 1000 && !delivered; ++i) {
+    delivered = !sink->delivered().empty();
+    std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  }
+  relay.Stop();
+  runner.join();
+  ASSERT_TRUE(delivered) << "not woken by the hand-off (the sweep is 60 s away)";
+  EXPECT_EQ(sink->delivered().front().id, id);
+}
+
+}  // namespace
+}  // namespace outbox::testing

@@ -39,3 +39,23 @@ TEST(HandOffQueueTest, TakeWakesOnOffer) {
 
 }  // namespace
 }  // namespace outbox
+
+namespace outbox {
+namespace {
+
+TEST(HandOffQueueTest, ListenerHearsEverySuccessfulOfferOnly) {
+  HandOffQueue queue{1};
+  int heard = 0;
+  queue.SetListener([&] { ++heard; });
+  const MessageId id = NewUuidV7();
+  EXPECT_TRUE(queue.Offer(std::span{&id, 1}));
+  EXPECT_FALSE(queue.Offer(std::span{&id, 1}));  // full: dropped, nobody woken for nothing
+  EXPECT_EQ(heard, 1);
+  queue.SetListener({});
+  queue.Take(1, std::chrono::milliseconds{0});
+  EXPECT_TRUE(queue.Offer(std::span{&id, 1}));
+  EXPECT_EQ(heard, 1);
+}
+
+}  // namespace
+}  // namespace outbox

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <span>
 #include <vector>
@@ -33,7 +34,20 @@ class HandOffQueue {
       ids_.insert(ids_.end(), ids.begin(), ids.end());
     }
     ready_.notify_one();
+    std::function<void()> listener;
+    {
+      std::lock_guard lock(mutex_);
+      listener = listener_;
+    }
+    if (listener) listener();
     return true;
+  }
+
+  // Called (outside the queue's lock) after each successful Offer; a relay uses it to cut its
+  // idle sleep short. Replaces any earlier listener; an empty function removes it.
+  void SetListener(std::function<void()> listener) {
+    std::lock_guard lock(mutex_);
+    listener_ = std::move(listener);
   }
 
   // Takes up to `max` ids, waiting at most `timeout` for the first one. Thread-safe.
@@ -55,8 +69,9 @@ class HandOffQueue {
   const std::size_t capacity_;
   mutable std::mutex mutex_;
   std::condition_variable ready_;
-  std::deque<MessageId> ids_;  // guarded by mutex_
-  std::uint64_t dropped_ = 0;  // guarded by mutex_
+  std::deque<MessageId> ids_;       // guarded by mutex_
+  std::uint64_t dropped_ = 0;       // guarded by mutex_
+  std::function<void()> listener_;  // guarded by mutex_
 };
 
 }  // namespace outbox

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "outbox/core/hand_off.h"
 #include "outbox/core/log.h"
 #include "outbox/sink/sink.h"
 #include "outbox/store/store.h"
@@ -31,6 +32,10 @@ struct RelayOptions {
   // Published/abandoned rows past their retention are purged this often.
   std::chrono::milliseconds purge_interval{std::chrono::minutes{1}};
   RetentionPolicy retention;
+  // Writers in this process may hand committed ids over here (the in-process fast path): an
+  // idle relay then wakes without waiting for the NOTIFY. The ids are only a hint; what is
+  // claimed is still read from the store. Not owned; must outlive the relay.
+  HandOffQueue* hand_off = nullptr;
 };
 
 // Monotonic counters since start; read from any thread.
