@@ -1,0 +1,91 @@
+#pragma once
+// The inbox: a consumer processes each delivered message exactly once, with the deduplication
+// written in the consumer's own PostgreSQL transaction, next to the handler's side effects.
+//
+//   outbox::inbox::Inbox inbox({.consumer = "billing"});
+//   PQexec(conn, "BEGIN");
+//   const auto result = inbox.Process(conn, delivery, [&](pg_conn* c) { /* apply it on c */ });
+//   PQexec(conn, "COMMIT");   // then ack the delivery to the broker
+//
+// Two modes, chosen per message:
+//   - a message with a stream_seq: a high-water mark per (consumer, stream). Constant space, no
+//     eviction; seq <= mark is a duplicate. A seq beyond mark + 1 is a gap, handled by GapPolicy.
+//   - otherwise: the message id is recorded per consumer and kept for a retention window
+//     (Cleanup deletes older records in bounded chunks). A duplicate arriving after the window
+//     would be processed again: choose the window longer than any redelivery can take.
+//
+// Concurrency: two consumers processing the same message at once serialize on its inbox row;
+// exactly one runs the handler, the other gets kDuplicate once the first commits (or runs it, if
+// the first rolls back).
+//
+// The inbox tables come with the outbox schema (migration 2); run postgres::Migrate or
+// `outboxctl migrate` on the consumer's database.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "outbox/core/uuid.h"
+
+struct pg_conn;  // libpq's PGconn
+
+namespace outbox::inbox {
+
+// What the consumer received; FromAmqp (inbox/rabbitmq.h) reads it from a RabbitMQ delivery.
+struct Delivery {
+  MessageId id;
+  std::optional<std::string> stream_key;
+  std::optional<std::int64_t> stream_seq;
+};
+
+enum class Result {
+  kProcessed,   // new: the handler ran
+  kDuplicate,   // already processed by this consumer: the handler did not run; ack it
+  kOutOfOrder,  // a gap before it and GapPolicy::kRefuse: nothing ran or was recorded; requeue it
+};
+
+// What to do with a sequenced message that arrives before its predecessor.
+enum class GapPolicy {
+  // Refuse it (kOutOfOrder) so that the broker redelivers it later, after the missing one. The
+  // relay republishes held-back successors after a failed message, so waiting is always safe;
+  // an abandoned predecessor blocks the stream until an operator replays or skips it.
+  kRefuse,
+  // Process it and move the mark past the gap: the missing messages will count as duplicates.
+  kProcessAnyway,
+};
+
+struct Options {
+  std::string consumer;  // required: one inbox per consumer name
+  std::string schema = "outbox";
+  GapPolicy gap_policy = GapPolicy::kRefuse;
+};
+
+class Inbox {
+ public:
+  // Throws std::invalid_argument for an empty consumer name or a bad schema name.
+  explicit Inbox(Options options);
+
+  // Records `delivery` for this consumer and runs `handler` on `conn` if it is new, inside the
+  // caller's open transaction (std::logic_error if there is none); never commits. Both happen
+  // under a savepoint: if the handler throws, its writes and the inbox record are rolled back and
+  // the exception propagates, so the message can be processed again. The handler may enqueue
+  // outgoing messages on `conn` (postgres::Writer) in the same transaction. Throws StoreError
+  // for database failures.
+  Result Process(pg_conn* conn, const Delivery& delivery,
+                 const std::function<void(pg_conn*)>& handler) const;
+
+  // Deletes id records of this consumer older than `retention`, at most `max_rows`, in its own
+  // statement (autocommit; call it outside a transaction). Returns how many it deleted.
+  std::int64_t Cleanup(pg_conn* conn, std::chrono::seconds retention, int max_rows) const;
+
+ private:
+  Options options_;
+  std::string record_id_sql_;
+  std::string lock_stream_sql_;
+  std::string advance_stream_sql_;
+  std::string cleanup_sql_;
+};
+
+}  // namespace outbox::inbox

@@ -1,0 +1,20 @@
+#pragma once
+// Reading an inbox Delivery from a RabbitMQ message as the outbox's RabbitMQ sink sends it:
+// message_id property = the outbox id, headers outbox-stream-key and outbox-stream-seq.
+
+#include <optional>
+#include <string>
+
+#include "outbox/inbox/inbox.h"
+
+// rabbitmq-c's amqp_basic_properties_t, declared so that this header does not include amqp.h.
+struct amqp_basic_properties_t_;
+
+namespace outbox::inbox {
+
+// The delivery's id, stream key and seq; nullopt with `error` set when the message has no
+// message_id or it is not a UUID (it did not come from an outbox, or it was altered).
+std::optional<Delivery> FromAmqp(const amqp_basic_properties_t_& properties,
+                                 std::string* error = nullptr);
+
+}  // namespace outbox::inbox

@@ -1,0 +1,66 @@
+#include "outbox/inbox/rabbitmq.h"
+
+#include <amqp.h>
+
+#include <charconv>
+#include <string_view>
+
+namespace outbox::inbox {
+namespace {
+
+std::string_view View(const amqp_bytes_t& bytes) {
+  return {static_cast<const char*>(bytes.bytes), bytes.len};
+}
+
+std::optional<std::int64_t> IntegerOf(const amqp_field_value_t& value) {
+  switch (value.kind) {
+    case AMQP_FIELD_KIND_I64:
+      return value.value.i64;
+    case AMQP_FIELD_KIND_I32:
+      return value.value.i32;
+    case AMQP_FIELD_KIND_U32:
+      return value.value.u32;
+    case AMQP_FIELD_KIND_UTF8:
+    case AMQP_FIELD_KIND_BYTES: {
+      const auto text = View(value.value.bytes);
+      std::int64_t parsed = 0;
+      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), parsed);
+      if (error == std::errc{} && end == text.data() + text.size()) return parsed;
+      return std::nullopt;
+    }
+    default:
+      return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::optional<Delivery> FromAmqp(const amqp_basic_properties_t_& properties, std::string* error) {
+  const auto fail = [error](std::string message) -> std::optional<Delivery> {
+    if (error != nullptr) *error = std::move(message);
+    return std::nullopt;
+  };
+  if ((properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG) == 0) {
+    return fail("the message has no message_id property");
+  }
+  const auto id = Uuid::Parse(View(properties.message_id));
+  if (!id)
+    return fail("message_id '" + std::string{View(properties.message_id)} + "' is not a UUID");
+  Delivery delivery{.id = *id};
+  if ((properties._flags & AMQP_BASIC_HEADERS_FLAG) != 0) {
+    for (int i = 0; i < properties.headers.num_entries; ++i) {
+      const auto& entry = properties.headers.entries[i];
+      const auto key = View(entry.key);
+      if (key == "outbox-stream-key" &&
+          (entry.value.kind == AMQP_FIELD_KIND_UTF8 || entry.value.kind == AMQP_FIELD_KIND_BYTES)) {
+        delivery.stream_key = std::string{View(entry.value.value.bytes)};
+      } else if (key == "outbox-stream-seq") {
+        delivery.stream_seq = IntegerOf(entry.value);
+        if (!delivery.stream_seq) return fail("header outbox-stream-seq is not an integer");
+      }
+    }
+  }
+  return delivery;
+}
+
+}  // namespace outbox::inbox

@@ -1,0 +1,279 @@
+// The inbox against a real PostgreSQL: effects exactly once under duplicates, reordering,
+// races, handler failures; bounded cleanup; the consumer-side outbox.
+#include "outbox/inbox/inbox.h"
+
+#include <amqp.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <deque>
+#include <random>
+#include <thread>
+
+#include "../postgres/pg_test_support.h"
+#include "outbox/inbox/rabbitmq.h"
+
+namespace outbox::testing {
+namespace {
+
+using inbox::Delivery;
+using inbox::GapPolicy;
+using inbox::Inbox;
+using inbox::Result;
+
+class InboxTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Sql(schema_.conn(), "CREATE TABLE " + schema_.name() + ".effects (id uuid, note text)");
+  }
+  // The handler's side effect: one row per application, no unique key, so a double application
+  // shows up as two rows.
+  std::function<void(pg_conn*)> Apply(const Delivery& delivery, std::string note = "") {
+    return [this, id = delivery.id.ToString(), note](pg_conn* conn) {
+      Sql(conn, "INSERT INTO " + schema_.name() + ".effects VALUES ('" + id + "', '" + note + "')");
+    };
+  }
+  // Processes one delivery in a transaction of its own.
+  Result ProcessOnce(PGconn* conn, const Inbox& inbox, const Delivery& delivery) {
+    Sql(conn, "BEGIN");
+    const Result result = inbox.Process(conn, delivery, Apply(delivery));
+    Sql(conn, "COMMIT");
+    return result;
+  }
+  std::string Effects(const std::string& where = "true") {
+    return Scalar(schema_.conn(),
+                  "SELECT count(*) FROM " + schema_.name() + ".effects WHERE " + where);
+  }
+  Inbox MakeInbox(std::string consumer, GapPolicy policy = GapPolicy::kRefuse) {
+    return Inbox({.consumer = std::move(consumer), .schema = schema_.name(), .gap_policy = policy});
+  }
+
+  TestSchema schema_;
+};
+
+TEST_F(InboxTest, DuplicatesAndReorderingWithinStreamsApplyEachMessageOnce) {
+  // 20 streams of 10 sequenced messages and 50 unsequenced ones; each delivered 1 to 5 times,
+  // in random order; refused (out-of-order) deliveries come back later, as a broker would.
+  std::mt19937 random(7);
+  std::vector<Delivery> messages;
+  for (int s = 0; s < 20; ++s) {
+    for (int seq = 1; seq <= 10; ++seq) {
+      messages.push_back({NewUuidV7(), "stream-" + std::to_string(s), seq});
+    }
+  }
+  for (int i = 0; i < 50; ++i) messages.push_back({NewUuidV7(), std::nullopt, std::nullopt});
+  std::vector<Delivery> deliveries;
+  for (const auto& message : messages) {
+    const int copies = 1 + static_cast<int>(random() % 5);
+    for (int c = 0; c < copies; ++c) deliveries.push_back(message);
+  }
+  std::shuffle(deliveries.begin(), deliveries.end(), random);
+  std::deque<Delivery> queue(deliveries.begin(), deliveries.end());
+
+  const Inbox inbox = MakeInbox("billing");
+  auto conn = Connect();
+  int processed = 0, duplicates = 0, refused = 0;
+  for (int step = 0; step < 100000 && !queue.empty(); ++step) {
+    const Delivery delivery = queue.front();
+    queue.pop_front();
+    switch (ProcessOnce(conn.get(), inbox, delivery)) {
+      case Result::kProcessed:
+        ++processed;
+        break;
+      case Result::kDuplicate:
+        ++duplicates;
+        break;
+      case Result::kOutOfOrder:
+        ++refused;
+        queue.push_back(delivery);  // redelivered later
+        break;
+    }
+  }
+  ASSERT_TRUE(queue.empty());
+  EXPECT_EQ(processed, static_cast<int>(messages.size()));
+  EXPECT_EQ(processed + duplicates, static_cast<int>(deliveries.size()));
+  EXPECT_GT(refused, 0) << "the shuffle should have produced gaps";
+  EXPECT_EQ(Effects(), std::to_string(messages.size()));
+  EXPECT_EQ(Scalar(schema_.conn(), "SELECT count(DISTINCT id) FROM " + schema_.name() + ".effects"),
+            std::to_string(messages.size()));
+  // Streams use constant space: one mark each, at 10.
+  EXPECT_EQ(Scalar(schema_.conn(),
+                   "SELECT count(*) || ' ' || min(last_seq) || ' ' || max(last_seq) "
+                   "FROM " +
+                       schema_.name() + ".inbox_streams"),
+            "20 10 10");
+}
+
+TEST_F(InboxTest, GapPolicyProcessAnywaySkipsTheMissingOnes) {
+  const Inbox inbox = MakeInbox("lenient", GapPolicy::kProcessAnyway);
+  auto conn = Connect();
+  const Delivery first{NewUuidV7(), "s", 1}, second{NewUuidV7(), "s", 2},
+      third{NewUuidV7(), "s", 3};
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, first), Result::kProcessed);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, third), Result::kProcessed);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, second), Result::kDuplicate);  // the price of a gap
+  const Inbox strict = MakeInbox("strict");
+  EXPECT_EQ(ProcessOnce(conn.get(), strict, third), Result::kOutOfOrder);
+  EXPECT_EQ(Effects(), "2");
+}
+
+TEST_F(InboxTest, ConsumersAreIndependent) {
+  auto conn = Connect();
+  const Delivery delivery{NewUuidV7(), std::nullopt, std::nullopt};
+  EXPECT_EQ(ProcessOnce(conn.get(), MakeInbox("a"), delivery), Result::kProcessed);
+  EXPECT_EQ(ProcessOnce(conn.get(), MakeInbox("b"), delivery), Result::kProcessed);
+  EXPECT_EQ(ProcessOnce(conn.get(), MakeInbox("a"), delivery), Result::kDuplicate);
+}
+
+// Two consumers of one name receive the same message at once: exactly one applies it.
+void Race(InboxTest* test, const Inbox& inbox, const Delivery& delivery,
+          const std::function<void(pg_conn*)>& apply, std::vector<Result>& results) {
+  std::vector<std::thread> racers;
+  results.assign(2, Result::kOutOfOrder);
+  for (std::size_t r = 0; r < 2; ++r) {
+    racers.emplace_back([&, r] {
+      auto conn = Connect();
+      Sql(conn.get(), "BEGIN");
+      results[r] = inbox.Process(conn.get(), delivery, [&](pg_conn* c) {
+        apply(c);
+        std::this_thread::sleep_for(std::chrono::milliseconds{200});  // hold the race open
+      });
+      Sql(conn.get(), "COMMIT");
+    });
+  }
+  for (auto& racer : racers) racer.join();
+  (void)test;
+}
+
+TEST_F(InboxTest, TwoConsumersRacingOnOneMessageApplyItOnce) {
+  const Inbox inbox = MakeInbox("racers");
+  for (const Delivery& delivery :
+       {Delivery{NewUuidV7(), std::nullopt, std::nullopt}, Delivery{NewUuidV7(), "s", 1}}) {
+    std::vector<Result> results;
+    Race(this, inbox, delivery, Apply(delivery), results);
+    std::sort(results.begin(), results.end());
+    EXPECT_EQ(results, (std::vector<Result>{Result::kProcessed, Result::kDuplicate}));
+    EXPECT_EQ(Effects("id = '" + delivery.id.ToString() + "'"), "1");
+  }
+}
+
+TEST_F(InboxTest, AHandlerThatThrowsLeavesNoRecord) {
+  const Inbox inbox = MakeInbox("fragile");
+  auto conn = Connect();
+  for (const Delivery& delivery :
+       {Delivery{NewUuidV7(), std::nullopt, std::nullopt}, Delivery{NewUuidV7(), "s", 1}}) {
+    Sql(conn.get(), "BEGIN");
+    EXPECT_THROW(inbox.Process(conn.get(), delivery,
+                               [&](pg_conn* c) {
+                                 Apply(delivery, "partial")(c);
+                                 throw std::runtime_error("handler failed");
+                               }),
+                 std::runtime_error);
+    // The caller may still commit its other work: the handler's writes and the record are gone.
+    EXPECT_EQ(PQtransactionStatus(conn.get()), PQTRANS_INTRANS);
+    Sql(conn.get(), "COMMIT");
+    EXPECT_EQ(Effects("note = 'partial'"), "0");
+    EXPECT_EQ(ProcessOnce(conn.get(), inbox, delivery), Result::kProcessed);
+  }
+  EXPECT_EQ(Scalar(schema_.conn(), "SELECT count(*) FROM " + schema_.name() + ".inbox_messages"),
+            "1");
+}
+
+TEST_F(InboxTest, CleanupRemovesOnlyRecordsOlderThanTheWindowInChunks) {
+  const Inbox inbox = MakeInbox("old");
+  const Inbox other = MakeInbox("other");
+  auto conn = Connect();
+  for (int i = 0; i < 10; ++i)
+    ProcessOnce(conn.get(), inbox, {NewUuidV7(), std::nullopt, std::nullopt});
+  ProcessOnce(conn.get(), other, {NewUuidV7(), std::nullopt, std::nullopt});
+  // Age 6 of "old"'s records, and "other"'s, by two hours.
+  Sql(schema_.conn(), "UPDATE " + schema_.name() +
+                          ".inbox_messages SET processed_at = now() - "
+                          "interval '2 hours' WHERE message_id IN (SELECT message_id FROM " +
+                          schema_.name() +
+                          ".inbox_messages WHERE consumer = 'old' ORDER BY "
+                          "message_id LIMIT 6) OR consumer = 'other'");
+  EXPECT_EQ(inbox.Cleanup(conn.get(), std::chrono::hours{1}, 4), 4);  // bounded chunk
+  EXPECT_EQ(inbox.Cleanup(conn.get(), std::chrono::hours{1}, 4), 2);
+  EXPECT_EQ(inbox.Cleanup(conn.get(), std::chrono::hours{1}, 4), 0);
+  EXPECT_EQ(Scalar(schema_.conn(),
+                   "SELECT string_agg(consumer || ':' || n, ',' ORDER BY consumer) "
+                   "FROM (SELECT consumer, count(*) AS n FROM " +
+                       schema_.name() + ".inbox_messages GROUP BY consumer) c"),
+            "old:4,other:1");  // only this consumer's old records went
+  EXPECT_THROW(inbox.Cleanup(conn.get(), std::chrono::seconds{-1}, 4), std::invalid_argument);
+  EXPECT_THROW(inbox.Cleanup(conn.get(), std::chrono::hours{1}, 0), std::invalid_argument);
+}
+
+TEST_F(InboxTest, AHandlerEnqueuesOutgoingMessagesInTheSameTransaction) {
+  const Inbox inbox = MakeInbox("relay-on");
+  const postgres::Writer writer{schema_.name()};
+  auto conn = Connect();
+  const auto forward = [&](pg_conn* c) {
+    NewMessage next;
+    next.topic = "invoices";
+    next.payload = R"({"for":"order-42"})";
+    writer.Enqueue(c, next);
+  };
+  const Delivery kept{NewUuidV7(), std::nullopt, std::nullopt};
+  Sql(conn.get(), "BEGIN");
+  EXPECT_EQ(inbox.Process(conn.get(), kept, forward), Result::kProcessed);
+  Sql(conn.get(), "COMMIT");
+  const Delivery dropped{NewUuidV7(), std::nullopt, std::nullopt};
+  Sql(conn.get(), "BEGIN");
+  EXPECT_EQ(inbox.Process(conn.get(), dropped, forward), Result::kProcessed);
+  Sql(conn.get(), "ROLLBACK");  // neither the record nor the outgoing message survive
+  EXPECT_EQ(Scalar(schema_.conn(),
+                   "SELECT count(*) FROM " + schema_.name() + ".messages WHERE topic = 'invoices'"),
+            "1");
+  Sql(conn.get(), "BEGIN");
+  EXPECT_EQ(inbox.Process(conn.get(), dropped, forward), Result::kProcessed);
+  Sql(conn.get(), "COMMIT");
+}
+
+TEST_F(InboxTest, BadInputIsRefused) {
+  EXPECT_THROW(MakeInbox(""), std::invalid_argument);
+  EXPECT_THROW(Inbox({.consumer = "c", .schema = "Bad Schema"}), std::invalid_argument);
+  const Inbox inbox = MakeInbox("c");
+  auto conn = Connect();
+  const Delivery delivery{NewUuidV7(), std::nullopt, std::nullopt};
+  EXPECT_THROW(inbox.Process(conn.get(), delivery, [](pg_conn*) {}), std::logic_error);
+  Sql(conn.get(), "BEGIN");
+  EXPECT_THROW(inbox.Process(conn.get(), {NewUuidV7(), "s", 0}, [](pg_conn*) {}),
+               std::invalid_argument);
+  Sql(conn.get(), "ROLLBACK");
+}
+
+TEST(InboxAmqpTest, ReadsTheDeliveryAndRejectsForeignMessages) {
+  amqp_basic_properties_t properties{};
+  std::string error;
+  EXPECT_FALSE(inbox::FromAmqp(properties, &error).has_value());
+  EXPECT_EQ(error, "the message has no message_id property");
+  properties._flags = AMQP_BASIC_MESSAGE_ID_FLAG;
+  properties.message_id = amqp_cstring_bytes("order-42");
+  EXPECT_FALSE(inbox::FromAmqp(properties, &error).has_value());
+  EXPECT_EQ(error, "message_id 'order-42' is not a UUID");
+  const std::string id = NewUuidV7().ToString();
+  properties.message_id = amqp_cstring_bytes(id.c_str());
+  amqp_table_entry_t entries[2]{};
+  entries[0].key = amqp_cstring_bytes("outbox-stream-key");
+  entries[0].value.kind = AMQP_FIELD_KIND_UTF8;
+  entries[0].value.value.bytes = amqp_cstring_bytes("order-42");
+  entries[1].key = amqp_cstring_bytes("outbox-stream-seq");
+  entries[1].value.kind = AMQP_FIELD_KIND_I64;
+  entries[1].value.value.i64 = 7;
+  properties.headers = {2, entries};
+  properties._flags |= AMQP_BASIC_HEADERS_FLAG;
+  const auto delivery = inbox::FromAmqp(properties);
+  ASSERT_TRUE(delivery.has_value());
+  EXPECT_EQ(delivery->id.ToString(), id);
+  EXPECT_EQ(delivery->stream_key, "order-42");
+  EXPECT_EQ(delivery->stream_seq, 7);
+  entries[1].value.kind = AMQP_FIELD_KIND_UTF8;
+  entries[1].value.value.bytes = amqp_cstring_bytes("7x");
+  EXPECT_FALSE(inbox::FromAmqp(properties, &error).has_value());
+  EXPECT_EQ(error, "header outbox-stream-seq is not an integer");
+}
+
+}  // namespace
+}  // namespace outbox::testing
