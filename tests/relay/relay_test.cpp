@@ -234,6 +234,60 @@ TEST_F(RelayTest, StopReleasesEveryLease) {
   EXPECT_EQ(std::stoul(Count("true")), 2000U - published);  // the rest waits, none lost
 }
 
+TEST_F(RelayTest, LosingTheDatabaseConnectionLosesNothing) {
+  // The relay's own connections are told apart by application_name, so that only they are cut.
+  const std::string app = "relay_" + schema_.name();
+  const std::string url =
+      PgUrl() + (PgUrl().find('?') == std::string::npos ? "?" : "&") + "application_name=" + app;
+  auto owned = std::make_unique<TestSink>([](const Envelope&) -> std::optional<Failure> {
+    std::this_thread::sleep_for(std::chrono::microseconds{500});  // a broker that takes its time
+    return std::nullopt;
+  });
+  TestSink* sink = owned.get();
+  Sql(schema_.conn(), "SELECT " + schema_.name() +
+                          ".enqueue('t', '{}', stream_key => 's' || (g % 20)) FROM "
+                          "generate_series(1, 3000) g");
+  std::set<std::string> expected;
+  auto rows = Sql(schema_.conn(), "SELECT id FROM " + schema_.name() + ".messages");
+  for (int r = 0; r < PQntuples(rows.get()); ++r) expected.insert(PQgetvalue(rows.get(), r, 0));
+
+  RelayOptions options;
+  options.instance = "db-outage";
+  options.batch_size = 100;
+  options.min_backoff = milliseconds{10};
+  options.max_backoff = milliseconds{50};
+  postgres::StoreOptions store_options;
+  store_options.conninfo = url;
+  store_options.schema = schema_.name();
+  SinkMap sinks;
+  sinks.emplace("default", std::move(owned));
+  relay_ = std::make_unique<Relay>(options, postgres::OpenStore(store_options),
+                                   postgres::OpenWakeup(url, schema_.name()), std::move(sinks));
+  thread_ = std::thread([this] { relay_->Run(); });
+  int cuts = 0;
+  for (int i = 0; i < 3; ++i) {
+    std::this_thread::sleep_for(milliseconds{300});
+    cuts += std::stoi(Scalar(schema_.conn(),
+                             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE "
+                             "application_name = '" +
+                                 app + "'"));
+  }
+  ASSERT_TRUE(WaitFor([&] { return Count("true") == "0"; }, seconds{60}))
+      << Count("true") << " messages left";
+  StopRelay();
+  EXPECT_GE(cuts, 3) << "the relay's connections were not cut";
+  EXPECT_GE(relay_->counters().store_errors.load(), 1U);
+  std::set<std::string> delivered;
+  std::map<std::string, std::int64_t> last_seq;
+  for (const auto& envelope : sink->delivered()) {
+    if (!delivered.insert(envelope.id.ToString()).second) continue;
+    auto& last = last_seq[*envelope.stream_key];
+    EXPECT_GT(*envelope.stream_seq, last) << "first deliveries out of order";
+    last = *envelope.stream_seq;
+  }
+  EXPECT_EQ(delivered, expected);  // every message, some perhaps twice, none lost
+}
+
 TEST_F(RelayTest, BadOptionsAreConfigErrors) {
   const auto make = [&](RelayOptions options) {
     SinkMap sinks;
