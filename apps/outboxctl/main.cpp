@@ -1,19 +1,141 @@
-// outboxctl: the admin CLI. Today: migrate and status; list, show, replay, abandon and purge are
-// still to come (see README).
+// outboxctl: the operator's command line for an outbox in PostgreSQL: migrate, status, list, show,
+// replay, abandon, purge. Run `outboxctl --help` and `outboxctl <command> --help`.
 //
-// Exit codes: 0 success, 1 the database failed or refused, 2 bad command line.
+// Exit codes:
+//   0  success; also a dry run, and a list, replay or abandon that matched nothing
+//   1  the database failed or refused: unreachable, schema not migrated, a statement failed
+//   2  bad command line: unknown option, bad status, duration or id, replay or abandon without
+//      a selection, abandon without --reason (nothing is sent to the database)
+//   3  not found: `show` of an id that does not exist, or `replay`/`abandon` naming an id that
+//      does not exist (the ids that do exist are still processed)
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <string>
+#include <vector>
 
+#include "format.h"
 #include "outbox/core/version.h"
 #include "outbox/store/postgres.h"
+#include "outbox/store/postgres_admin.h"
 
 namespace {
-constexpr int kExitUsage = 2;
+
+using outbox::MessageId;
+using outbox::MessageStatus;
+using outbox::postgres::Admin;
+using outbox::postgres::MessageFilter;
+using outbox::postgres::MessageStatusName;
+using outbox::postgres::MessageSummary;
+using outboxctl::FormatDuration;
+using outboxctl::FormatTime;
+using outboxctl::OneLine;
+using Json = nlohmann::ordered_json;  // keys in the order written: id first
 
 constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitNotFound = 3;
+
+// Ids printed after "replayed N messages:" before the rest is summarized.
+constexpr std::size_t kIdsShown = 50;
+
+// A command line that is well-formed for CLI11 but still wrong (exit 2).
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+MessageId ParseId(const std::string& text) {
+  if (auto id = outbox::Uuid::Parse(text)) return *id;
+  throw UsageError("'" + text +
+                   "' is not a message id (expected a UUID such as "
+                   "0192f4e0-7c1a-7b3e-9f00-1a2b3c4d5e6f)");
+}
+
+std::chrono::milliseconds Since(outbox::TimePoint earlier, outbox::TimePoint later) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(later - earlier);
+}
+
+std::string Plural(std::int64_t count, const char* noun) {
+  return std::to_string(count) + " " + noun + (count == 1 ? "" : "s");
+}
+
+// --status, --topic, --stream, --target, --older-than and (for replay and abandon) positional
+// ids.
+class FilterOptions {
+ public:
+  void Add(CLI::App* command, bool with_ids, const std::string& statuses) {
+    status_ = command->add_option("--status", status_text_, "only this status: " + statuses);
+    topic_ = command->add_option("--topic", topic_text_, "only this topic");
+    stream_ = command->add_option("--stream", stream_text_, "only this stream key");
+    target_ = command->add_option("--target", target_text_, "only this target (sink)");
+    older_than_ = command->add_option("--older-than", older_than_text_,
+                                      "only messages created longer ago than this: 30s, 10m, 2h, "
+                                      "30d (on the database's clock)");
+    if (with_ids) ids_ = command->add_option("ids", id_texts_, "message ids");
+  }
+
+  [[nodiscard]] CLI::Option* status_option() const { return status_; }
+  [[nodiscard]] bool HasIds() const { return ids_ != nullptr && ids_->count() > 0; }
+  // True when any criterion was given.
+  [[nodiscard]] bool Any() const {
+    return HasIds() || status_->count() > 0 || topic_->count() > 0 || stream_->count() > 0 ||
+           target_->count() > 0 || older_than_->count() > 0;
+  }
+
+  // The filter, or UsageError naming the bad option.
+  [[nodiscard]] MessageFilter Build() const {
+    MessageFilter filter;
+    if (status_->count() > 0) {
+      try {
+        filter.status = outbox::postgres::ParseMessageStatus(status_text_);
+      } catch (const std::invalid_argument& error) {
+        throw UsageError(std::string{"--status: "} + error.what());
+      }
+    }
+    filter.topic = NonEmpty(topic_, topic_text_);
+    filter.stream_key = NonEmpty(stream_, stream_text_);
+    filter.target = NonEmpty(target_, target_text_);
+    if (older_than_->count() > 0) {
+      try {
+        filter.older_than = outboxctl::ParseDuration(older_than_text_);
+      } catch (const std::invalid_argument& error) {
+        throw UsageError(std::string{"--older-than: "} + error.what());
+      }
+    }
+    if (HasIds()) {
+      std::vector<MessageId> ids;
+      for (const auto& text : id_texts_) ids.push_back(ParseId(text));
+      filter.ids = std::move(ids);
+    }
+    return filter;
+  }
+
+ private:
+  static std::optional<std::string> NonEmpty(const CLI::Option* option, const std::string& value) {
+    if (option->count() == 0) return std::nullopt;
+    if (value.empty()) throw UsageError(option->get_name() + " must not be empty");
+    return value;
+  }
+
+  CLI::Option* status_ = nullptr;
+  CLI::Option* topic_ = nullptr;
+  CLI::Option* stream_ = nullptr;
+  CLI::Option* target_ = nullptr;
+  CLI::Option* older_than_ = nullptr;
+  CLI::Option* ids_ = nullptr;
+  std::string status_text_;
+  std::string topic_text_;
+  std::string stream_text_;
+  std::string target_text_;
+  std::string older_than_text_;
+  std::vector<std::string> id_texts_;
+};
+
+// ---- migrate, status ----
 
 int Migrate(const std::string& db, const std::string& schema) {
   const int before = outbox::postgres::Migrate(db, schema);
@@ -60,11 +182,255 @@ int Status(const std::string& db, const std::string& schema, bool json) {
   return 0;
 }
 
+// ---- list, show ----
+
+Json OptionalJson(const std::optional<std::string>& value) {
+  return value ? Json(*value) : Json(nullptr);
+}
+
+Json OptionalTimeJson(const std::optional<outbox::TimePoint>& value) {
+  return value ? Json(FormatTime(*value)) : Json(nullptr);
+}
+
+Json SummaryJson(const MessageSummary& message) {
+  return Json{
+      {"id", message.id.ToString()},
+      {"topic", message.topic},
+      {"stream_key", OptionalJson(message.stream_key)},
+      {"stream_seq", message.stream_seq ? Json(*message.stream_seq) : Json(nullptr)},
+      {"partition", message.partition},
+      {"target", message.target},
+      {"type", OptionalJson(message.type)},
+      {"status", MessageStatusName(message.status)},
+      {"attempts", message.attempts},
+      {"available_at", FormatTime(message.available_at)},
+      {"created_at", FormatTime(message.created_at)},
+      {"last_error", OptionalJson(message.last_error)},
+      {"lease_owner", OptionalJson(message.lease_owner)},
+      {"lease_until", OptionalTimeJson(message.lease_until)},
+      {"payload_bytes", message.payload_bytes},
+  };
+}
+
+void PrintJson(const Json& json) {
+  // Text from the database is UTF-8; replace rather than throw if it ever is not.
+  std::cout << json.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
+}
+
+// What a message is waiting for, in a few words, then its last error.
+std::string Detail(const MessageSummary& message, outbox::TimePoint now) {
+  std::string detail;
+  if (message.status == MessageStatus::kProcessing) {
+    detail = "leased by " + message.lease_owner.value_or("?");
+    if (message.lease_until) {
+      const auto left = Since(now, *message.lease_until);
+      detail += left.count() >= 0 ? ", " + FormatDuration(left) + " left"
+                                  : ", expired " + FormatDuration(-left) + " ago";
+    }
+  } else if ((message.status == MessageStatus::kPending ||
+              message.status == MessageStatus::kFailed) &&
+             message.available_at > now) {
+    detail = "retry in " + FormatDuration(Since(now, message.available_at));
+  }
+  if (message.last_error) detail += (detail.empty() ? "" : ": ") + *message.last_error;
+  return OneLine(detail.empty() ? "-" : detail, 120);
+}
+
+std::string Stream(const MessageSummary& message) {
+  if (!message.stream_key) return "-";
+  std::string stream = OneLine(*message.stream_key, 40);
+  if (message.stream_seq) stream += "#" + std::to_string(*message.stream_seq);
+  return stream;
+}
+
+int List(Admin& admin, const MessageFilter& filter, int limit,
+         const std::optional<MessageId>& after, bool json) {
+  const auto page = admin.List(filter, limit, after);
+  if (json) {
+    Json messages = Json::array();
+    for (const auto& message : page.messages) messages.push_back(SummaryJson(message));
+    PrintJson(
+        Json{{"messages", std::move(messages)},
+             {"more", page.more},
+             {"next_after", page.more ? Json(page.messages.back().id.ToString()) : Json(nullptr)}});
+    return 0;
+  }
+  if (page.messages.empty()) {
+    std::cout << "no messages match\n";
+    return 0;
+  }
+  outboxctl::Table table{
+      {"ID", "STATUS", "ATTEMPTS", "TOPIC", "STREAM", "TARGET", "TYPE", "AGE", "BYTES", "DETAIL"}};
+  for (const auto& message : page.messages) {
+    table.Add({message.id.ToString(), std::string{MessageStatusName(message.status)},
+               std::to_string(message.attempts), OneLine(message.topic, 40), Stream(message),
+               OneLine(message.target, 20), OneLine(message.type.value_or("-"), 30),
+               FormatDuration(Since(message.created_at, page.database_now)),
+               std::to_string(message.payload_bytes), Detail(message, page.database_now)});
+  }
+  std::cout << table.Render();
+  if (page.more) std::cout << "more: --after " << page.messages.back().id.ToString() << "\n";
+  return 0;
+}
+
+int Show(Admin& admin, const MessageId& id, bool json) {
+  const auto found = admin.Show(id);
+  if (!found) {
+    std::cerr << "outboxctl: message " << id.ToString() << " not found\n";
+    return kExitNotFound;
+  }
+  const auto& detail = *found;
+  const auto& message = detail.summary;
+  const bool text = outboxctl::IsPrintableText(detail.payload);
+  if (json) {
+    Json out = SummaryJson(message);
+    out["content_type"] = detail.content_type;
+    out["headers"] = Json(detail.headers);
+    out["lease_epoch"] = detail.lease_epoch;
+    out["published_at"] = OptionalTimeJson(detail.published_at);
+    out["abandoned_at"] = OptionalTimeJson(detail.abandoned_at);
+    out["payload_encoding"] = text ? "text" : "hex";
+    out["payload"] = text ? detail.payload : outboxctl::Hex(detail.payload);
+    PrintJson(out);
+    return 0;
+  }
+  const auto now = detail.database_now;
+  const auto when = [now](const std::optional<outbox::TimePoint>& time) -> std::string {
+    if (!time) return "-";
+    const auto since = Since(*time, now);
+    return FormatTime(*time) + (since.count() >= 0 ? " (" + FormatDuration(since) + " ago)"
+                                                   : " (in " + FormatDuration(-since) + ")");
+  };
+  outboxctl::Table fields{{"id", message.id.ToString()}};
+  fields.Add({"status", std::string{MessageStatusName(message.status)}});
+  fields.Add({"attempts", std::to_string(message.attempts)});
+  fields.Add({"topic", OneLine(message.topic, 1000)});
+  fields.Add({"stream", Stream(message)});
+  fields.Add({"partition", std::to_string(message.partition)});
+  fields.Add({"target", OneLine(message.target, 1000)});
+  fields.Add({"type", OneLine(message.type.value_or("-"), 1000)});
+  fields.Add({"created", when(message.created_at)});
+  fields.Add({"available", when(message.available_at)});
+  if (detail.published_at) fields.Add({"published", when(detail.published_at)});
+  if (detail.abandoned_at) fields.Add({"abandoned", when(detail.abandoned_at)});
+  fields.Add({"last error", OneLine(message.last_error.value_or("-"), 4000)});
+  if (message.lease_owner) {
+    fields.Add({"lease", OneLine(*message.lease_owner, 200) + " until " +
+                             when(message.lease_until) + ", epoch " +
+                             std::to_string(detail.lease_epoch)});
+  }
+  fields.Add({"content type", OneLine(detail.content_type, 200)});
+  std::cout << fields.Render();
+  std::cout << "headers" << (detail.headers.empty() ? "       -" : "") << "\n";
+  for (const auto& [name, value] : detail.headers) {
+    std::cout << "  " << OneLine(name, 200) << ": " << OneLine(value, 4000) << "\n";
+  }
+  std::cout << "payload (" << Plural(static_cast<std::int64_t>(detail.payload.size()), "byte")
+            << (text ? ", text" : ", hex") << ")\n";
+  if (text) {
+    std::cout << detail.payload;
+    if (!detail.payload.empty() && detail.payload.back() != '\n') std::cout << "\n";
+  } else {
+    std::cout << outboxctl::Hex(detail.payload, 32) << "\n";
+  }
+  return 0;
+}
+
+// ---- replay, abandon ----
+
+enum class Change : std::uint8_t { kReplay, kAbandon };
+
+// Why a named message was left alone.
+std::string WhyUntouched(Change change, const MessageSummary& message) {
+  const std::string status{MessageStatusName(message.status)};
+  switch (message.status) {
+    case MessageStatus::kProcessing:
+      return "processing: leased by " + message.lease_owner.value_or("a relay") + ", left alone";
+    case MessageStatus::kAbandoned:
+      return change == Change::kAbandon ? "abandoned already" : status + ", but not selected";
+    case MessageStatus::kPending:
+      return change == Change::kReplay ? "pending already" : status + ", but not selected";
+    case MessageStatus::kFailed:
+      return status + ", but not selected";
+    case MessageStatus::kPublished:
+      return "published";
+  }
+  return status;
+}
+
+int RunChange(Admin& admin, Change change, const MessageFilter& filter, const std::string& reason,
+              bool dry_run) {
+  const auto result = change == Change::kReplay ? admin.Replay(filter, dry_run)
+                                                : admin.Abandon(filter, reason, dry_run);
+  const char* verb = change == Change::kReplay ? "replay" : "abandon";
+  std::cout << (dry_run ? std::string{"would "} + verb : std::string{verb} + "ed") << " "
+            << Plural(result.count, "message");
+  if (!result.ids.empty()) {
+    std::cout << ":";
+    const std::size_t shown = std::min(result.ids.size(), kIdsShown);
+    for (std::size_t i = 0; i < shown; ++i) std::cout << " " << result.ids[i].ToString();
+    if (shown < result.ids.size()) {
+      std::cout << " ... and " << result.ids.size() - shown
+                << " more (see them with outboxctl list)";
+    }
+  }
+  std::cout << "\n";
+
+  // Named ids that were not changed: say why, and whether they exist at all.
+  int code = 0;
+  if (!filter.ids) return code;
+  const std::set<MessageId> changed(result.ids.begin(), result.ids.end());
+  std::vector<MessageId> untouched;
+  for (const auto& id : *filter.ids) {
+    if (!changed.contains(id) &&
+        std::find(untouched.begin(), untouched.end(), id) == untouched.end()) {
+      untouched.push_back(id);
+    }
+  }
+  if (untouched.empty()) return code;
+  if (untouched.size() > static_cast<std::size_t>(Admin::kMaxListLimit)) {
+    untouched.resize(static_cast<std::size_t>(Admin::kMaxListLimit));
+  }
+  MessageFilter lookup;
+  lookup.ids = untouched;
+  const auto page = admin.List(lookup, static_cast<int>(untouched.size()));
+  for (const auto& id : untouched) {
+    const auto found = std::find_if(page.messages.begin(), page.messages.end(),
+                                    [&id](const MessageSummary& m) { return m.id == id; });
+    if (found == page.messages.end()) {
+      std::cerr << "outboxctl: message " << id.ToString() << " not found\n";
+      code = kExitNotFound;
+    } else {
+      std::cout << "not " << verb << "ed: " << id.ToString() << " (" << WhyUntouched(change, *found)
+                << ")\n";
+    }
+  }
+  return code;
+}
+
+int Purge(Admin& admin, const outbox::RetentionPolicy& retention) {
+  const auto deleted = admin.Purge(retention, 1000);
+  std::cout << "purged " << Plural(deleted, "message") << " (published older than "
+            << outboxctl::FormatRetention(retention.published) << ", abandoned older than "
+            << outboxctl::FormatRetention(retention.abandoned) << ")\n";
+  return 0;
+}
+
+std::chrono::seconds DurationOption(const std::string& option, const std::string& text) {
+  try {
+    return outboxctl::ParseDuration(text);
+  } catch (const std::invalid_argument& error) {
+    throw UsageError(option + ": " + error.what());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"outboxctl: inspect and repair an outbox", "outboxctl"};
   app.set_version_flag("--version", std::string{"outboxctl "} + outbox::kVersion);
+  app.footer(
+      "Exit codes: 0 success, 1 database failure or refusal, 2 bad command line, 3 not found.");
   std::string db;
   std::string schema{outbox::postgres::kDefaultSchema};
   app.add_option("--db", db,
@@ -72,10 +438,61 @@ int main(int argc, char** argv) {
       ->envname("OUTBOX_DATABASE_URL");
   app.add_option("--schema", schema, "outbox schema")->envname("OUTBOX_SCHEMA");
   app.require_subcommand(1);
+  app.fallthrough();  // --db and --schema may also follow the command
+
   auto* migrate = app.add_subcommand("migrate", "create or upgrade the outbox schema");
+
   auto* status = app.add_subcommand("status", "message counts by status, oldest pending age");
-  bool json = false;
-  status->add_flag("--json", json, "print JSON");
+  bool status_json = false;
+  status->add_flag("--json", status_json, "print JSON");
+
+  auto* list = app.add_subcommand("list", "list messages in id (creation) order, a page at a time");
+  FilterOptions list_filter;
+  list_filter.Add(list, /*with_ids=*/false, "pending, processing, failed, published or abandoned");
+  int limit = 50;
+  std::string after_text;
+  bool list_json = false;
+  list->add_option("--limit", limit, "messages per page (1-10000)")->capture_default_str();
+  auto* after_option = list->add_option("--after", after_text,
+                                        "start after this id (the last of the previous page)");
+  list->add_flag("--json", list_json, "print JSON: {messages, more, next_after}");
+
+  auto* show = app.add_subcommand("show", "one message in full, with its payload and headers");
+  std::string show_id;
+  bool show_json = false;
+  show->add_option("id", show_id, "message id")->required();
+  show->add_flag("--json", show_json, "print JSON");
+
+  auto* replay = app.add_subcommand(
+      "replay",
+      "make abandoned (and failed) messages pending again, with attempts reset; never touches "
+      "processing rows");
+  FilterOptions replay_filter;
+  replay_filter.Add(replay, /*with_ids=*/true, "abandoned or failed");
+  bool all_abandoned = false;
+  bool replay_dry_run = false;
+  replay->add_flag("--all-abandoned", all_abandoned, "every abandoned message")
+      ->excludes(replay_filter.status_option());
+  replay->add_flag("--dry-run", replay_dry_run, "show what would be replayed; change nothing");
+
+  auto* abandon = app.add_subcommand(
+      "abandon", "give up on pending or failed messages; never touches processing rows");
+  FilterOptions abandon_filter;
+  abandon_filter.Add(abandon, /*with_ids=*/true, "pending or failed");
+  std::string reason;
+  bool abandon_dry_run = false;
+  abandon->add_option("--reason", reason, "why; recorded as the message's last error")->required();
+  abandon->add_flag("--dry-run", abandon_dry_run, "show what would be abandoned; change nothing");
+
+  auto* purge = app.add_subcommand(
+      "purge", "delete published and abandoned messages older than their retention");
+  std::string purge_published = "0s";
+  std::string purge_abandoned = "30d";
+  purge->add_option("--published", purge_published, "retention of published messages")
+      ->capture_default_str();
+  purge->add_option("--abandoned", purge_abandoned, "retention of abandoned messages")
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -84,8 +501,62 @@ int main(int argc, char** argv) {
   }
 
   try {
+    // Check the whole command line before connecting to anything.
+    MessageFilter filter;
+    std::optional<MessageId> after;
+    std::optional<MessageId> id;
+    outbox::RetentionPolicy retention;
+    if (list->parsed()) {
+      filter = list_filter.Build();
+      if (limit < 1 || limit > Admin::kMaxListLimit) {
+        throw UsageError("--limit must be between 1 and " + std::to_string(Admin::kMaxListLimit) +
+                         ", got " + std::to_string(limit));
+      }
+      if (after_option->count() > 0) after = ParseId(after_text);
+    } else if (show->parsed()) {
+      id = ParseId(show_id);
+    } else if (replay->parsed()) {
+      filter = replay_filter.Build();
+      if (all_abandoned) filter.status = MessageStatus::kAbandoned;
+      if (!all_abandoned && !replay_filter.Any()) {
+        throw UsageError(
+            "replay: say which messages: ids, --all-abandoned, or a filter (--status, --topic, "
+            "--stream, --target, --older-than); refusing to replay everything");
+      }
+      if (filter.status && *filter.status != MessageStatus::kAbandoned &&
+          *filter.status != MessageStatus::kFailed) {
+        throw UsageError("replay: --status must be abandoned or failed (only those are replayed)");
+      }
+    } else if (abandon->parsed()) {
+      filter = abandon_filter.Build();
+      if (!abandon_filter.Any()) {
+        throw UsageError(
+            "abandon: say which messages: ids or a filter (--status, --topic, --stream, --target, "
+            "--older-than); refusing to abandon everything");
+      }
+      if (filter.status && *filter.status != MessageStatus::kPending &&
+          *filter.status != MessageStatus::kFailed) {
+        throw UsageError("abandon: --status must be pending or failed (only those are abandoned)");
+      }
+      if (reason.empty()) throw UsageError("abandon: --reason must not be empty");
+    } else if (purge->parsed()) {
+      retention.published = DurationOption("--published", purge_published);
+      retention.abandoned = DurationOption("--abandoned", purge_abandoned);
+    }
+
     if (migrate->parsed()) return Migrate(db, schema);
-    if (status->parsed()) return Status(db, schema, json);
+    if (status->parsed()) return Status(db, schema, status_json);
+    auto admin = Admin::Open(db, schema);
+    if (list->parsed()) return List(*admin, filter, limit, after, list_json);
+    if (show->parsed()) return Show(*admin, *id, show_json);
+    if (replay->parsed()) return RunChange(*admin, Change::kReplay, filter, "", replay_dry_run);
+    if (abandon->parsed()) {
+      return RunChange(*admin, Change::kAbandon, filter, reason, abandon_dry_run);
+    }
+    if (purge->parsed()) return Purge(*admin, retention);
+  } catch (const UsageError& error) {
+    std::cerr << "outboxctl: " << error.what() << "\nRun with --help for more information.\n";
+    return kExitUsage;
   } catch (const std::exception& error) {
     std::cerr << "outboxctl: " << error.what() << "\n";
     return kExitFailure;

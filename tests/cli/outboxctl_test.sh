@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# outboxctl against the test PostgreSQL: migrate is idempotent, status reads the counts, bad input
-# gets a clear message and the documented exit code. Usage: outboxctl_test.sh <outboxctl>
+# outboxctl against the test PostgreSQL: migrate is idempotent, status reads the counts, list /
+# show / replay / abandon / purge do what they print, and bad input gets a clear message and the
+# documented exit code (0 ok, 1 database failure or refusal, 2 bad command line, 3 not found).
+# Usage: outboxctl_test.sh <outboxctl>
 set -uo pipefail
 ctl=$1
 db=${OUTBOX_TEST_PG_URL:-postgresql://outbox:outbox@127.0.0.1:15432/outbox_test}
@@ -37,6 +39,112 @@ expect 2 "A subcommand is required"
 expect 2 "The following argument was not expected: --frobnicate" --frobnicate status
 expect 0 "outboxctl 0\." --version
 OUTBOX_DATABASE_URL=$db OUTBOX_SCHEMA=$schema expect 0 "pending     3" status
+
+# ---- list, show, replay, abandon, purge ----
+c=(--db "$db" --schema "$schema")
+q() { psql -qtAX "$db" -c "$1"; }
+# same <what> <actual> <wanted>: a check of output or of the database's state.
+same() {
+  if [[ $2 != "$3" ]]; then
+    echo "FAIL: $1: got '$2', want '$3'"
+    failures=$((failures + 1))
+  fi
+}
+state() { q "SELECT concat_ws(' ', status, attempts, lease_owner, last_error)
+             FROM $schema.messages WHERE id = '$1'"; }
+
+q "SELECT $schema.enqueue(topic => 'orders', payload => '{\"n\":1}', stream_key => 'o-' || g)
+   FROM generate_series(1, 4) g" >/dev/null
+bin=$(q "SELECT $schema.enqueue(topic => 'bin', payload => '\x00ff'::bytea,
+         content_type => 'application/octet-stream', headers => '{\"x-h\": \"v\"}')")
+mapfile -t orders < <(q "SELECT id FROM $schema.messages WHERE topic = 'orders' ORDER BY id")
+# As a relay would leave them: two abandoned, one leased.
+q "UPDATE $schema.messages SET status = 'abandoned', attempts = 1, abandoned_at = now(),
+   last_error = 'rejected: nack' WHERE id IN ('${orders[0]}', '${orders[1]}')" >/dev/null
+q "UPDATE $schema.messages SET status = 'processing', lease_owner = 'relay-x',
+   lease_until = now() + interval '5 minutes' WHERE id = '${orders[3]}'" >/dev/null
+missing=00000000-0000-7000-8000-000000000000
+nl=$'\n'
+
+# list: an aligned table, filters, keyset pages, JSON.
+expect 0 "^ID +STATUS +ATTEMPTS +TOPIC +STREAM +TARGET +TYPE +AGE +BYTES +DETAIL$nl" "${c[@]}" list
+same "list rows" "$("$ctl" "${c[@]}" list | wc -l)" 9
+expect 0 "${orders[0]} +abandoned +1 +orders +o-1#1 +default +- +[0-9]+ms +7 +rejected: nack" \
+  "${c[@]}" list --status abandoned
+expect 0 "leased by relay-x, [0-9]+m left" "${c[@]}" list --status processing
+expect 0 "${orders[1]} .*${nl}more: --after ${orders[1]}\$" "${c[@]}" list --topic orders --limit 2
+last_page=$("$ctl" "${c[@]}" list --topic orders --limit 2 --after "${orders[1]}")
+expect 0 "${orders[2]} +pending .*${nl}${orders[3]} +processing [^$nl]*\$" \
+  "${c[@]}" list --topic orders --limit 2 --after "${orders[1]}"
+same "last page has no 'more:' line" "$(grep -c more: <<<"$last_page")" 0
+expect 0 '^\{"messages":\[\{"id":"'"${orders[2]}"'","topic":"orders","stream_key":"o-3",.*\],"more":false,"next_after":null\}$' \
+  "${c[@]}" list --stream o-3 --json
+expect 0 '"more":true,"next_after":"'"${orders[0]}"'"\}$' \
+  "${c[@]}" list --status abandoned --limit 1 --json
+expect 0 "^no messages match$" "${c[@]}" list --older-than 1h
+expect 0 "${orders[0]}" "${c[@]}" list --older-than 0s --status abandoned
+expect 0 "${orders[3]} +processing" list --db "$db" --schema "$schema" --status processing
+
+# show: text or hex payload, headers, JSON; exit 3 when the id does not exist.
+expect 0 "content type +application/octet-stream${nl}headers${nl}  x-h: v${nl}payload \(2 bytes, hex\)${nl}00ff\$" \
+  "${c[@]}" show "$bin"
+expect 0 '"status":"abandoned".*"last_error":"rejected: nack".*"payload_encoding":"text","payload":"\{\\"n\\":1\}"' \
+  "${c[@]}" show "${orders[0]}" --json
+expect 3 "^outboxctl: message $missing not found$" "${c[@]}" show "$missing"
+expect 2 "'12345' is not a message id" "${c[@]}" show 12345
+
+# replay: abandoned -> pending with attempts 0, same id; never a processing row.
+expect 0 "^would replay 2 messages: ${orders[0]} ${orders[1]}\$" \
+  "${c[@]}" replay --all-abandoned --dry-run
+same "after a dry run" "$(state "${orders[0]}")" "abandoned 1 rejected: nack"
+expect 0 "^replayed 1 message: ${orders[0]}\$" "${c[@]}" replay "${orders[0]}"
+same "replayed" "$(state "${orders[0]}")" "pending 0 replayed by operator; was: rejected: nack"
+expect 0 "^replayed 0 messages${nl}not replayed: ${orders[3]} \(processing: leased by relay-x, left alone\)\$" \
+  "${c[@]}" replay "${orders[3]}"
+same "a processing row" "$(state "${orders[3]}")" "processing 0 relay-x"
+expect 3 "replayed 1 message: ${orders[1]}${nl}outboxctl: message $missing not found" \
+  "${c[@]}" replay "${orders[1]}" "$missing"
+expect 2 "replay: say which messages: .*refusing to replay everything" "${c[@]}" replay
+expect 2 "replay: --status must be abandoned or failed" "${c[@]}" replay --status pending
+expect 2 "excludes" "${c[@]}" replay --all-abandoned --status failed
+expect 2 "'nope' is not a message id" "${c[@]}" replay nope
+
+# abandon: pending/failed -> abandoned with the reason; never a processing row.
+expect 2 "reason is required" "${c[@]}" abandon --topic orders
+expect 2 "abandon: say which messages: .*refusing to abandon everything" \
+  "${c[@]}" abandon --reason x
+expect 2 "abandon: --status must be pending or failed" \
+  "${c[@]}" abandon --status processing --reason x
+expect 0 "^would abandon 3 messages: ${orders[0]} ${orders[1]} ${orders[2]}\$" \
+  "${c[@]}" abandon --topic orders --reason "consumer gone" --dry-run
+same "after a dry run" "$(state "${orders[2]}")" "pending 0"
+expect 0 "^abandoned 3 messages: ${orders[0]} ${orders[1]} ${orders[2]}\$" \
+  "${c[@]}" abandon --topic orders --reason "consumer gone"
+same "abandoned" "$(state "${orders[2]}")" "abandoned 0 abandoned by operator: consumer gone"
+same "a processing row" "$(state "${orders[3]}")" "processing 0 relay-x"
+
+# purge: chunked deletes past retention.
+expect 0 "^purged 0 messages \(published older than 0s, abandoned older than 30d\)\$" \
+  "${c[@]}" purge
+expect 0 "^purged 3 messages \(published older than 1h, abandoned older than 0s\)\$" \
+  "${c[@]}" purge --published 1h --abandoned 0s
+expect 0 "^no messages match\$" "${c[@]}" list --topic orders --status abandoned
+
+# Bad input: exit 2 before touching the database; database refusals: exit 1.
+expect 2 "--status: unknown status 'bogus' \(expected one of pending, processing, failed, published, abandoned\)" \
+  "${c[@]}" list --status bogus
+expect 2 "--older-than: bad duration '10x': expected a whole number and a unit, like 30s, 10m, 2h or 30d" \
+  "${c[@]}" list --older-than 10x
+expect 2 "--older-than: duration '-5m' must not be negative" "${c[@]}" list --older-than=-5m
+expect 2 "--abandoned: bad duration '5'" "${c[@]}" purge --abandoned 5
+expect 2 "--limit must be between 1 and 10000, got 0" "${c[@]}" list --limit 0
+expect 2 "'x' is not a message id" "${c[@]}" list --after x
+expect 2 "--topic must not be empty" "${c[@]}" list --topic ""
+expect 2 "--status: unknown status 'done'" --db "postgresql://u:pw@127.0.0.1:1/x" list --status done
+expect 1 'the outbox schema "nope_'"$$"'" is not migrated .*run outboxctl migrate' \
+  --db "$db" --schema "nope_$$" list
+expect 1 "cannot connect to PostgreSQL \(host=127.0.0.1 port=1" \
+  --db "postgresql://u:pw@127.0.0.1:1/x" replay --all-abandoned
 
 [[ $failures -eq 0 ]] && echo "outboxctl: all checks passed"
 exit "$failures"

@@ -5,6 +5,7 @@
 
 #include "connection.h"
 #include "outbox/core/error.h"
+#include "outbox/store/failure_plan.h"
 #include "outbox/store/postgres.h"
 #include "statements.h"
 
@@ -151,18 +152,13 @@ class PostgresStore final : public Store {
     std::vector<std::int64_t> delays;
     std::vector<std::string> errors;
     for (const auto& failed : failures) {
-      const FailureTreatment treatment = failed.failure.treatment();
-      if (!treatment.keep_lease) continue;  // lease lost: the new owner settles it
-      const int attempts = failed.attempts + (treatment.spends_attempt ? 1 : 0);
-      const bool give_up =
-          treatment.abandon_now || (treatment.spends_attempt && options_.retry.Exhausted(attempts));
+      const auto plan = PlanFailure(failed, options_.retry, options_.random);
+      if (!plan) continue;  // lease lost: the new owner settles it
       ids.push_back(failed.message.id);
       epochs.push_back(failed.message.lease_epoch);
-      abandon.push_back(give_up);
-      spend.push_back(treatment.spends_attempt);
-      delays.push_back(treatment.spends_attempt && !give_up
-                           ? options_.retry.Delay(attempts, options_.random).count()
-                           : 0);
+      abandon.push_back(plan->abandon);
+      spend.push_back(plan->spend_attempt);
+      delays.push_back(plan->delay.count());
       errors.push_back(failed.failure.Describe());
     }
     SettleResult outcome;

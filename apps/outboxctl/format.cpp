@@ -1,0 +1,193 @@
+#include "format.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <ctime>
+#include <stdexcept>
+
+namespace outboxctl {
+namespace {
+
+constexpr std::int64_t kMaxDurationSeconds = 100LL * 366 * 86400;
+
+std::size_t Utf8Length(std::string_view text) {
+  std::size_t length = 0;
+  for (const char c : text) {
+    if ((static_cast<unsigned char>(c) & 0xC0U) != 0x80U) ++length;
+  }
+  return length;
+}
+
+}  // namespace
+
+std::chrono::seconds ParseDuration(std::string_view text) {
+  const std::string quoted = "'" + std::string{text} + "'";
+  const std::string expected = ": expected a whole number and a unit, like 30s, 10m, 2h or 30d";
+  if (!text.empty() && text.front() == '-') {
+    throw std::invalid_argument("duration " + quoted + " must not be negative");
+  }
+  std::size_t digits = 0;
+  std::int64_t value = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') {
+    value = value * 10 + (text[digits] - '0');
+    if (value > kMaxDurationSeconds) {
+      throw std::invalid_argument("duration " + quoted + " is too large (at most 100 years)");
+    }
+    ++digits;
+  }
+  if (digits == 0) throw std::invalid_argument("bad duration " + quoted + expected);
+  const std::string_view unit = text.substr(digits);
+  std::int64_t seconds_per_unit = 0;
+  if (unit.empty() && value == 0) {
+    seconds_per_unit = 1;
+  } else if (unit == "s") {
+    seconds_per_unit = 1;
+  } else if (unit == "m") {
+    seconds_per_unit = 60;
+  } else if (unit == "h") {
+    seconds_per_unit = 3600;
+  } else if (unit == "d") {
+    seconds_per_unit = 86400;
+  } else {
+    throw std::invalid_argument("bad duration " + quoted + expected);
+  }
+  if (value > kMaxDurationSeconds / seconds_per_unit) {
+    throw std::invalid_argument("duration " + quoted + " is too large (at most 100 years)");
+  }
+  return std::chrono::seconds{value * seconds_per_unit};
+}
+
+std::string FormatDuration(std::chrono::milliseconds duration) {
+  const std::int64_t ms = duration.count();
+  const std::string sign = ms < 0 ? "-" : "";
+  const std::int64_t magnitude = ms < 0 ? -ms : ms;
+  if (magnitude < 1000) return sign + std::to_string(magnitude) + "ms";
+  const std::int64_t seconds = magnitude / 1000;
+  if (seconds < 120) return sign + std::to_string(seconds) + "s";
+  if (seconds < 120 * 60) return sign + std::to_string(seconds / 60) + "m";
+  if (seconds < 48 * 3600) return sign + std::to_string(seconds / 3600) + "h";
+  return sign + std::to_string(seconds / 86400) + "d";
+}
+
+std::string FormatRetention(std::chrono::seconds seconds) {
+  const std::int64_t value = seconds.count();
+  if (value == 0) return "0s";
+  if (value % 86400 == 0) return std::to_string(value / 86400) + "d";
+  if (value % 3600 == 0) return std::to_string(value / 3600) + "h";
+  if (value % 60 == 0) return std::to_string(value / 60) + "m";
+  return std::to_string(value) + "s";
+}
+
+std::string FormatTime(outbox::TimePoint time) {
+  const std::int64_t micros =
+      std::chrono::duration_cast<std::chrono::microseconds>(time.time_since_epoch()).count();
+  std::int64_t seconds = micros / 1000000;
+  std::int64_t fraction = micros % 1000000;
+  if (fraction < 0) {
+    fraction += 1000000;
+    --seconds;
+  }
+  const auto unix_seconds = static_cast<std::time_t>(seconds);
+  std::tm utc{};
+  gmtime_r(&unix_seconds, &utc);
+  char date[32];
+  const std::size_t length = std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S", &utc);
+  std::string fraction_text = std::to_string(fraction);
+  fraction_text.insert(0, 6 - fraction_text.size(), '0');
+  return std::string{date, length} + "." + fraction_text + "Z";
+}
+
+bool IsPrintableText(std::string_view bytes) {
+  std::size_t i = 0;
+  while (i < bytes.size()) {
+    const auto lead = static_cast<unsigned char>(bytes[i]);
+    if (lead < 0x80U) {
+      if ((lead < 0x20U && lead != '\t' && lead != '\n' && lead != '\r') || lead == 0x7FU) {
+        return false;
+      }
+      ++i;
+      continue;
+    }
+    std::size_t length = 0;
+    std::uint32_t code_point = 0;
+    std::uint32_t minimum = 0;
+    if ((lead & 0xE0U) == 0xC0U) {
+      length = 2;
+      code_point = lead & 0x1FU;
+      minimum = 0x80;
+    } else if ((lead & 0xF0U) == 0xE0U) {
+      length = 3;
+      code_point = lead & 0x0FU;
+      minimum = 0x800;
+    } else if ((lead & 0xF8U) == 0xF0U) {
+      length = 4;
+      code_point = lead & 0x07U;
+      minimum = 0x10000;
+    } else {
+      return false;
+    }
+    if (i + length > bytes.size()) return false;
+    for (std::size_t k = 1; k < length; ++k) {
+      const auto next = static_cast<unsigned char>(bytes[i + k]);
+      if ((next & 0xC0U) != 0x80U) return false;
+      code_point = (code_point << 6U) | (next & 0x3FU);
+    }
+    if (code_point < minimum || code_point > 0x10FFFFU ||
+        (code_point >= 0xD800U && code_point <= 0xDFFFU) || code_point < 0xA0U) {
+      return false;  // overlong, out of range, a surrogate, or a C1 control character
+    }
+    i += length;
+  }
+  return true;
+}
+
+std::string Hex(std::string_view bytes, std::size_t per_line) {
+  constexpr char kDigits[] = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(bytes.size() * 2 + (per_line > 0 ? bytes.size() / per_line : 0));
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    if (per_line > 0 && i > 0 && i % per_line == 0) hex += '\n';
+    const auto byte = static_cast<unsigned char>(bytes[i]);
+    hex += kDigits[byte >> 4U];
+    hex += kDigits[byte & 0x0FU];
+  }
+  return hex;
+}
+
+std::string OneLine(std::string_view text, std::size_t max_chars) {
+  std::string line;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    line += byte < 0x20U || byte == 0x7FU ? ' ' : c;
+  }
+  if (line.size() <= max_chars) return line;
+  std::size_t cut = max_chars;
+  while (cut > 0 && (static_cast<unsigned char>(line[cut]) & 0xC0U) == 0x80U) --cut;
+  line.resize(cut);
+  return line + "...";
+}
+
+std::string Table::Render() const {
+  std::vector<std::size_t> widths;
+  for (const auto& row : rows_) {
+    if (widths.size() < row.size()) widths.resize(row.size(), 0);
+    for (std::size_t column = 0; column < row.size(); ++column) {
+      widths[column] = std::max(widths[column], Utf8Length(row[column]));
+    }
+  }
+  std::string out;
+  for (const auto& row : rows_) {
+    std::string line;
+    for (std::size_t column = 0; column < row.size(); ++column) {
+      line += row[column];
+      if (column + 1 < row.size()) {
+        line.append(widths[column] - Utf8Length(row[column]) + 2, ' ');
+      }
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + '\n';
+  }
+  return out;
+}
+
+}  // namespace outboxctl

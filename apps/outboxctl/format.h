@@ -1,0 +1,48 @@
+#pragma once
+// Parsing and printing for outboxctl: durations, times, payloads and aligned tables.
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "outbox/core/clock.h"
+
+namespace outboxctl {
+
+// "30s", "10m", "2h", "30d" (or "0"); throws std::invalid_argument with a message that shows the
+// expected form, and for negative or absurdly large (over 100 years) values.
+std::chrono::seconds ParseDuration(std::string_view text);
+
+// The shortest of "45s", "12m", "5h", "3d" that keeps two significant digits; negative
+// durations get a leading '-'.
+std::string FormatDuration(std::chrono::milliseconds duration);
+// `seconds` the way ParseDuration reads it, in the largest unit that divides it ("30d", "90m").
+std::string FormatRetention(std::chrono::seconds seconds);
+
+// RFC 3339 in UTC with microseconds: "2026-11-21T13:21:51.123456Z".
+std::string FormatTime(outbox::TimePoint time);
+
+// True when `bytes` is valid UTF-8 without control characters other than tab, CR and LF, i.e.
+// safe to print to a terminal as text.
+bool IsPrintableText(std::string_view bytes);
+// Lower-case hex, `per_line` bytes per line (0: one line).
+std::string Hex(std::string_view bytes, std::size_t per_line = 0);
+// `text` with control characters replaced by spaces and cut to `max_chars` bytes (at a UTF-8
+// character boundary) with "..." when longer.
+std::string OneLine(std::string_view text, std::size_t max_chars);
+
+// Rows of cells printed with every column but the last padded to its widest cell (counted in
+// UTF-8 characters), two spaces apart.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
+  void Add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  [[nodiscard]] std::string Render() const;
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+}  // namespace outboxctl
