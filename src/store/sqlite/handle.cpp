@@ -1,0 +1,91 @@
+#include "handle.h"
+
+namespace outbox::sqlite {
+
+void ThrowError(sqlite3* db, int code, std::string_view what) {
+  const int primary = code & 0xff;
+  const auto kind = primary == SQLITE_BUSY || primary == SQLITE_LOCKED ? FailureKind::kUnavailable
+                                                                       : FailureKind::kPermanent;
+  std::string message{what};
+  message += ": ";
+  message += db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(code);
+  throw StoreError(kind, message);
+}
+
+DbPtr Open(const std::string& path, std::chrono::milliseconds busy_timeout) {
+  sqlite3* raw = nullptr;
+  const int code =
+      sqlite3_open_v2(path.c_str(), &raw,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
+  DbPtr db{raw};
+  if (code != SQLITE_OK) ThrowError(db.get(), code, "cannot open SQLite database '" + path + "'");
+  sqlite3_busy_timeout(db.get(), static_cast<int>(busy_timeout.count()));
+  Run(db.get(), "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;", "configure");
+  return db;
+}
+
+void Run(sqlite3* db, const char* sql, std::string_view what) {
+  char* error = nullptr;
+  const int code = sqlite3_exec(db, sql, nullptr, nullptr, &error);
+  sqlite3_free(error);
+  if (code != SQLITE_OK) ThrowError(db, code, what);
+}
+
+Statement::Statement(sqlite3* db, std::string_view sql) : db_(db), sql_(sql) {
+  sqlite3_stmt* raw = nullptr;
+  const int code =
+      sqlite3_prepare_v2(db, sql_.data(), static_cast<int>(sql_.size()), &raw, nullptr);
+  statement_.reset(raw);
+  if (code != SQLITE_OK) ThrowError(db, code, "prepare");
+}
+
+Statement& Statement::Bind(int index, std::string_view text) {
+  sqlite3_bind_text(statement_.get(), index, text.data(), static_cast<int>(text.size()),
+                    SQLITE_TRANSIENT);
+  return *this;
+}
+
+Statement& Statement::BindBlob(int index, std::string_view bytes) {
+  sqlite3_bind_blob(statement_.get(), index, bytes.data(), static_cast<int>(bytes.size()),
+                    SQLITE_TRANSIENT);
+  return *this;
+}
+
+Statement& Statement::Bind(int index, std::int64_t value) {
+  sqlite3_bind_int64(statement_.get(), index, value);
+  return *this;
+}
+
+Statement& Statement::BindOptional(int index, const std::optional<std::string>& text) {
+  return text ? Bind(index, std::string_view{*text}) : BindNull(index);
+}
+
+Statement& Statement::BindNull(int index) {
+  sqlite3_bind_null(statement_.get(), index);
+  return *this;
+}
+
+bool Statement::Step() {
+  const int code = sqlite3_step(statement_.get());
+  if (code == SQLITE_ROW) return true;
+  if (code == SQLITE_DONE) return false;
+  ThrowError(db_, code, "step");
+}
+
+void Statement::Reset() {
+  sqlite3_reset(statement_.get());
+  sqlite3_clear_bindings(statement_.get());
+}
+
+std::string Statement::Text(int column) const {
+  const auto* data = static_cast<const char*>(sqlite3_column_blob(statement_.get(), column));
+  const int size = sqlite3_column_bytes(statement_.get(), column);
+  return data == nullptr ? std::string{} : std::string(data, static_cast<std::size_t>(size));
+}
+
+std::optional<std::string> Statement::OptionalText(int column) const {
+  if (IsNull(column)) return std::nullopt;
+  return Text(column);
+}
+
+}  // namespace outbox::sqlite

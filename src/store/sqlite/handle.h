@@ -1,0 +1,64 @@
+#pragma once
+// RAII over SQLite (STYLE.md point 3) and its errors classified into outbox::FailureKind.
+
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "outbox/store/store.h"
+
+namespace outbox::sqlite {
+
+struct DbCloser {
+  void operator()(sqlite3* db) const noexcept { sqlite3_close_v2(db); }
+};
+using DbPtr = std::unique_ptr<sqlite3, DbCloser>;
+
+struct StatementFinalizer {
+  void operator()(sqlite3_stmt* statement) const noexcept { sqlite3_finalize(statement); }
+};
+
+// Throws StoreError for SQLite result `code` on `db`: busy or locked is kUnavailable (try
+// again), anything else kPermanent.
+[[noreturn]] void ThrowError(sqlite3* db, int code, std::string_view what);
+
+// Opens (creating) the database at `path` in WAL mode with a busy timeout.
+DbPtr Open(const std::string& path, std::chrono::milliseconds busy_timeout);
+
+// Runs SQL without parameters or results (possibly several statements).
+void Run(sqlite3* db, const char* sql, std::string_view what);
+
+// A prepared statement; binds by 1-based index; Step() returns true while there is a row.
+class Statement {
+ public:
+  Statement(sqlite3* db, std::string_view sql);
+  Statement& Bind(int index, std::string_view text);
+  Statement& BindBlob(int index, std::string_view bytes);
+  Statement& Bind(int index, std::int64_t value);
+  Statement& BindOptional(int index, const std::optional<std::string>& text);
+  Statement& BindNull(int index);
+  bool Step();
+  void Reset();  // reusable after Reset, bindings cleared
+  std::int64_t Int(int column) const { return sqlite3_column_int64(statement_.get(), column); }
+  bool IsNull(int column) const {
+    return sqlite3_column_type(statement_.get(), column) == SQLITE_NULL;
+  }
+  std::string Text(int column) const;
+  std::optional<std::string> OptionalText(int column) const;
+  int Changes() const { return sqlite3_changes(db_); }
+
+ private:
+  sqlite3* db_;
+  std::unique_ptr<sqlite3_stmt, StatementFinalizer> statement_;
+  std::string sql_;
+};
+
+// Milliseconds since the Unix epoch on SQLite's clock, as an SQL expression.
+inline constexpr const char* kNowMillis =
+    "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+
+}  // namespace outbox::sqlite

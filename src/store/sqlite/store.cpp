@@ -1,0 +1,315 @@
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "handle.h"
+#include "outbox/core/error.h"
+#include "outbox/store/failure_plan.h"
+#include "outbox/store/sqlite.h"
+
+namespace outbox::sqlite {
+namespace {
+
+const std::string kNow = kNowMillis;
+
+// Fenced by owner and epoch, like the PostgreSQL store.
+const std::string kFence =
+    " WHERE id = ?1 AND lease_epoch = ?2 AND lease_owner = ?3 AND status = 'processing'";
+
+// Oldest first (commit order); a keyed message waits while an earlier message of its stream is
+// leased by another owner or waits for its retry.
+const std::string kClaimableIds =
+    "SELECT m.position FROM outbox_messages m"
+    " WHERE m.status IN ('pending', 'failed') AND m.available_at <= " +
+    kNow +
+    "  AND (?1 IS NULL OR m.partition IN (SELECT value FROM json_each(?1)))"
+    "  AND (m.stream_key IS NULL OR NOT EXISTS ("
+    "   SELECT 1 FROM outbox_messages e WHERE e.stream_key = m.stream_key"
+    "    AND e.position < m.position AND e.status IN ('processing', 'failed')"
+    "    AND ((e.status = 'processing' AND e.lease_owner <> ?2) OR"
+    "         (e.status = 'failed' AND e.available_at > " +
+    kNow +
+    "))))"
+    " ORDER BY m.position LIMIT ?3";
+
+TimePoint FromMillis(std::int64_t millis) {
+  return TimePoint{
+      std::chrono::duration_cast<TimePoint::duration>(std::chrono::milliseconds{millis})};
+}
+
+// Runs `body` in a write transaction (BEGIN IMMEDIATE takes the write lock up front, so a
+// concurrent writer waits for busy_timeout instead of failing halfway).
+template <typename Body>
+auto InWriteTransaction(sqlite3* db, Body&& body) {
+  Run(db, "BEGIN IMMEDIATE", "begin");
+  try {
+    auto result = body();
+    Run(db, "COMMIT", "commit");
+    return result;
+  } catch (...) {
+    sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+}
+
+class SqliteStore final : public Store {
+ public:
+  explicit SqliteStore(StoreOptions options)
+      : options_(std::move(options)),
+        db_(Open(options_.path, options_.busy_timeout)),
+        writer_(options_.limits) {
+    if (!options_.random) options_.random = DefaultRandom();
+    Statement check{db_.get(), "SELECT count(*) FROM sqlite_master WHERE name = 'outbox_messages'"};
+    check.Step();
+    if (check.Int(0) == 0) {
+      throw StoreError(FailureKind::kPermanent,
+                       "the SQLite database '" + options_.path +
+                           "' has no outbox tables: call outbox::sqlite::Migrate first");
+    }
+  }
+
+  std::vector<MessageId> Enqueue(std::span<const NewMessage> messages) override {
+    return InWriteTransaction(db_.get(), [&] { return writer_.Enqueue(db_.get(), messages); });
+  }
+
+  std::vector<Envelope> Claim(const ClaimRequest& request) override {
+    if (request.owner.empty()) throw std::invalid_argument("claim: owner must not be empty");
+    if (request.max_messages < 1) throw std::invalid_argument("claim: max_messages must be >= 1");
+    if (request.lease_duration.count() < 1) {
+      throw std::invalid_argument("claim: lease_duration must be positive");
+    }
+    return InWriteTransaction(db_.get(), [&] {
+      Statement claim{
+          db_.get(),
+          "UPDATE outbox_messages SET status = 'processing', lease_owner = ?2,"
+          " lease_until = " +
+              kNow +
+              " + ?4, lease_epoch = lease_epoch + 1"
+              " WHERE position IN (" +
+              kClaimableIds +
+              ")"
+              " RETURNING id, topic, stream_key, stream_seq, partition, target, type,"
+              " payload, content_type, headers, attempts, created_at, lease_epoch, position"};
+      if (request.partitions.empty()) {
+        claim.BindNull(1);
+      } else {
+        claim.Bind(1, nlohmann::json(request.partitions).dump());
+      }
+      claim.Bind(2, request.owner)
+          .Bind(3, std::int64_t{request.max_messages})
+          .Bind(4, static_cast<std::int64_t>(request.lease_duration.count()));
+      std::vector<std::pair<std::int64_t, Envelope>> rows;
+      while (claim.Step()) {
+        Envelope envelope;
+        envelope.id = Uuid::Parse(claim.Text(0)).value_or(Uuid{});
+        envelope.topic = claim.Text(1);
+        envelope.stream_key = claim.OptionalText(2);
+        if (!claim.IsNull(3)) envelope.stream_seq = claim.Int(3);
+        envelope.partition = static_cast<int>(claim.Int(4));
+        envelope.target = claim.Text(5);
+        envelope.type = claim.OptionalText(6);
+        envelope.payload = claim.Text(7);
+        envelope.content_type = claim.Text(8);
+        const nlohmann::json headers = nlohmann::json::parse(claim.Text(9));
+        for (auto it = headers.begin(); it != headers.end(); ++it) {
+          envelope.headers.emplace(it.key(), it.value().get<std::string>());
+        }
+        envelope.attempts = static_cast<int>(claim.Int(10));
+        envelope.created_at = FromMillis(claim.Int(11));
+        envelope.lease_epoch = claim.Int(12);
+        rows.emplace_back(claim.Int(13), std::move(envelope));
+      }
+      std::sort(rows.begin(), rows.end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+      std::vector<Envelope> batch;
+      batch.reserve(rows.size());
+      for (auto& row : rows) batch.push_back(std::move(row.second));
+      return batch;
+    });
+  }
+
+  SettleResult Complete(std::string_view owner, std::span<const LeasedId> messages) override {
+    const std::string sql =
+        options_.retention.published.count() == 0
+            ? "DELETE FROM outbox_messages" + kFence
+            : "UPDATE outbox_messages SET status = 'published', published_at = " + kNow +
+                  ", lease_owner = NULL, lease_until = NULL" + kFence;
+    return Settle(sql, owner, messages, [](Statement&) {});
+  }
+
+  SettleResult Renew(std::string_view owner, std::span<const LeasedId> messages,
+                     std::chrono::milliseconds lease_duration) override {
+    if (lease_duration.count() < 1) {
+      throw std::invalid_argument("renew: lease_duration must be positive");
+    }
+    return Settle("UPDATE outbox_messages SET lease_until = " + kNow + " + ?4" + kFence, owner,
+                  messages, [&](Statement& statement) {
+                    statement.Bind(4, static_cast<std::int64_t>(lease_duration.count()));
+                  });
+  }
+
+  SettleResult Release(std::string_view owner, std::span<const LeasedId> messages) override {
+    return Settle(
+        "UPDATE outbox_messages SET status = 'pending', lease_owner = NULL,"
+        " lease_until = NULL" +
+            kFence,
+        owner, messages, [](Statement&) {});
+  }
+
+  SettleResult Fail(std::string_view owner, std::span<const FailedMessage> failures) override {
+    return InWriteTransaction(db_.get(), [&] {
+      Statement fail{db_.get(),
+                     "UPDATE outbox_messages SET"
+                     " status = CASE WHEN ?4 THEN 'abandoned' WHEN ?5 THEN 'failed'"
+                     "  ELSE 'pending' END,"
+                     " attempts = attempts + ?5, available_at = " +
+                         kNow +
+                         " + ?6,"
+                         " abandoned_at = CASE WHEN ?4 THEN " +
+                         kNow +
+                         " END,"
+                         " last_error = ?7, lease_owner = NULL, lease_until = NULL" +
+                         kFence};
+      SettleResult result;
+      for (const auto& failed : failures) {
+        const auto plan = PlanFailure(failed, options_.retry, options_.random);
+        if (!plan) continue;  // lease lost: the new owner settles it
+        fail.Bind(1, failed.message.id.ToString())
+            .Bind(2, failed.message.lease_epoch)
+            .Bind(3, owner)
+            .Bind(4, std::int64_t{plan->abandon ? 1 : 0})
+            .Bind(5, std::int64_t{plan->spend_attempt ? 1 : 0})
+            .Bind(6, static_cast<std::int64_t>(plan->delay.count()))
+            .Bind(7, failed.failure.Describe());
+        fail.Step();
+        if (fail.Changes() == 1) {
+          ++result.settled;
+        } else {
+          result.lease_lost.push_back(failed.message.id);
+        }
+        fail.Reset();
+      }
+      return result;
+    });
+  }
+
+  std::int64_t ReclaimExpired() override {
+    Statement reclaim{db_.get(),
+                      "UPDATE outbox_messages SET status = 'pending', lease_owner = NULL,"
+                      " lease_until = NULL WHERE status = 'processing' AND lease_until < " +
+                          kNow};
+    reclaim.Step();
+    return reclaim.Changes();
+  }
+
+  std::int64_t Purge(const RetentionPolicy& retention, int max_rows) override {
+    if (max_rows < 1) throw std::invalid_argument("purge: max_rows must be >= 1");
+    Statement purge{db_.get(),
+                    "DELETE FROM outbox_messages WHERE position IN (SELECT position FROM"
+                    " outbox_messages WHERE (status = 'published' AND published_at <= " +
+                        kNow + " - ?1) OR (status = 'abandoned' AND abandoned_at <= " + kNow +
+                        " - ?2) LIMIT ?3)"};  // <=: the clock has only millisecond steps
+    purge.Bind(1, static_cast<std::int64_t>(retention.published.count()) * 1000)
+        .Bind(2, static_cast<std::int64_t>(retention.abandoned.count()) * 1000)
+        .Bind(3, std::int64_t{max_rows});
+    purge.Step();
+    return purge.Changes();
+  }
+
+  StoreStats Stats() override {
+    StoreStats stats;
+    Statement counts{db_.get(), "SELECT status, count(*) FROM outbox_messages GROUP BY status"};
+    while (counts.Step()) {
+      const std::string status = counts.Text(0);
+      const std::int64_t count = counts.Int(1);
+      if (status == "pending") stats.pending = count;
+      if (status == "processing") stats.processing = count;
+      if (status == "failed") stats.failed = count;
+      if (status == "abandoned") stats.abandoned = count;
+      if (status == "published") stats.published = count;
+    }
+    Statement oldest{db_.get(), "SELECT " + kNow +
+                                    " - created_at FROM outbox_messages WHERE "
+                                    "status IN ('pending', 'failed') ORDER BY position LIMIT 1"};
+    if (oldest.Step()) {
+      stats.oldest_pending_age =
+          std::chrono::milliseconds{std::max<std::int64_t>(0, oldest.Int(0))};
+    }
+    Statement leases{db_.get(),
+                     "SELECT count(DISTINCT lease_owner) FROM outbox_messages WHERE "
+                     "status = 'processing' AND lease_until > " +
+                         kNow};
+    leases.Step();
+    stats.active_leases = leases.Int(0);
+    return stats;
+  }
+
+ private:
+  template <typename BindExtra>
+  SettleResult Settle(const std::string& sql, std::string_view owner,
+                      std::span<const LeasedId> messages, BindExtra&& bind_extra) {
+    if (messages.empty()) return {};
+    return InWriteTransaction(db_.get(), [&] {
+      Statement statement{db_.get(), sql};
+      SettleResult result;
+      for (const auto& message : messages) {
+        statement.Bind(1, message.id.ToString()).Bind(2, message.lease_epoch).Bind(3, owner);
+        bind_extra(statement);
+        statement.Step();
+        if (statement.Changes() == 1) {
+          ++result.settled;
+        } else {
+          result.lease_lost.push_back(message.id);
+        }
+        statement.Reset();
+      }
+      return result;
+    });
+  }
+
+  StoreOptions options_;
+  DbPtr db_;
+  Writer writer_;
+};
+
+// Sleeps until Interrupt() or the deadline: SQLite has no notifications; in-process writers wake
+// the relay through the hand-off queue, the others are found by the sweep.
+class LocalWakeup final : public Wakeup {
+ public:
+  bool AnnounceIdle() override { return true; }
+  bool Wait(Deadline deadline) override {
+    std::unique_lock lock(mutex_);
+    const bool woken = changed_.wait_until(lock, deadline, [this] { return interrupted_; });
+    interrupted_ = false;
+    return woken;
+  }
+  void Interrupt() override {
+    {
+      std::lock_guard lock(mutex_);
+      interrupted_ = true;
+    }
+    changed_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool interrupted_ = false;  // guarded by mutex_
+};
+
+}  // namespace
+
+std::unique_ptr<Store> OpenStore(StoreOptions options) {
+  if (options.path.empty()) throw ConfigError("database.path", "must not be empty");
+  if (auto error = options.retry.Validate()) throw ConfigError("retry", *error);
+  if (options.retention.published.count() < 0 || options.retention.abandoned.count() < 0) {
+    throw ConfigError("retention", "must not be negative");
+  }
+  return std::make_unique<SqliteStore>(std::move(options));
+}
+
+std::unique_ptr<Wakeup> OpenWakeup() { return std::make_unique<LocalWakeup>(); }
+
+}  // namespace outbox::sqlite
