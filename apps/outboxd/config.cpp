@@ -30,6 +30,8 @@ using std::chrono::seconds;
 using TomlValue = toml::basic_value<toml::discard_comments, std::map, std::vector>;
 
 constexpr std::string_view kDatabaseUrlEnv = "OUTBOX_DATABASE_URL";
+constexpr std::string_view kHttpTokenEnv = "OUTBOX_HTTP_TOKEN";
+constexpr std::size_t kMaxTokenBytes = 256;
 constexpr std::string_view kRabbitType = "rabbitmq";
 constexpr std::string_view kFileType = "file";
 constexpr std::size_t kMaxInstanceBytes = 255;
@@ -485,6 +487,70 @@ void ParseLog(const Section& root, Config& config) {
   log.ReadChoice("format", {"text", "json"}, config.log_format);
 }
 
+// listen = "host:port" or "[v6]:port": {host, port}, or nullopt when malformed.
+std::optional<std::pair<std::string, int>> SplitListen(std::string_view listen) {
+  const std::size_t colon = listen.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return std::nullopt;
+  std::string_view host = listen.substr(0, colon);
+  const std::string_view port_text = listen.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') return std::nullopt;
+    host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != std::string_view::npos) {
+    return std::nullopt;  // an IPv6 address needs brackets
+  }
+  const bool host_ok = std::all_of(host.begin(), host.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '-' || c == ':' || c == '_' || c == '%';
+  });
+  int port = 0;
+  const auto [end, error] =
+      std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (!host_ok || port_text.empty() || error != std::errc{} ||
+      end != port_text.data() + port_text.size() || port < 1 || port > 65535) {
+    return std::nullopt;
+  }
+  return std::pair{std::string{host}, port};
+}
+
+void ParseHttp(const Section& root, const GetenvFn& getenv, Config& config) {
+  const Section http = root.Table("http");
+  http.AllowOnly({"listen", "token", "stats_interval", "ready_max_age"});
+  HttpConfig& out = config.http;
+  if (http.Read("listen", out.listen) && !out.listen.empty() && !SplitListen(out.listen)) {
+    Fail("http.listen",
+         "expected \"host:port\" (port 1 to 65535; \"[::1]:9780\" for IPv6) or \"\" to "
+         "disable, got " +
+             Quoted(HasControlCharacter(out.listen) ? "<control characters>" : out.listen),
+         http.Find("listen"));
+  }
+  http.Read("token", out.token);
+  std::string token_origin;
+  if (auto token = Env(getenv, std::string{kHttpTokenEnv})) {
+    out.token = std::move(*token);
+    token_origin = " (from " + std::string{kHttpTokenEnv} + ")";
+  }
+  const bool token_ok =
+      out.token.size() <= kMaxTokenBytes &&
+      std::all_of(out.token.begin(), out.token.end(), [](char c) { return c > ' ' && c < '\x7f'; });
+  if (!token_ok) {
+    // The token itself is never quoted: it is a secret.
+    Fail("http.token",
+         "must be at most " + std::to_string(kMaxTokenBytes) +
+             " bytes of printable ASCII without spaces" + token_origin,
+         token_origin.empty() ? http.Find("token") : nullptr);
+  }
+  http.ReadDuration("stats_interval", milliseconds{100}, kHour, out.stats_interval);
+  http.ReadDuration("ready_max_age", milliseconds{200}, kDay, out.ready_max_age);
+  if (out.ready_max_age < 2 * out.stats_interval) {
+    Fail("http.ready_max_age",
+         "must be at least twice http.stats_interval (" + FormatDuration(out.stats_interval) +
+             "), got " + FormatDuration(out.ready_max_age),
+         http.Find("ready_max_age") != nullptr ? http.Find("ready_max_age")
+                                               : http.Find("stats_interval"));
+  }
+}
+
 RabbitSinkConfig ParseRabbitSink(const Section& sink, const std::string& name,
                                  const GetenvFn& getenv) {
   sink.AllowOnly({"type", "url", "exchange", "routing_key", "mandatory", "persistent",
@@ -666,6 +732,16 @@ bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 }  // namespace
 
+std::string HttpConfig::host() const {
+  const auto split = SplitListen(listen);
+  return split ? split->first : std::string{};
+}
+
+int HttpConfig::port() const {
+  const auto split = SplitListen(listen);
+  return split ? split->second : 0;
+}
+
 std::string MaskPassword(std::string_view url) {
   constexpr std::string_view kMask = "***";
   std::string out{url};
@@ -723,13 +799,14 @@ Config ParseConfig(std::string_view toml_text, const std::string& origin, const 
     throw ConfigError("file", origin + " is not valid TOML: " + MaskPassword(error.what()));
   }
   const Section top{&root, ""};
-  top.AllowOnly({"database", "relay", "retry", "retention", "log", "sinks"});
+  top.AllowOnly({"database", "relay", "retry", "retention", "log", "http", "sinks"});
   Config config;
   ParseDatabase(top, getenv, config);
   ParseRelay(top, config);
   ParseRetry(top, config);
   ParseRetention(top, config);
   ParseLog(top, config);
+  ParseHttp(top, getenv, config);
   ParseSinks(top, getenv, config);
   return config;
 }
@@ -791,6 +868,12 @@ std::string Describe(const Config& config) {
   out.Header("log");
   out.String("level", config.log_level);
   out.String("format", config.log_format);
+
+  out.Header("http");
+  out.String("listen", config.http.listen);
+  out.String("token", config.http.token.empty() ? "" : "***");
+  out.Duration("stats_interval", config.http.stats_interval);
+  out.Duration("ready_max_age", config.http.ready_max_age);
 
   for (const SinkConfig& sink : config.sinks) {
     out.Header("sinks." + sink.name);

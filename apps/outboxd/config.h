@@ -9,6 +9,7 @@
 //   OUTBOX_SINK_<NAME>_URL    [sinks.<name>] url of a rabbitmq sink; <NAME> is the sink's name
 //                             upper-cased with '-' replaced by '_' (sink "audit-log" reads
 //                             OUTBOX_SINK_AUDIT_LOG_URL)
+//   OUTBOX_HTTP_TOKEN         [http] token
 
 #include <chrono>
 #include <cstddef>
@@ -49,6 +50,25 @@ struct SinkConfig {
   std::variant<RabbitSinkConfig, FileSinkConfig> settings;
 };
 
+// [http]: the operations listener (/metrics, /api/outbox, /healthz, /readyz).
+struct HttpConfig {
+  // host:port to listen on ("[::1]:9780" for IPv6); "" disables the listener. Port 1..65535.
+  std::string listen = "127.0.0.1:9780";
+  // When not empty, every path but /healthz requires "Authorization: Bearer <token>".
+  // OUTBOX_HTTP_TOKEN wins over the file. Printable ASCII without spaces, at most 256 bytes.
+  std::string token;
+  // How often the message counts are read from the database (on a connection of their own);
+  // requests are served from this cache, never from the database.
+  std::chrono::milliseconds stats_interval{5000};
+  // /readyz fails when the last successful read of the counts (or probe of a broker) is older.
+  // At least twice stats_interval.
+  std::chrono::milliseconds ready_max_age{15000};
+
+  // listen split into host and port; only meaningful when listen is not empty.
+  [[nodiscard]] std::string host() const;
+  [[nodiscard]] int port() const;
+};
+
 struct Config {
   // [database]
   std::string database_url;  // url: required unless OUTBOX_DATABASE_URL is set, which wins
@@ -71,6 +91,8 @@ struct Config {
   // [log]
   std::string log_level = "info";   // trace|debug|info|warn|error
   std::string log_format = "text";  // text|json
+
+  HttpConfig http;  // [http]
 
   // [sinks.<name>]: at least one, in the order the file defines them. A message goes to the sink
   // named like its target ("default" unless the writer chose another).

@@ -19,8 +19,10 @@
 #include <thread>
 
 #include "config.h"
+#include "operations.h"
 #include "outbox/core/error.h"
 #include "outbox/core/version.h"
+#include "outbox/observe/metrics.h"
 #include "outbox/relay/relay.h"
 #include "outbox/sink/file.h"
 #include "outbox/sink/rabbitmq.h"
@@ -95,11 +97,12 @@ outbox::SinkMap OpenSinks(const outbox::outboxd::Config& config) {
 
 // Waits for SIGTERM/SIGINT on a thread of its own (the signals are blocked everywhere else): the
 // first asks the relay to drain, a second exits at once.
-void HandleSignals(outbox::Relay& relay, const std::shared_ptr<spdlog::logger>& logger,
-                   const sigset_t& signals) {
+void HandleSignals(outbox::Relay& relay, outbox::outboxd::Operations* operations,
+                   const std::shared_ptr<spdlog::logger>& logger, const sigset_t& signals) {
   int signal = 0;
   if (sigwait(&signals, &signal) != 0) return;
   logger->info("received {}: draining (send it again to exit at once)", strsignal(signal));
+  if (operations != nullptr) operations->BeginDrain();
   relay.Stop();
   if (sigwait(&signals, &signal) != 0) return;
   logger->warn("received {} again: exiting without draining", strsignal(signal));
@@ -173,14 +176,22 @@ int main(int argc, char** argv) {
     options.max_backoff = config.max_backoff;
     options.purge_interval = config.purge_interval;
     options.retention = config.retention;
+    // The relay and the operations side write into one registry; only it renders.
+    outbox::observe::Registry registry;
+    options.metrics = &registry;
+    options.max_attempts = config.retry.max_attempts;
+    const auto log_fn = MakeLogFn(logger, config.log_format == "json");
     outbox::Relay relay(options, outbox::postgres::OpenStore(store_options),
                         outbox::postgres::OpenWakeup(config.database_url, config.schema),
-                        OpenSinks(config), MakeLogFn(logger, config.log_format == "json"));
+                        OpenSinks(config), log_fn);
+    outbox::outboxd::Operations operations(config, registry, relay.counters(), log_fn);
+    operations.Start();
     logger->info("outboxd {} relaying schema {} as {} to {} sink(s)", outbox::kVersion,
                  config.schema, config.instance, config.sinks.size());
-    std::thread signal_thread([&] { HandleSignals(relay, logger, signals); });
+    std::thread signal_thread([&] { HandleSignals(relay, &operations, logger, signals); });
     signal_thread.detach();  // it either exits the process or waits forever
     relay.Run();
+    operations.Stop();
     const auto& counters = relay.counters();
     logger->info("published {} messages, {} failed attempts, {} republished; bye",
                  counters.published.load(), counters.failed.load(), counters.unconfirmed.load());

@@ -1,6 +1,7 @@
 #include "outbox/relay/relay.h"
 
 #include <algorithm>
+#include <array>
 #include <condition_variable>
 #include <future>
 #include <mutex>
@@ -18,13 +19,81 @@ using SteadyClock = std::chrono::steady_clock;
 
 std::string Describe(const std::exception& error) { return error.what(); }
 
+constexpr std::array<FailureKind, kFailureKindCount> kFailureKinds{
+    FailureKind::kUnavailable, FailureKind::kRejected, FailureKind::kPermanent,
+    FailureKind::kLeaseLost, FailureKind::kOutcomeUnknown};
+
+observe::Labels Reason(FailureKind kind) { return {{"reason", std::string{NameOf(kind)}}}; }
+
+// The relay's series, registered once; updating them is atomics only.
+struct RelayMetrics {
+  explicit RelayMetrics(observe::Registry& into)
+      : registry(into),
+        claimed(into.AddCounter("outbox_relay_claimed_total",
+                                "Messages claimed (leased) by this relay.")),
+        claim_batch_size(into.AddHistogram("outbox_relay_claim_batch_size",
+                                           "Messages per non-empty claim by this relay.",
+                                           observe::SizeBuckets())),
+        published(into.AddCounter(
+            "outbox_published_total",
+            "Messages confirmed by the broker and recorded as published by this relay.")),
+        retries(into.AddCounter(
+            "outbox_retries_total",
+            "Messages that failed to publish (or were held back) and will be published again.")),
+        held_back(into.AddCounter(
+            "outbox_held_back_total",
+            "Messages sent back unsettled because an earlier message of their stream failed.")),
+        lease_lost(into.AddCounter(
+            "outbox_relay_lease_lost_total",
+            "Messages whose lease expired or was taken over before their outcome was recorded.")),
+        store_errors(into.AddCounter("outbox_relay_store_errors_total",
+                                     "Database calls of the relay that failed.")),
+        publish_latency(into.AddHistogram(
+            "outbox_publish_latency_seconds",
+            "From the writer's transaction (created_at, the database's now()) to the broker's "
+            "confirmation, per published message.",
+            observe::LatencyBuckets())),
+        leases_held(into.AddGauge("outbox_relay_leases_held",
+                                  "Messages this relay holds leases on right now.")),
+        broker_unavailable(into.AddGauge(
+            "outbox_relay_broker_unavailable",
+            "1 while the last published batch found no broker (every outcome unavailable).")) {
+    for (const FailureKind kind : kFailureKinds) {
+      failures[static_cast<std::size_t>(kind)] = &into.AddCounter(
+          "outbox_publish_failures_total", "Failed publishes, by failure kind.", Reason(kind));
+    }
+    for (const FailureKind kind : {FailureKind::kRejected, FailureKind::kPermanent}) {
+      abandoned[static_cast<std::size_t>(kind)] = &into.AddCounter(
+          "outbox_abandoned_total",
+          "Messages abandoned by this relay: rejected with no attempts left, or permanent.",
+          Reason(kind));
+    }
+  }
+
+  observe::Registry& registry;
+  observe::Counter& claimed;
+  observe::Histogram& claim_batch_size;
+  observe::Counter& published;
+  observe::Counter& retries;
+  observe::Counter& held_back;
+  observe::Counter& lease_lost;
+  observe::Counter& store_errors;
+  observe::Histogram& publish_latency;
+  observe::Gauge& leases_held;
+  observe::Gauge& broker_unavailable;
+  std::array<observe::Counter*, kFailureKindCount> failures{};
+  std::array<observe::Counter*, kFailureKindCount> abandoned{};  // rejected and permanent only
+};
+
 }  // namespace
 
 class Relay::Engine {
  public:
   Engine(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr<Wakeup> wakeup,
          SinkMap sinks, LogFn log, RelayCounters& counters)
-      : options_(std::move(options)),
+      : own_registry_(options.metrics == nullptr ? std::make_unique<observe::Registry>() : nullptr),
+        metrics_(options.metrics != nullptr ? *options.metrics : *own_registry_),
+        options_(std::move(options)),
         store_(std::move(store)),
         wakeup_(std::move(wakeup)),
         sinks_(std::move(sinks)),
@@ -71,7 +140,11 @@ class Relay::Engine {
           std::all_of(outcomes.begin(), outcomes.end(), [](const PublishOutcome& outcome) {
             return outcome.failure && outcome.failure->kind == FailureKind::kUnavailable;
           });
+      counters_.broker_unavailable = broker_down;
+      metrics_.broker_unavailable.Set(broker_down ? 1.0 : 0.0);
       if (broker_down) {
+        metrics_.registry.RecordError(NameOf(FailureKind::kUnavailable),
+                                      outcomes.front().failure->reason);
         Release(next);  // don't sit on leases while waiting for the broker
         next.clear();
         Backoff("broker unavailable: " + outcomes.front().failure->reason);
@@ -103,6 +176,16 @@ class Relay::Engine {
     if (log_) log_(level, message);
   }
 
+  void StoreFailed(const StoreError& error) {
+    ++counters_.store_errors;
+    metrics_.store_errors.Increment();
+    metrics_.registry.RecordError("store", Describe(error));
+  }
+
+  void LeasesHeld(std::size_t claimed, std::size_t settled) {
+    metrics_.leases_held.Add(static_cast<double>(claimed) - static_cast<double>(settled));
+  }
+
   // Sleeps (interruptibly) after an outage, doubling the pause each time up to max_backoff.
   void Backoff(const std::string& reason) {
     Log(LogLevel::kWarn, reason + "; retrying in " + std::to_string(backoff_.count()) + " ms");
@@ -119,9 +202,14 @@ class Relay::Engine {
       request.lease_duration = options_.lease;
       auto batch = store_->Claim(request);
       counters_.claimed += batch.size();
+      if (!batch.empty()) {
+        metrics_.claimed.Increment(batch.size());
+        metrics_.claim_batch_size.Observe(static_cast<double>(batch.size()));
+        LeasesHeld(batch.size(), 0);
+      }
       return batch;
     } catch (const StoreError& error) {
-      ++counters_.store_errors;
+      StoreFailed(error);
       Backoff("claim failed: " + Describe(error));
       return {};
     }
@@ -133,7 +221,7 @@ class Relay::Engine {
     try {
       safe = wakeup_->AnnounceIdle();
     } catch (const StoreError& error) {
-      ++counters_.store_errors;
+      StoreFailed(error);
       Backoff("announcing idleness failed: " + Describe(error));
       return {};
     }
@@ -169,7 +257,7 @@ class Relay::Engine {
         if (purged > 0) Log(LogLevel::kInfo, "purged " + std::to_string(purged) + " messages");
       }
     } catch (const StoreError& error) {
-      ++counters_.store_errors;
+      StoreFailed(error);
       Log(LogLevel::kWarn, "housekeeping failed: " + Describe(error));
     }
   }
@@ -227,6 +315,28 @@ class Relay::Engine {
     return outcomes;
   }
 
+  // Counts one failed publish by kind, and whether it is abandoned or retried. The store decides
+  // abandonment (with its RetryPolicy); the count mirrors that rule with options_.max_attempts.
+  void CountFailure(const Envelope& envelope, const Failure& failure) {
+    metrics_.failures[static_cast<std::size_t>(failure.kind)]->Increment();
+    const FailureTreatment treatment = failure.treatment();
+    const bool out_of_attempts = treatment.spends_attempt && options_.max_attempts > 0 &&
+                                 envelope.attempts + 1 >= options_.max_attempts;
+    if (treatment.abandon_now || (treatment.retry && out_of_attempts)) {
+      if (auto* abandoned = metrics_.abandoned[static_cast<std::size_t>(failure.kind)]) {
+        abandoned->Increment();
+      }
+    } else if (treatment.retry) {
+      metrics_.retries.Increment();
+    }
+    if (treatment.spends_attempt) {
+      metrics_.registry.RecordError(
+          NameOf(failure.kind), "message " + envelope.id.ToString() + " (topic " + envelope.topic +
+                                    ", attempt " + std::to_string(envelope.attempts + 1) +
+                                    "): " + failure.reason);
+    }
+  }
+
   // Records the outcomes. Within a stream only the confirmed prefix counts as done: after a
   // failure, later messages of that stream in this batch go back unpublished (they will be
   // published again after the failed one, so nothing is reordered).
@@ -236,22 +346,30 @@ class Relay::Engine {
     std::vector<LeasedId> done;
     std::vector<FailedMessage> failed;
     std::set<std::string> broken_streams;
+    // The broker's confirmations are in: the end of the commit -> confirm latency.
+    const TimePoint confirmed_at = std::chrono::system_clock::now();
+    LeasesHeld(0, batch.size());
     for (std::size_t i = 0; i < batch.size(); ++i) {
       const Envelope& envelope = batch[i];
       const PublishOutcome& outcome = outcomes[i];
       const bool broken = envelope.stream_key && broken_streams.contains(*envelope.stream_key);
       if (outcome.published() && !broken) {
         done.push_back(LeasedId::Of(envelope));
+        const std::chrono::duration<double> latency = confirmed_at - envelope.created_at;
+        metrics_.publish_latency.Observe(std::max(latency.count(), 0.0));
         continue;
       }
       if (outcome.published()) {
         ++counters_.held_back;
+        metrics_.held_back.Increment();
+        metrics_.retries.Increment();
         failed.push_back(FailedMessage::Of(
             envelope, Failure{FailureKind::kOutcomeUnknown,
                               "held back: an earlier message of its stream failed"}));
         continue;
       }
       const Failure& failure = *outcome.failure;
+      CountFailure(envelope, failure);
       if (failure.treatment().spends_attempt) {
         ++counters_.failed;
         Log(LogLevel::kWarn, "message " + envelope.id.ToString() + " (topic " + envelope.topic +
@@ -272,16 +390,19 @@ class Relay::Engine {
           const auto result = store_->Complete(owner_, done);
           counters_.published += static_cast<std::uint64_t>(result.settled);
           counters_.lease_lost += result.lease_lost.size();
+          metrics_.published.Increment(static_cast<std::uint64_t>(result.settled));
+          metrics_.lease_lost.Increment(result.lease_lost.size());
           done.clear();
         }
         if (!failed.empty()) {
           const auto result = store_->Fail(owner_, failed);
           counters_.lease_lost += result.lease_lost.size();
+          metrics_.lease_lost.Increment(result.lease_lost.size());
           failed.clear();
         }
         return broken_streams;
       } catch (const StoreError& error) {
-        ++counters_.store_errors;
+        StoreFailed(error);
         if (SteadyClock::now() > give_up_at) {
           Log(LogLevel::kError, "could not record outcomes before the leases expired: " +
                                     Describe(error) + "; the messages will be published again");
@@ -306,10 +427,13 @@ class Relay::Engine {
     });
     if (held.empty()) return;
     counters_.held_back += held.size();
+    metrics_.held_back.Increment(held.size());
+    metrics_.retries.Increment(held.size());
+    LeasesHeld(0, held.size());
     try {
       store_->Fail(owner_, held);
     } catch (const StoreError& error) {
-      ++counters_.store_errors;
+      StoreFailed(error);
       Log(LogLevel::kWarn, "holding back " + std::to_string(held.size()) +
                                " messages failed (their leases will expire): " + Describe(error));
     }
@@ -317,17 +441,20 @@ class Relay::Engine {
 
   void Release(const std::vector<Envelope>& batch) {
     if (batch.empty()) return;
+    LeasesHeld(0, batch.size());
     std::vector<LeasedId> leases;
     for (const auto& envelope : batch) leases.push_back(LeasedId::Of(envelope));
     try {
       store_->Release(owner_, leases);
     } catch (const StoreError& error) {
-      ++counters_.store_errors;
+      StoreFailed(error);
       Log(LogLevel::kWarn, "releasing " + std::to_string(batch.size()) +
                                " messages failed (their leases will expire): " + Describe(error));
     }
   }
 
+  std::unique_ptr<observe::Registry> own_registry_;  // when the options name no registry
+  RelayMetrics metrics_;
   RelayOptions options_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Wakeup> wakeup_;

@@ -85,6 +85,10 @@ TEST(ConfigTest, ExampleFileIsValidAndStatesTheDefaults) {
   EXPECT_EQ(config.retention.abandoned, defaults.retention.abandoned);
   EXPECT_EQ(config.log_level, defaults.log_level);
   EXPECT_EQ(config.log_format, defaults.log_format);
+  EXPECT_EQ(config.http.listen, defaults.http.listen);
+  EXPECT_EQ(config.http.token, defaults.http.token);
+  EXPECT_EQ(config.http.stats_interval, defaults.http.stats_interval);
+  EXPECT_EQ(config.http.ready_max_age, defaults.http.ready_max_age);
 
   ASSERT_EQ(config.sinks.size(), 2U);
   EXPECT_EQ(config.sinks[0].name, "default");
@@ -408,6 +412,74 @@ TEST(ConfigTest, EnvironmentOverridesWin) {
   // A bad value from the environment is named as such.
   ExpectError(WithSink("type = \"rabbitmq\""), "sinks.default.url",
               "(from OUTBOX_SINK_DEFAULT_URL)", {{"OUTBOX_SINK_DEFAULT_URL", "nats://mq"}});
+}
+
+// ---- [http] ----
+
+TEST(ConfigTest, HttpDefaultsToLoopbackWithoutToken) {
+  const Config config = Parse(kMinimal);
+  EXPECT_EQ(config.http.listen, "127.0.0.1:9780");
+  EXPECT_EQ(config.http.host(), "127.0.0.1");
+  EXPECT_EQ(config.http.port(), 9780);
+  EXPECT_EQ(config.http.token, "");
+  EXPECT_EQ(config.http.stats_interval, seconds{5});
+  EXPECT_EQ(config.http.ready_max_age, seconds{15});
+}
+
+TEST(ConfigTest, HttpValuesAreRead) {
+  Config config = Parse(std::string{kMinimal} +
+                        "[http]\nlisten = \"[::1]:8080\"\ntoken = \"abc.DEF-123_~+/=\"\n"
+                        "stats_interval = \"1s\"\nready_max_age = \"2s\"\n");
+  EXPECT_EQ(config.http.host(), "::1");
+  EXPECT_EQ(config.http.port(), 8080);
+  EXPECT_EQ(config.http.token, "abc.DEF-123_~+/=");
+  EXPECT_EQ(config.http.stats_interval, seconds{1});
+  EXPECT_EQ(config.http.ready_max_age, seconds{2});
+  config = Parse(std::string{kMinimal} + "[http]\nlisten = \"\"\n");
+  EXPECT_EQ(config.http.listen, "");
+  config = Parse(std::string{kMinimal} + "[http]\nlisten = \"localhost:1\"\n");
+  EXPECT_EQ(config.http.host(), "localhost");
+  EXPECT_EQ(config.http.port(), 1);
+}
+
+TEST(ConfigTest, HttpSettingsAreValidated) {
+  const std::string http = std::string{kMinimal} + "[http]\n";
+  for (const std::string listen :
+       {"9780", ":9780", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:80x", "::1:9780",
+        "[::1", "[]:80", "a b:80", "127.0.0.1:-1"}) {
+    ExpectError(http + "listen = \"" + listen + "\"\n", "http.listen", "expected \"host:port\"");
+  }
+  ExpectError(http + "listen = 9780\n", "http.listen", "expected a string");
+  ExpectError(http + "lisen = \"\"\n", "http.lisen", "did you mean \"http.listen\"");
+  ExpectError(http + "token = \"has space\"\n", "http.token", "printable ASCII without spaces");
+  ExpectError(http + "token = \"" + std::string(257, 'x') + "\"\n", "http.token", "at most 256");
+  ExpectError(http + "stats_interval = \"10ms\"\n", "http.stats_interval", "between 100ms");
+  ExpectError(http + "stats_interval = \"10s\"\n", "http.ready_max_age",
+              "at least twice http.stats_interval (10s), got 15s");
+  ExpectError(http + "ready_max_age = \"9s\"\n", "http.ready_max_age", "at least twice");
+}
+
+TEST(ConfigTest, HttpTokenComesFromTheEnvironmentAndIsNeverShown) {
+  const std::string file_token = std::string{kMinimal} + "[http]\ntoken = \"tok-file-1\"\n";
+  Config config = Parse(file_token, {{"OUTBOX_HTTP_TOKEN", "tok-env-1"}});
+  EXPECT_EQ(config.http.token, "tok-env-1");
+  config = Parse(file_token, {{"OUTBOX_HTTP_TOKEN", ""}});
+  EXPECT_EQ(config.http.token, "tok-file-1");
+  const std::string described = Describe(config);
+  EXPECT_EQ(described.find("tok-"), std::string::npos) << described;
+  EXPECT_NE(described.find("[http]\nlisten = \"127.0.0.1:9780\"\ntoken = \"***\"\n"),
+            std::string::npos)
+      << described;
+  EXPECT_NE(Describe(Parse(kMinimal)).find("token = \"\"\n"), std::string::npos);
+  // A bad token is refused without being quoted.
+  try {
+    Parse(kMinimal, {{"OUTBOX_HTTP_TOKEN", "zz9 bad"}});
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key(), "http.token");
+    EXPECT_EQ(std::string{error.what()}.find("zz9"), std::string::npos) << error.what();
+    EXPECT_NE(std::string{error.what()}.find("(from OUTBOX_HTTP_TOKEN)"), std::string::npos);
+  }
 }
 
 // ---- Files ----

@@ -12,6 +12,7 @@
 
 #include "outbox/core/hand_off.h"
 #include "outbox/core/log.h"
+#include "outbox/observe/metrics.h"
 #include "outbox/sink/sink.h"
 #include "outbox/store/store.h"
 #include "outbox/store/wakeup.h"
@@ -36,6 +37,12 @@ struct RelayOptions {
   // idle relay then wakes without waiting for the NOTIFY. The ids are only a hint; what is
   // claimed is still read from the store. Not owned; must outlive the relay.
   HandOffQueue* hand_off = nullptr;
+  // Where the relay writes its metrics (outbox_relay_* and outbox_publish_*; see the README's
+  // "Operating outbox"). Not owned; must outlive the relay. Null: a registry of the relay's own.
+  observe::Registry* metrics = nullptr;
+  // The store's RetryPolicy::max_attempts, used only to count abandoned messages in the metrics
+  // (the store decides what is abandoned). 0: count only what is abandoned at once (kPermanent).
+  int max_attempts = 0;
 };
 
 // Monotonic counters since start; read from any thread.
@@ -47,6 +54,9 @@ struct RelayCounters {
   std::atomic<std::uint64_t> held_back{0};    // confirmed after an earlier failure of its stream
   std::atomic<std::uint64_t> lease_lost{0};
   std::atomic<std::uint64_t> store_errors{0};
+  // True while the last published batch found no broker (every outcome kUnavailable); false
+  // after a batch with any other outcome. Says nothing while the relay is idle.
+  std::atomic<bool> broker_unavailable{false};
 };
 
 // Sinks by target name (the message's `target` column).

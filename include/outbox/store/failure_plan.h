@@ -12,8 +12,8 @@
 namespace outbox {
 
 struct FailurePlan {
-  bool abandon = false;         // status becomes abandoned, with the reason
-  bool spend_attempt = false;   // attempts + 1
+  bool abandon = false;                // status becomes abandoned, with the reason
+  bool spend_attempt = false;          // attempts + 1
   std::chrono::milliseconds delay{0};  // claimable again at now + delay (when not abandoned)
 };
 

@@ -1,0 +1,65 @@
+#pragma once
+// outboxd's operations side: the cached store statistics, broker probes and readiness, and the
+// HTTP listener that serves them (/metrics, /api/outbox, /healthz, /readyz). Everything it
+// shows is rendered by the one observe::Registry the relay also writes into.
+//
+// Threading: one stats thread (its own database connection, so a scrape never touches the
+// relay's connection and never reaches the database: requests read the cache) and the HTTP
+// server's bounded pool of worker threads. The relay's hot path is not involved.
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "config.h"
+#include "outbox/core/log.h"
+#include "outbox/observe/metrics.h"
+#include "outbox/relay/relay.h"
+
+namespace outbox::outboxd {
+
+// host and port of an amqp:// URL (port 5672 when absent); nullopt when it has no host.
+std::optional<std::pair<std::string, int>> AmqpHostPort(std::string_view url);
+
+// Whether a TCP connection to host:port is accepted within `timeout`.
+bool TcpReachable(const std::string& host, int port, std::chrono::milliseconds timeout);
+
+// Constant-time comparison of the Authorization header with "Bearer <token>".
+bool BearerTokenMatches(std::string_view authorization, std::string_view token);
+
+class Operations {
+ public:
+  // Registers its gauges in `registry`; starts nothing. `relay` must outlive this object.
+  Operations(const Config& config, observe::Registry& registry, const RelayCounters& relay,
+             LogFn log);
+  ~Operations();
+  Operations(const Operations&) = delete;
+  Operations& operator=(const Operations&) = delete;
+
+  // Starts the stats thread and, when [http] listen is set, the HTTP listener. Throws
+  // std::runtime_error when the address cannot be bound.
+  void Start();
+  // Readiness fails from now on ("draining"); the listener keeps answering until Stop().
+  void BeginDrain();
+  // Stops the listener and the stats thread; idempotent.
+  void Stop();
+
+  struct Readiness {
+    bool ready = false;
+    std::string report;  // one line per check: "database: ok (counts read 1.2 s ago)"
+  };
+  [[nodiscard]] Readiness CheckReadiness();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace outbox::outboxd

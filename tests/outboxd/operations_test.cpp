@@ -1,0 +1,192 @@
+// outboxd's operations side without servers: the listener, its token, garbage requests and
+// readiness with a database and a broker that are not there.
+
+#include "operations.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <random>
+#include <string>
+#include <thread>
+
+namespace outbox::outboxd {
+namespace {
+
+using std::chrono::milliseconds;
+
+// A loopback port nobody listens on right now.
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  socklen_t size = sizeof address;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+TEST(OperationsTest, AmqpHostPortReadsTheBrokerAddress) {
+  using Address = std::optional<std::pair<std::string, int>>;
+  EXPECT_EQ(AmqpHostPort("amqp://guest:guest@127.0.0.1:5672/"), Address({"127.0.0.1", 5672}));
+  EXPECT_EQ(AmqpHostPort("amqp://u:p@ss@mq/vh"), Address({"mq", 5672}));
+  EXPECT_EQ(AmqpHostPort("amqp://[::1]:5673"), Address({"::1", 5673}));
+  EXPECT_EQ(AmqpHostPort("amqp://"), Address({"localhost", 5672}));
+  EXPECT_EQ(AmqpHostPort("amqp://mq:99999/"), std::nullopt);
+  EXPECT_EQ(AmqpHostPort("nats://mq"), std::nullopt);
+}
+
+TEST(OperationsTest, BearerTokenMatchesExactlyTheToken) {
+  EXPECT_TRUE(BearerTokenMatches("", ""));
+  EXPECT_TRUE(BearerTokenMatches("Bearer s3cret", "s3cret"));
+  EXPECT_FALSE(BearerTokenMatches("Bearer s3cre", "s3cret"));
+  EXPECT_FALSE(BearerTokenMatches("Bearer s3cret2", "s3cret"));
+  EXPECT_FALSE(BearerTokenMatches("bearer s3cret", "s3cret"));
+  EXPECT_FALSE(BearerTokenMatches("s3cret", "s3cret"));
+  EXPECT_FALSE(BearerTokenMatches("", "s3cret"));
+}
+
+TEST(OperationsTest, TcpProbeTellsAClosedPort) {
+  EXPECT_FALSE(TcpReachable("127.0.0.1", FreePort(), milliseconds{500}));
+  EXPECT_FALSE(TcpReachable("no-such-host.invalid", 5672, milliseconds{500}));
+}
+
+class OperationsServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    port_ = FreePort();
+    config_.database_url = "postgresql://outbox:pw-canary-db@127.0.0.1:1/none";
+    config_.instance = "unit";
+    config_.http.listen = "127.0.0.1:" + std::to_string(port_);
+    config_.http.token = "tok-canary-1";
+    config_.http.stats_interval = milliseconds{100};
+    config_.http.ready_max_age = milliseconds{1000};
+    config_.sinks.push_back(
+        {.name = "default",
+         .settings = RabbitSinkConfig{
+             .url = "amqp://u:pw-canary-mq@127.0.0.1:" + std::to_string(FreePort()) + "/"}});
+    operations_ = std::make_unique<Operations>(config_, registry_, counters_, LogFn{});
+    operations_->Start();
+  }
+
+  httplib::Result Get(const std::string& path, const std::string& token = "tok-canary-1") {
+    httplib::Client client("127.0.0.1", port_);
+    client.set_read_timeout(5, 0);
+    httplib::Headers headers;
+    if (!token.empty()) headers.emplace("Authorization", "Bearer " + token);
+    return client.Get(path.c_str(), headers);
+  }
+
+  Config config_;
+  observe::Registry registry_;
+  RelayCounters counters_;
+  int port_ = 0;
+  std::unique_ptr<Operations> operations_;
+};
+
+TEST_F(OperationsServerTest, EndpointsAnswerAndTheTokenGuardsAllButHealthz) {
+  auto healthz = Get("/healthz", "");
+  ASSERT_TRUE(healthz);
+  EXPECT_EQ(healthz->status, 200);
+  EXPECT_EQ(healthz->body, "ok\n");
+  for (const std::string path : {"/metrics", "/api/outbox", "/readyz", "/nope"}) {
+    for (const std::string token : {"", "tok-canary-", "tok-canary-12", "wrong"}) {
+      auto response = Get(path, token);
+      ASSERT_TRUE(response) << path;
+      EXPECT_EQ(response->status, 401) << path << " with '" << token << "'";
+      EXPECT_EQ(response->get_header_value("WWW-Authenticate"), "Bearer");
+      EXPECT_EQ(response->body.find("tok-canary"), std::string::npos);
+    }
+  }
+  auto metrics = Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->status, 200);
+  EXPECT_EQ(metrics->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_NE(metrics->body.find("# TYPE outbox_messages gauge\n"), std::string::npos);
+  EXPECT_NE(metrics->body.find("outbox_info{version=\""), std::string::npos);
+  auto json = Get("/api/outbox");
+  ASSERT_TRUE(json);
+  EXPECT_EQ(json->status, 200);
+  EXPECT_EQ(json->body.substr(0, 12), "{\"metrics\":{");
+  EXPECT_EQ(Get("/nope")->status, 404);
+  // Secrets appear nowhere.
+  for (const std::string& body : {metrics->body, json->body, Get("/readyz")->body}) {
+    EXPECT_EQ(body.find("pw-canary"), std::string::npos) << body;
+    EXPECT_EQ(body.find("tok-canary"), std::string::npos) << body;
+  }
+}
+
+TEST_F(OperationsServerTest, NotReadyWithoutDatabaseAndBroker) {
+  std::this_thread::sleep_for(milliseconds{300});
+  auto readyz = Get("/readyz");
+  ASSERT_TRUE(readyz);
+  EXPECT_EQ(readyz->status, 503);
+  EXPECT_NE(readyz->body.find("database: "), std::string::npos) << readyz->body;
+  EXPECT_NE(readyz->body.find("sink default: broker"), std::string::npos) << readyz->body;
+  EXPECT_NE(Get("/metrics")->body.find("\noutbox_ready 0\n"), std::string::npos);
+  EXPECT_NE(Get("/api/outbox")->body.find("\"kind\":\"database\""), std::string::npos);
+}
+
+TEST_F(OperationsServerTest, GarbageGetsA4xxAndTheServerKeepsServing) {
+  const auto raw = [&](const std::string& bytes) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<std::uint16_t>(port_));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    std::string reply;
+    std::array<char, 4096> buffer{};
+    timeval timeout{.tv_sec = 5, .tv_usec = 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+    for (ssize_t got = 0; (got = ::recv(fd, buffer.data(), buffer.size(), 0)) > 0;) {
+      reply.append(buffer.data(), static_cast<std::size_t>(got));
+    }
+    ::close(fd);
+    return reply;
+  };
+  std::mt19937 random(7);
+  std::string noise(4096, '\0');
+  for (char& c : noise) c = static_cast<char>(random());
+  EXPECT_EQ(raw(noise).substr(0, 12), "HTTP/1.1 400");
+  EXPECT_EQ(raw("GET /metrics HTTP/1.1\r\nX-Big: " + std::string(100 * 1024, 'a') + "\r\n\r\n")
+                .substr(0, 10),
+            "HTTP/1.1 4");
+  EXPECT_EQ(raw("GET /" + std::string(20000, 'p') + " HTTP/1.1\r\n\r\n").substr(0, 10),
+            "HTTP/1.1 4");
+  EXPECT_EQ(raw("POST /metrics HTTP/1.1\r\nAuthorization: Bearer tok-canary-1\r\n"
+                "Content-Length: 100000\r\n\r\n" +
+                std::string(100000, 'x'))
+                .substr(0, 10),
+            "HTTP/1.1 4");
+  EXPECT_EQ(raw("GET /../../etc/passwd HTTP/1.1\r\nAuthorization: Bearer tok-canary-1\r\n\r\n")
+                .substr(0, 12),
+            "HTTP/1.1 404");
+  auto healthz = Get("/healthz", "");
+  ASSERT_TRUE(healthz);
+  EXPECT_EQ(healthz->status, 200);
+}
+
+TEST(OperationsTest, AnAddressInUseIsAnError) {
+  const int port = FreePort();
+  Config config;
+  config.database_url = "postgresql://127.0.0.1:1/none";
+  config.http.listen = "127.0.0.1:" + std::to_string(port);
+  observe::Registry registry;
+  RelayCounters counters;
+  Operations first(config, registry, counters, LogFn{});
+  first.Start();
+  observe::Registry other;
+  Operations second(config, other, counters, LogFn{});
+  EXPECT_THROW(second.Start(), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace outbox::outboxd
