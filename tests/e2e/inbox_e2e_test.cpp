@@ -72,7 +72,8 @@ TEST(InboxE2eTest, TheConsumersTableEqualsTheCommittedSetThroughRestartsAndKills
     out << "[database]\nurl = \"" << PgUrl() << "\"\nschema = \"" << schema.name() << "\"\n"
         << "[relay]\ninstance = \"inbox-e2e\"\nlease = \"5s\"\npublish_timeout = \"2s\"\n"
         << "sweep_interval = \"200ms\"\nmax_backoff = \"500ms\"\n"
-        << "[sinks.default]\ntype = \"rabbitmq\"\nurl = \"" << AmqpUrl() << "\"\n";
+        << "[sinks.default]\ntype = \"rabbitmq\"\nurl = \"" << AmqpUrl() << "\"\n"
+        << "[http]\nlisten = \"\"\n";
   }
   const std::vector<std::string> relay_args{OUTBOXD_PATH, "--config", config};
   const std::vector<std::string> consumer_args{CONSUMER_PATH, "--amqp",  AmqpUrl(), "--queue",

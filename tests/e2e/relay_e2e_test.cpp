@@ -85,6 +85,7 @@ class RelayE2eTest : public ::testing::Test {
         << max_attempts << "\n"
         << "[sinks.default]\ntype = \"rabbitmq\"\nurl = \"" << AmqpUrl() << "\"\n"
         << "routing_key = \"{topic}\"\n"
+        << "[http]\nlisten = \"\"\n"  // several tests may run relays side by side
         << extra;
   }
 
