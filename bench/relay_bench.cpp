@@ -1,4 +1,5 @@
 // The relay end to end on this machine, PostgreSQL -> relay -> RabbitMQ -> a consumer:
+//   0. idle cost: statements per second an idle relay sends the database (pg_stat_statements);
 //   1. idle latency: one message at a time, from the writer's COMMIT to the consumer's receipt
 //      (the relay is idle and woken by NOTIFY each time), p50/p99 over --latency-messages;
 //   2. burst drain: --drain-messages pre-inserted messages, relay throughput in msgs/s, next to
@@ -59,6 +60,37 @@ class RunningRelay {
   std::thread thread_;
 };
 
+// Statements the server executed, counted by pg_stat_statements (loaded by scripts/services);
+// nullopt when the extension is not available. Excludes this benchmark's own bookkeeping.
+class StatementCounter {
+ public:
+  explicit StatementCounter(PGconn* conn) : conn_(conn) {
+    PGresult* created = PQexec(conn_, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+    available_ = PQresultStatus(created) == PGRES_COMMAND_OK;
+    PQclear(created);
+    if (available_) available_ = Read().has_value();
+  }
+  bool available() const { return available_; }
+  void Reset() {
+    if (available_) PQclear(PQexec(conn_, "SELECT pg_stat_statements_reset()"));
+  }
+  std::optional<double> Read() {
+    PGresult* result = PQexec(
+        conn_,
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = (SELECT oid FROM "
+        "pg_database WHERE datname = current_database()) AND query NOT LIKE '%pg_stat_statements%' "
+        "AND query NOT LIKE '%enqueue%' AND query NOT IN ('BEGIN', 'COMMIT', 'ROLLBACK')");
+    std::optional<double> calls;
+    if (PQresultStatus(result) == PGRES_TUPLES_OK) calls = std::atof(PQgetvalue(result, 0, 0));
+    PQclear(result);
+    return calls;
+  }
+
+ private:
+  PGconn* conn_;
+  bool available_ = false;
+};
+
 bool WaitForCount(const Consumer& consumer, std::size_t count, std::chrono::seconds limit) {
   const auto until = SteadyClock::now() + limit;
   while (consumer.count() < count) {
@@ -78,6 +110,9 @@ int main(int argc, char** argv) {
   app.add_option("--latency-messages", latency_messages)->check(CLI::PositiveNumber);
   app.add_option("--drain-messages", drain_messages)->check(CLI::PositiveNumber);
   app.add_option("--batch", batch)->check(CLI::Range(1, 10000));
+  int idle_seconds = 10;
+  app.add_option("--idle-seconds", idle_seconds, "how long to watch an idle relay")
+      ->check(CLI::Range(1, 600));
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -91,6 +126,22 @@ int main(int argc, char** argv) {
         "relay batch %d, confirm window 1000\n\n",
         std::thread::hardware_concurrency(), batch);
     const std::string payload = "'{\"pad\": \"" + std::string(185, 'x') + "\"}'";
+
+    StatementCounter statements{writer.get()};
+    {  // 0. an idle relay's cost to the database
+      RunningRelay relay(schema.name(), batch);
+      std::this_thread::sleep_for(std::chrono::seconds{2});
+      if (statements.available()) {
+        statements.Reset();
+        std::this_thread::sleep_for(std::chrono::seconds{idle_seconds});
+        std::printf("idle relay: %.2f statements/s sent to the database (pg_stat_statements, "
+                    "%d s)\n",
+                    statements.Read().value_or(0) / idle_seconds, idle_seconds);
+      } else {
+        std::printf("idle relay: statements/s not measured (pg_stat_statements is not loaded; "
+                    "restart PostgreSQL with scripts/services stop && scripts/services)\n");
+      }
+    }
 
     {  // 1. idle latency
       Consumer consumer(queue);
@@ -129,6 +180,7 @@ int main(int argc, char** argv) {
       outbox::testing::Sql(writer.get(), "VACUUM ANALYZE " + schema.name() + ".messages");
       Consumer consumer(queue);
       const std::size_t base = 0;
+      statements.Reset();
       const auto start = SteadyClock::now();
       RunningRelay relay(schema.name(), batch);
       if (!WaitForCount(consumer, base + static_cast<std::size_t>(drain_messages),
@@ -140,6 +192,10 @@ int main(int argc, char** argv) {
           "burst drain of %d pre-inserted messages (500 streams) through the relay: "
           "%.0f msgs/s\n",
           drain_messages, relay_rate);
+      if (statements.available()) {
+        std::printf("relay statements per published message: %.4f\n",
+                    statements.Read().value_or(0) / drain_messages);
+      }
     }
 
     {  // 3. the broker's own confirmed-publish ceiling, same run, same queue kind
