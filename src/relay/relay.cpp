@@ -10,10 +10,23 @@
 #include <unordered_map>
 
 #include "outbox/core/error.h"
+#include "outbox/core/message.h"
 #include "outbox/core/uuid.h"
 
 namespace outbox {
 namespace {
+
+// "message <id> (topic <topic>, attempt <n>[, correlation_id <c>])": what a failure line names,
+// so that an operator can find the message (outboxctl show <id>) and the request behind it.
+std::string DescribeAttempt(const Envelope& envelope) {
+  std::string text = "message " + envelope.id.ToString() + " (topic " + envelope.topic +
+                     ", attempt " + std::to_string(envelope.attempts + 1);
+  if (const auto found = envelope.headers.find(kCorrelationIdHeader);
+      found != envelope.headers.end() && !found->second.empty()) {
+    text += ", correlation_id " + found->second;
+  }
+  return text + ")";
+}
 
 using SteadyClock = std::chrono::steady_clock;
 
@@ -217,19 +230,30 @@ class Relay::Engine {
 
   // Nothing to do: tell writers, look once more, then sleep until notified or the sweep is due.
   std::vector<Envelope> IdleUntilWork() {
-    bool safe = false;
-    try {
-      safe = wakeup_->AnnounceIdle();
-    } catch (const StoreError& error) {
-      StoreFailed(error);
-      Backoff("announcing idleness failed: " + Describe(error));
-      return {};
+    // Announce once per idle spell: after a sleep that ended without a notification the mark is
+    // still set (a writer that cleared it would have notified, and a rolled-back one cleared
+    // nothing), so an idle relay costs the database one claim per sweep.
+    if (!idle_announced_) {
+      bool safe = false;
+      try {
+        safe = wakeup_->AnnounceIdle();
+      } catch (const StoreError& error) {
+        StoreFailed(error);
+        Backoff("announcing idleness failed: " + Describe(error));
+        return {};
+      }
+      auto batch = Claim();
+      if (!batch.empty() || stopping()) return batch;
+      // Not safe: a writer that may have missed the mark is still to commit; look again soon.
+      idle_announced_ = safe;
+      if (!safe) {
+        wakeup_->Wait(SteadyClock::now() + std::chrono::milliseconds{10});
+        return {};
+      }
     }
-    auto batch = Claim();
-    if (!batch.empty() || stopping()) return batch;
-    // Not safe: a writer that may have missed the idle mark is still to commit; look again soon.
-    const auto pause = safe ? options_.sweep_interval : std::chrono::milliseconds{10};
-    wakeup_->Wait(SteadyClock::now() + pause);
+    if (wakeup_->Wait(SteadyClock::now() + options_.sweep_interval)) {
+      idle_announced_ = false;  // notified (the mark was cleared), interrupted or reconnected
+    }
     if (options_.hand_off != nullptr) {
       // The ids only woke us; the claim reads the table. Keep the queue from filling up.
       options_.hand_off->Take(SIZE_MAX, std::chrono::milliseconds{0});
@@ -240,7 +264,10 @@ class Relay::Engine {
   void Housekeeping() {
     const auto now = SteadyClock::now();
     if (now < next_sweep_) return;
-    next_sweep_ = now + options_.sweep_interval;
+    // Expired leases matter on the scale of the lease, not of the sweep.
+    next_sweep_ =
+        now + std::max(options_.sweep_interval,
+                       std::chrono::duration_cast<std::chrono::milliseconds>(options_.lease / 4));
     try {
       if (const auto reclaimed = store_->ReclaimExpired(); reclaimed > 0) {
         Log(LogLevel::kWarn, std::to_string(reclaimed) +
@@ -330,10 +357,8 @@ class Relay::Engine {
       metrics_.retries.Increment();
     }
     if (treatment.spends_attempt) {
-      metrics_.registry.RecordError(
-          NameOf(failure.kind), "message " + envelope.id.ToString() + " (topic " + envelope.topic +
-                                    ", attempt " + std::to_string(envelope.attempts + 1) +
-                                    "): " + failure.reason);
+      metrics_.registry.RecordError(NameOf(failure.kind),
+                                    DescribeAttempt(envelope) + ": " + failure.reason);
     }
   }
 
@@ -372,9 +397,7 @@ class Relay::Engine {
       CountFailure(envelope, failure);
       if (failure.treatment().spends_attempt) {
         ++counters_.failed;
-        Log(LogLevel::kWarn, "message " + envelope.id.ToString() + " (topic " + envelope.topic +
-                                 ", attempt " + std::to_string(envelope.attempts + 1) +
-                                 ") failed: " + failure.Describe());
+        Log(LogLevel::kWarn, DescribeAttempt(envelope) + " failed: " + failure.Describe());
       } else {
         ++counters_.unconfirmed;
       }
@@ -463,6 +486,7 @@ class Relay::Engine {
   RelayCounters& counters_;
   std::string owner_;  // lease owner: instance name plus a per-run suffix
   std::chrono::milliseconds backoff_;
+  bool idle_announced_ = false;  // the idle mark is set and no writer can have missed it
   SteadyClock::time_point next_sweep_{};
   SteadyClock::time_point next_purge_{};
   mutable std::mutex stop_mutex_;
