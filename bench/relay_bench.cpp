@@ -134,12 +134,14 @@ int main(int argc, char** argv) {
       if (statements.available()) {
         statements.Reset();
         std::this_thread::sleep_for(std::chrono::seconds{idle_seconds});
-        std::printf("idle relay: %.2f statements/s sent to the database (pg_stat_statements, "
-                    "%d s)\n",
-                    statements.Read().value_or(0) / idle_seconds, idle_seconds);
+        std::printf(
+            "idle relay: %.2f statements/s sent to the database (pg_stat_statements, "
+            "%d s)\n",
+            statements.Read().value_or(0) / idle_seconds, idle_seconds);
       } else {
-        std::printf("idle relay: statements/s not measured (pg_stat_statements is not loaded; "
-                    "restart PostgreSQL with scripts/services stop && scripts/services)\n");
+        std::printf(
+            "idle relay: statements/s not measured (pg_stat_statements is not loaded; "
+            "restart PostgreSQL with scripts/services stop && scripts/services)\n");
       }
     }
 

@@ -34,6 +34,8 @@ constexpr std::string_view kHttpTokenEnv = "OUTBOX_HTTP_TOKEN";
 constexpr std::size_t kMaxTokenBytes = 256;
 constexpr std::string_view kRabbitType = "rabbitmq";
 constexpr std::string_view kFileType = "file";
+constexpr std::string_view kPostgresType = "postgres";
+constexpr std::string_view kSqliteType = "sqlite";
 constexpr std::size_t kMaxInstanceBytes = 255;
 constexpr std::size_t kMaxSinkNameBytes = 64;
 constexpr std::size_t kMaxAmqpNameBytes = 255;  // exchange names and routing keys (shortstr)
@@ -389,7 +391,34 @@ std::string CheckTemplate(std::string_view text) {
 
 void ParseDatabase(const Section& root, const GetenvFn& getenv, Config& config) {
   const Section database = root.Table("database");
-  database.AllowOnly({"url", "schema"});
+  database.AllowOnly({"type", "url", "schema", "path"});
+  std::string type{kPostgresType};
+  database.ReadChoice("type", {kPostgresType, kSqliteType}, type);
+  if (type == kSqliteType) {
+    config.database_type = DatabaseType::kSqlite;
+    // A SQLite database is a file: a url or schema here is a mistake, not something to ignore.
+    // (OUTBOX_DATABASE_URL is ignored: it may be set for other tools.)
+    for (const std::string_view key : {"url", "schema"}) {
+      if (const TomlValue* value = database.Find(key)) {
+        Fail(database.Key(key),
+             "is for type = \"postgres\"; a \"sqlite\" database is named by database.path", value);
+      }
+    }
+    if (!database.Read("path", config.database_path)) {
+      Fail("database.path",
+           "is required with type = \"sqlite\": the database file (created if missing)",
+           database.Find("type"));
+    }
+    if (config.database_path.empty() || HasControlCharacter(config.database_path)) {
+      Fail("database.path", "must be a file path (not empty, no control characters)",
+           database.Find("path"));
+    }
+    return;
+  }
+  if (const TomlValue* path = database.Find("path")) {
+    Fail("database.path",
+         "is only for type = \"sqlite\"; a PostgreSQL database is named by database.url", path);
+  }
   database.Read("url", config.database_url);
   if (auto url = Env(getenv, std::string{kDatabaseUrlEnv})) config.database_url = std::move(*url);
   if (config.database_url.empty()) {
@@ -517,7 +546,17 @@ void ParseHttp(const Section& root, const GetenvFn& getenv, Config& config) {
   const Section http = root.Table("http");
   http.AllowOnly({"listen", "token", "stats_interval", "ready_max_age"});
   HttpConfig& out = config.http;
-  if (http.Read("listen", out.listen) && !out.listen.empty() && !SplitListen(out.listen)) {
+  const bool listen_set = http.Read("listen", out.listen);
+  if (config.database_type == DatabaseType::kSqlite) {
+    // The operations side reads its statistics from PostgreSQL only (for now).
+    if (listen_set && !out.listen.empty()) {
+      Fail("http.listen",
+           "is not available with database.type = \"sqlite\" yet; remove it or set it to \"\"",
+           http.Find("listen"));
+    }
+    out.listen.clear();
+  }
+  if (listen_set && !out.listen.empty() && !SplitListen(out.listen)) {
     Fail("http.listen",
          "expected \"host:port\" (port 1 to 65535; \"[::1]:9780\" for IPv6) or \"\" to "
          "disable, got " +
@@ -840,8 +879,14 @@ Config LoadConfig(const std::string& path, const GetenvFn& getenv) {
 std::string Describe(const Config& config) {
   Writer out;
   out.Header("database");
-  out.String("url", MaskPassword(config.database_url));
-  out.String("schema", config.schema);
+  if (config.database_type == DatabaseType::kSqlite) {
+    out.String("type", kSqliteType);
+    out.String("path", config.database_path);
+  } else {
+    out.String("type", kPostgresType);
+    out.String("url", MaskPassword(config.database_url));
+    out.String("schema", config.schema);
+  }
 
   out.Header("relay");
   out.String("instance", config.instance);

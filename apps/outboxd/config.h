@@ -5,7 +5,7 @@
 //
 // Secrets may come from the environment instead of the file; a set, non-empty variable wins over
 // the file:
-//   OUTBOX_DATABASE_URL       [database] url
+//   OUTBOX_DATABASE_URL       [database] url (ignored when [database] type = "sqlite")
 //   OUTBOX_SINK_<NAME>_URL    [sinks.<name>] url of a rabbitmq sink; <NAME> is the sink's name
 //                             upper-cased with '-' replaced by '_' (sink "audit-log" reads
 //                             OUTBOX_SINK_AUDIT_LOG_URL)
@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -53,6 +54,8 @@ struct SinkConfig {
 // [http]: the operations listener (/metrics, /api/outbox, /healthz, /readyz).
 struct HttpConfig {
   // host:port to listen on ("[::1]:9780" for IPv6); "" disables the listener. Port 1..65535.
+  // With [database] type = "sqlite" the listener is not available yet (its statistics are read
+  // from PostgreSQL only): listen defaults to "" there and any other value is an error.
   std::string listen = "127.0.0.1:9780";
   // When not empty, every path but /healthz requires "Authorization: Bearer <token>".
   // OUTBOX_HTTP_TOKEN wins over the file. Printable ASCII without spaces, at most 256 bytes.
@@ -69,10 +72,21 @@ struct HttpConfig {
   [[nodiscard]] int port() const;
 };
 
+// [database] type: which store holds the outbox.
+enum class DatabaseType : std::uint8_t {
+  kPostgres,  // "postgres" (the default): url and schema
+  kSqlite,    // "sqlite": path; no url, no schema, no [http] listener (see below)
+};
+
 struct Config {
   // [database]
-  std::string database_url;  // url: required unless OUTBOX_DATABASE_URL is set, which wins
+  DatabaseType database_type = DatabaseType::kPostgres;
+  // postgres: url, required unless OUTBOX_DATABASE_URL is set, which wins; and the schema.
+  std::string database_url;
   std::string schema = "outbox";
+  // sqlite: the database file, required (created and migrated at start when missing; a relative
+  // path is relative to outboxd's working directory).
+  std::string database_path;
 
   // [relay]
   std::string instance;  // lease owner name; default "<hostname>-<pid>"

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -27,6 +28,7 @@
 #include "outbox/sink/file.h"
 #include "outbox/sink/rabbitmq.h"
 #include "outbox/store/postgres.h"
+#include "outbox/store/sqlite.h"
 
 namespace {
 
@@ -95,6 +97,34 @@ outbox::SinkMap OpenSinks(const outbox::outboxd::Config& config) {
   return sinks;
 }
 
+// The relay's store and wake-up for [database] type. SQLite: the tables are created or upgraded
+// first (idempotent), so that the embedded store needs no separate migrate step.
+struct Database {
+  std::unique_ptr<outbox::Store> store;
+  std::unique_ptr<outbox::Wakeup> wakeup;
+  std::string description;  // for the start-up log line
+};
+
+Database OpenDatabase(const outbox::outboxd::Config& config) {
+  if (config.database_type == outbox::outboxd::DatabaseType::kSqlite) {
+    outbox::sqlite::Migrate(config.database_path);
+    outbox::sqlite::StoreOptions options;
+    options.path = config.database_path;
+    options.retry = config.retry;
+    options.retention = config.retention;
+    return {outbox::sqlite::OpenStore(std::move(options)), outbox::sqlite::OpenWakeup(),
+            "SQLite database " + config.database_path};
+  }
+  outbox::postgres::StoreOptions options;
+  options.conninfo = config.database_url;
+  options.schema = config.schema;
+  options.retry = config.retry;
+  options.retention = config.retention;
+  return {outbox::postgres::OpenStore(std::move(options)),
+          outbox::postgres::OpenWakeup(config.database_url, config.schema),
+          "schema " + config.schema};
+}
+
 // Waits for SIGTERM/SIGINT on a thread of its own (the signals are blocked everywhere else): the
 // first asks the relay to drain, a second exits at once.
 void HandleSignals(outbox::Relay& relay, outbox::outboxd::Operations* operations,
@@ -161,11 +191,6 @@ int main(int argc, char** argv) {
 
   auto logger = MakeLogger(config);
   try {
-    outbox::postgres::StoreOptions store_options;
-    store_options.conninfo = config.database_url;
-    store_options.schema = config.schema;
-    store_options.retry = config.retry;
-    store_options.retention = config.retention;
     outbox::RelayOptions options;
     options.instance = config.instance;
     options.batch_size = config.batch_size;
@@ -181,17 +206,23 @@ int main(int argc, char** argv) {
     options.metrics = &registry;
     options.max_attempts = config.retry.max_attempts;
     const auto log_fn = MakeLogFn(logger, config.log_format == "json");
-    outbox::Relay relay(options, outbox::postgres::OpenStore(store_options),
-                        outbox::postgres::OpenWakeup(config.database_url, config.schema),
+    Database database = OpenDatabase(config);
+    outbox::Relay relay(options, std::move(database.store), std::move(database.wakeup),
                         OpenSinks(config), log_fn);
-    outbox::outboxd::Operations operations(config, registry, relay.counters(), log_fn);
-    operations.Start();
-    logger->info("outboxd {} relaying schema {} as {} to {} sink(s)", outbox::kVersion,
-                 config.schema, config.instance, config.sinks.size());
-    std::thread signal_thread([&] { HandleSignals(relay, &operations, logger, signals); });
+    // The operations side (stats thread, HTTP listener) reads its counts from PostgreSQL only;
+    // with SQLite the configuration guarantees [http] listen = "" and it is not started.
+    std::optional<outbox::outboxd::Operations> operations;
+    if (config.database_type == outbox::outboxd::DatabaseType::kPostgres) {
+      operations.emplace(config, registry, relay.counters(), log_fn);
+      operations->Start();
+    }
+    logger->info("outboxd {} relaying {} as {} to {} sink(s)", outbox::kVersion,
+                 database.description, config.instance, config.sinks.size());
+    outbox::outboxd::Operations* operations_ptr = operations ? &*operations : nullptr;
+    std::thread signal_thread([&] { HandleSignals(relay, operations_ptr, logger, signals); });
     signal_thread.detach();  // it either exits the process or waits forever
     relay.Run();
-    operations.Stop();
+    if (operations) operations->Stop();
     const auto& counters = relay.counters();
     logger->info("published {} messages, {} failed attempts, {} republished; bye",
                  counters.published.load(), counters.failed.load(), counters.unconfirmed.load());

@@ -2,20 +2,26 @@
 
 #include <fcntl.h>
 #include <httplib.h>
+#include <libpq-fe.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "outbox/core/version.h"
 #include "outbox/store/postgres.h"
+#include "outbox/store/postgres_admin.h"
 
 namespace outbox::outboxd {
 namespace {
@@ -24,10 +30,26 @@ using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr std::size_t kHttpThreads = 4;
-constexpr std::size_t kMaxRequestBodyBytes = 1024;  // every endpoint is a GET
-constexpr time_t kHttpTimeoutSeconds = 2;           // read and write, per request
+// The largest body (POST /api/messages/replay and /abandon); larger ones get 413.
+constexpr std::size_t kMaxRequestBodyBytes = 64 * 1024;
+// The most ids one replay or abandon request may name, and the most ids its reply lists.
+constexpr std::size_t kMaxIdsPerRequest = 1000;
+// An admin request waits this long for the one admin connection, then gets 503.
+constexpr std::chrono::seconds kAdminWait{5};
+// outbox_messages_by_topic: this many (status, target, topic) series, the rest summed into one
+// series per status with target and topic "_other" (at most 4 more; the registry allows 64).
+constexpr int kTopicSeries = 50;
+// After the grouped count timed out, it is not tried again for this long.
+constexpr std::chrono::seconds kTopicRetryAfterTimeout{60};
+constexpr time_t kHttpTimeoutSeconds = 2;  // read and write, per request
 constexpr std::size_t kKeepAliveMaxRequests = 20;
 constexpr milliseconds kProbeTimeout{1000};
+
+constexpr std::string_view kByTopicName = "outbox_messages_by_topic";
+constexpr std::string_view kByTopicHelp =
+    "Messages that are not published, by status, target and topic: the 50 largest groups, the "
+    "rest summed into target=\"_other\", topic=\"_other\". Empty while "
+    "outbox_messages_by_topic_skipped is 1.";
 
 constexpr std::string_view kPrometheusContentType = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -40,6 +62,242 @@ std::string SecondsText(SteadyClock::duration duration) {
   std::snprintf(text.data(), text.size(), "%.1f s", Seconds(duration));
   return text.data();
 }
+
+// ---- the admin API's JSON (the same shapes as outboxctl list/show --json) ----
+
+using Json = nlohmann::ordered_json;  // keys in the order written: id first
+
+// RFC 3339 in UTC with microseconds: "2026-11-21T13:21:51.123456Z".
+std::string FormatTime(TimePoint time) {
+  const std::int64_t micros =
+      std::chrono::duration_cast<std::chrono::microseconds>(time.time_since_epoch()).count();
+  std::int64_t seconds = micros / 1000000;
+  std::int64_t fraction = micros % 1000000;
+  if (fraction < 0) {
+    fraction += 1000000;
+    --seconds;
+  }
+  const auto unix_seconds = static_cast<std::time_t>(seconds);
+  std::tm utc{};
+  gmtime_r(&unix_seconds, &utc);
+  std::array<char, 32> date{};
+  const std::size_t length = std::strftime(date.data(), date.size(), "%Y-%m-%dT%H:%M:%S", &utc);
+  std::array<char, 16> micro_text{};
+  std::snprintf(micro_text.data(), micro_text.size(), ".%06lldZ", static_cast<long long>(fraction));
+  return std::string{date.data(), length} + micro_text.data();
+}
+
+Json OptionalJson(const std::optional<std::string>& value) {
+  return value ? Json(*value) : Json(nullptr);
+}
+
+Json OptionalTimeJson(const std::optional<TimePoint>& value) {
+  return value ? Json(FormatTime(*value)) : Json(nullptr);
+}
+
+Json SummaryJson(const postgres::MessageSummary& message) {
+  return Json{
+      {"id", message.id.ToString()},
+      {"topic", message.topic},
+      {"stream_key", OptionalJson(message.stream_key)},
+      {"stream_seq", message.stream_seq ? Json(*message.stream_seq) : Json(nullptr)},
+      {"partition", message.partition},
+      {"target", message.target},
+      {"type", OptionalJson(message.type)},
+      {"status", postgres::MessageStatusName(message.status)},
+      {"attempts", message.attempts},
+      {"available_at", FormatTime(message.available_at)},
+      {"created_at", FormatTime(message.created_at)},
+      {"last_error", OptionalJson(message.last_error)},
+      {"lease_owner", OptionalJson(message.lease_owner)},
+      {"lease_until", OptionalTimeJson(message.lease_until)},
+      {"payload_bytes", message.payload_bytes},
+  };
+}
+
+// Valid UTF-8 without control characters but tab, CR and LF.
+bool IsPrintableText(std::string_view bytes) {
+  for (std::size_t at = 0; at < bytes.size();) {
+    const auto lead = static_cast<unsigned char>(bytes[at]);
+    if (lead < 0x80) {
+      if ((lead < 0x20 && lead != '\t' && lead != '\r' && lead != '\n') || lead == 0x7F) {
+        return false;
+      }
+      ++at;
+      continue;
+    }
+    std::size_t length = 0;
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      length = 2;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      length = 3;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      length = 4;
+    } else {
+      return false;
+    }
+    if (at + length > bytes.size()) return false;
+    for (std::size_t i = 1; i < length; ++i) {
+      if ((static_cast<unsigned char>(bytes[at + i]) & 0xC0U) != 0x80U) return false;
+    }
+    at += length;
+  }
+  return true;
+}
+
+std::string Hex(std::string_view bytes) {
+  static constexpr std::string_view kDigits = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(bytes.size() * 2);
+  for (const char c : bytes) {
+    const auto byte = static_cast<unsigned char>(c);
+    hex += kDigits[byte >> 4U];
+    hex += kDigits[byte & 0xFU];
+  }
+  return hex;
+}
+
+void JsonReply(httplib::Response& response, int status, const Json& body) {
+  response.status = status;
+  // Text from the database is UTF-8; replace rather than throw if it ever is not.
+  response.set_content(body.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n",
+                       "application/json");
+}
+
+void ErrorReply(httplib::Response& response, int status, const std::string& message) {
+  JsonReply(response, status, Json{{"error", message}});
+}
+
+// "30s", "10m", "2h", "30d" or a whole number of seconds; throws std::invalid_argument.
+std::chrono::seconds ParseAge(std::string_view text) {
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  const std::string_view unit{end, static_cast<std::size_t>(text.data() + text.size() - end)};
+  std::int64_t scale = 0;
+  if (unit.empty() || unit == "s") {
+    scale = 1;
+  } else if (unit == "m") {
+    scale = 60;
+  } else if (unit == "h") {
+    scale = 3600;
+  } else if (unit == "d") {
+    scale = 86400;
+  }
+  constexpr std::int64_t kMaxSeconds = 100LL * 366 * 86400;
+  if (error != std::errc{} || scale == 0 || value < 0 || value > kMaxSeconds / scale) {
+    throw std::invalid_argument("older_than '" + std::string{text} +
+                                "' is not a duration like 30s, 10m, 2h or 30d");
+  }
+  return std::chrono::seconds{value * scale};
+}
+
+MessageId ParseId(std::string_view text) {
+  auto id = MessageId::Parse(text);
+  if (!id) throw std::invalid_argument("'" + std::string{text} + "' is not a message id (UUID)");
+  return *id;
+}
+
+// Sets the criterion `key` of `filter`; false when `key` is not a filter's.
+bool SetFilter(postgres::MessageFilter& filter, std::string_view key, const std::string& value) {
+  if (key == "status") {
+    filter.status = postgres::ParseMessageStatus(value);
+  } else if (key == "topic") {
+    filter.topic = value;
+  } else if (key == "stream") {
+    filter.stream_key = value;
+  } else if (key == "target") {
+    filter.target = value;
+  } else if (key == "older_than") {
+    filter.older_than = ParseAge(value);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+struct ListQuery {
+  postgres::MessageFilter filter;
+  int limit = 50;
+  std::optional<MessageId> after;
+};
+
+// GET /api/messages?status=&topic=&stream=&target=&older_than=&limit=&after=
+ListQuery ParseListQuery(const httplib::Request& request) {
+  ListQuery query;
+  for (const auto& [key, value] : request.params) {
+    if (request.params.count(key) > 1) {
+      throw std::invalid_argument("parameter '" + key + "' is given more than once");
+    }
+    if (SetFilter(query.filter, key, value)) continue;
+    if (key == "limit") {
+      const auto [end, error] =
+          std::from_chars(value.data(), value.data() + value.size(), query.limit);
+      if (error != std::errc{} || end != value.data() + value.size() || query.limit < 1 ||
+          query.limit > postgres::Admin::kMaxListLimit) {
+        throw std::invalid_argument("limit must be a number from 1 to " +
+                                    std::to_string(postgres::Admin::kMaxListLimit));
+      }
+    } else if (key == "after") {
+      query.after = ParseId(value);
+    } else {
+      throw std::invalid_argument("unknown parameter '" + key +
+                                  "' (known: status, topic, stream, target, older_than, limit, "
+                                  "after)");
+    }
+  }
+  return query;
+}
+
+struct ChangeRequest {
+  postgres::MessageFilter filter;
+  bool dry_run = false;
+  std::string reason;
+};
+
+// The body of POST /api/messages/replay and /abandon: {"ids": [...]} and/or the criteria
+// "status", "topic", "stream", "target", "older_than"; "dry_run": bool; "reason": text.
+ChangeRequest ParseChangeRequest(const std::string& body) {
+  const Json json = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) throw std::invalid_argument("the body is not valid JSON");
+  if (!json.is_object()) throw std::invalid_argument("the body must be a JSON object");
+  ChangeRequest change;
+  for (const auto& [key, value] : json.items()) {
+    if (key == "ids") {
+      if (!value.is_array()) throw std::invalid_argument("ids must be an array of message ids");
+      if (value.size() > kMaxIdsPerRequest) {
+        throw std::invalid_argument("at most " + std::to_string(kMaxIdsPerRequest) +
+                                    " ids per request");
+      }
+      std::vector<MessageId> ids;
+      for (const Json& id : value) {
+        if (!id.is_string()) throw std::invalid_argument("ids must be an array of message ids");
+        ids.push_back(ParseId(id.get<std::string>()));
+      }
+      change.filter.ids = std::move(ids);
+    } else if (key == "dry_run") {
+      if (!value.is_boolean()) throw std::invalid_argument("dry_run must be true or false");
+      change.dry_run = value.get<bool>();
+    } else if (key == "reason") {
+      if (!value.is_string()) throw std::invalid_argument("reason must be a string");
+      change.reason = value.get<std::string>();
+    } else if (key == "older_than" && value.is_number_unsigned()) {
+      change.filter.older_than = ParseAge(std::to_string(value.get<std::uint64_t>()));
+    } else if (value.is_string()) {
+      if (!SetFilter(change.filter, key, value.get<std::string>())) {
+        throw std::invalid_argument("unknown field '" + key +
+                                    "' (known: ids, status, topic, stream, target, older_than, "
+                                    "dry_run, reason)");
+      }
+    } else {
+      throw std::invalid_argument("field '" + key + "' must be a string");
+    }
+  }
+  return change;
+}
+
+// A libpq connection, closed when destroyed.
+using PgConnection = std::unique_ptr<PGconn, decltype(&::PQfinish)>;
+using PgResult = std::unique_ptr<PGresult, decltype(&::PQclear)>;
 
 }  // namespace
 
@@ -138,7 +396,11 @@ class Operations::Impl {
                                               "Age of the oldest pending message (0 when none is "
                                               "pending), on the database's clock.")),
         lease_owners_(registry.AddGauge(
-            "outbox_lease_owners", "Relays (lease owners) holding unexpired leases right now.")) {
+            "outbox_lease_owners", "Relays (lease owners) holding unexpired leases right now.")),
+        by_topic_skipped_(registry.AddGauge(
+            "outbox_messages_by_topic_skipped",
+            "1 when outbox_messages_by_topic is empty because the backlog is above the exact-count "
+            "limit or the grouped count took too long; 0 when it is current.")) {
     registry
         .AddGauge("outbox_info", "Always 1; the labels describe this outboxd.",
                   {{"version", kVersion}, {"instance", config.instance}})
@@ -150,6 +412,7 @@ class Operations::Impl {
           "Messages in the outbox by status (published: those kept by the retention setting).",
           {{"status", std::string{status}}}));
     }
+    registry.ReplaceGauges(std::string{kByTopicName}, kByTopicHelp, {});
     for (const SinkConfig& sink : config.sinks) {
       const auto* rabbit = std::get_if<RabbitSinkConfig>(&sink.settings);
       if (rabbit == nullptr) continue;
@@ -186,9 +449,11 @@ class Operations::Impl {
     for (int i = 0; i < 500 && !server_.is_running(); ++i) {
       std::this_thread::sleep_for(milliseconds{10});
     }
-    Log(LogLevel::kInfo, "serving /metrics, /api/outbox, /healthz and /readyz on http://" +
-                             config_.http.listen +
-                             (config_.http.token.empty() ? "" : " (bearer token required)"));
+    Log(LogLevel::kInfo,
+        "serving /metrics, /api/outbox, /api/messages, /healthz and /readyz on http://" +
+            config_.http.listen +
+            (config_.http.token.empty() ? " (no token: the /api/messages routes answer 403)"
+                                        : " (bearer token required)"));
   }
 
   void BeginDrain() { draining_ = true; }
@@ -276,8 +541,16 @@ class Operations::Impl {
     server_.set_payload_max_length(kMaxRequestBodyBytes);
     server_.set_pre_routing_handler([this](const httplib::Request& request,
                                            httplib::Response& response) {
-      if (request.path == "/healthz" || config_.http.token.empty()) {
-        return httplib::Server::HandlerResponse::Unhandled;
+      if (request.path == "/healthz") return httplib::Server::HandlerResponse::Unhandled;
+      if (config_.http.token.empty()) {
+        // Messages (payloads included) are never shown, and never changed, without a token.
+        if (!request.path.starts_with("/api/messages")) {
+          return httplib::Server::HandlerResponse::Unhandled;
+        }
+        ErrorReply(response, 403,
+                   "the /api/messages routes need a token: set [http] token or "
+                   "OUTBOX_HTTP_TOKEN");
+        return httplib::Server::HandlerResponse::Handled;
       }
       if (BearerTokenMatches(request.get_header_value("Authorization"), config_.http.token)) {
         return httplib::Server::HandlerResponse::Unhandled;
@@ -290,7 +563,8 @@ class Operations::Impl {
     server_.set_error_handler([](const httplib::Request&, httplib::Response& response) {
       if (response.body.empty()) {
         response.set_content(std::to_string(response.status) +
-                                 " (paths: /metrics, /api/outbox, /healthz, /readyz)\n",
+                                 " (paths: /metrics, /api/outbox, /api/messages, /healthz, "
+                                 "/readyz)\n",
                              "text/plain");
       }
     });
@@ -315,13 +589,111 @@ class Operations::Impl {
       CheckReadiness();
       response.set_content(registry_.RenderJson(), "application/json");
     });
+    SetUpAdminRoutes();
+  }
+
+  // /api/messages: list, show, replay, abandon, over postgres::Admin on a connection of its own.
+  void SetUpAdminRoutes() {
+    server_.Get(
+        "/api/messages", [this](const httplib::Request& request, httplib::Response& response) {
+          WithAdmin(response, [&](postgres::Admin& admin) {
+            const ListQuery query = ParseListQuery(request);
+            const postgres::MessagePage page = admin.List(query.filter, query.limit, query.after);
+            Json messages = Json::array();
+            for (const auto& message : page.messages) messages.push_back(SummaryJson(message));
+            JsonReply(response, 200,
+                      Json{{"messages", std::move(messages)},
+                           {"more", page.more},
+                           {"next_after",
+                            page.more ? Json(page.messages.back().id.ToString()) : Json(nullptr)}});
+          });
+        });
+    server_.Get(R"(/api/messages/([^/]+))",
+                [this](const httplib::Request& request, httplib::Response& response) {
+                  WithAdmin(response, [&](postgres::Admin& admin) {
+                    const MessageId id = ParseId(request.matches[1].str());
+                    const auto found = admin.Show(id);
+                    if (!found) {
+                      ErrorReply(response, 404, "message " + id.ToString() + " not found");
+                      return;
+                    }
+                    const bool text = IsPrintableText(found->payload);
+                    Json out = SummaryJson(found->summary);
+                    out["content_type"] = found->content_type;
+                    out["headers"] = Json(found->headers);
+                    out["lease_epoch"] = found->lease_epoch;
+                    out["published_at"] = OptionalTimeJson(found->published_at);
+                    out["abandoned_at"] = OptionalTimeJson(found->abandoned_at);
+                    out["payload_encoding"] = text ? "text" : "hex";
+                    out["payload"] = text ? found->payload : Hex(found->payload);
+                    JsonReply(response, 200, out);
+                  });
+                });
+    server_.Post("/api/messages/replay",
+                 [this](const httplib::Request& request, httplib::Response& response) {
+                   Change(request, response, /*replay=*/true);
+                 });
+    server_.Post("/api/messages/abandon",
+                 [this](const httplib::Request& request, httplib::Response& response) {
+                   Change(request, response, /*replay=*/false);
+                 });
+  }
+
+  void Change(const httplib::Request& request, httplib::Response& response, bool replay) {
+    WithAdmin(response, [&](postgres::Admin& admin) {
+      const ChangeRequest change = ParseChangeRequest(request.body);
+      if (!replay && change.reason.empty()) {
+        throw std::invalid_argument("abandon needs a \"reason\" (it is kept in last_error)");
+      }
+      const postgres::ChangeResult result =
+          replay ? admin.Replay(change.filter, change.dry_run)
+                 : admin.Abandon(change.filter, change.reason, change.dry_run);
+      Json ids = Json::array();
+      for (std::size_t i = 0; i < result.ids.size() && i < kMaxIdsPerRequest; ++i) {
+        ids.push_back(result.ids[i].ToString());
+      }
+      const char* verb = replay ? "replay" : "abandon";
+      const std::string what =
+          (change.dry_run ? std::string{"would "} + verb : std::string{verb} + "ed") + " " +
+          std::to_string(result.count) + " messages";
+      Log(change.dry_run ? LogLevel::kInfo : LogLevel::kWarn,
+          "admin API (" + request.remote_addr + "): " + what +
+              (change.reason.empty() ? "" : "; reason: " + change.reason) +
+              (result.ids.empty() ? "" : "; first " + result.ids.front().ToString()));
+      JsonReply(response, 200,
+                Json{{"dry_run", change.dry_run},
+                     {"count", result.count},
+                     {"ids", std::move(ids)},
+                     {"ids_truncated", result.ids.size() > kMaxIdsPerRequest}});
+    });
+  }
+
+  // Runs `work` on the admin connection (opened on first use, reopened after a failure) and
+  // maps its errors: bad input 400, database unreachable or busy 503, else 500.
+  template <typename Work>
+  void WithAdmin(httplib::Response& response, Work&& work) {
+    std::unique_lock lock(admin_mutex_, std::defer_lock);
+    if (!lock.try_lock_for(kAdminWait)) {
+      ErrorReply(response, 503, "busy: another admin request is still running; try again");
+      return;
+    }
+    try {
+      if (!admin_) admin_ = postgres::Admin::Open(config_.database_url, config_.schema);
+      work(*admin_);
+    } catch (const std::invalid_argument& bad) {
+      ErrorReply(response, 400, bad.what());
+    } catch (const StoreError& failure) {
+      admin_.reset();  // a fresh connection next time
+      const bool unavailable = failure.kind() == FailureKind::kUnavailable;
+      ErrorReply(response, unavailable ? 503 : 500, MaskPassword(failure.what()));
+    }
   }
 
   // Every stats_interval: the counts on a connection of our own, then the broker probes.
   void StatsLoop() {
     std::unique_ptr<Store> store;
     for (;;) {
-      ReadStats(store);
+      if (const auto stats = ReadStats(store)) ReadTopicCounts(*stats);
       ProbeBrokers();
       CheckReadiness();
       std::unique_lock lock(mutex_);
@@ -331,7 +703,9 @@ class Operations::Impl {
     }
   }
 
-  void ReadStats(std::unique_ptr<Store>& store) {
+  // The counts, or nullopt when they could not be read.
+  std::optional<StoreStats> ReadStats(std::unique_ptr<Store>& store) {
+    std::optional<StoreStats> read;
     std::string error;
     const auto started = SteadyClock::now();
     try {
@@ -355,9 +729,11 @@ class Operations::Impl {
                                   ? std::chrono::duration<double>(*stats.oldest_pending_age).count()
                                   : 0.0);
       lease_owners_.Set(static_cast<double>(stats.active_leases));
+      read = stats;
     } catch (const std::exception& failure) {
       // Error texts of the store name the database without its password; mask anyway.
       error = MaskPassword(failure.what());
+      store.reset();  // a fresh connection next time
     }
     bool changed = false;
     {
@@ -366,13 +742,102 @@ class Operations::Impl {
       stats_error_ = error;
       if (error.empty()) stats_ok_at_ = SteadyClock::now();
     }
-    if (!changed) return;
+    if (!changed) return read;
     if (error.empty()) {
       Log(LogLevel::kInfo, "reading the outbox counts works again");
     } else {
       registry_.RecordError("database", "reading the outbox counts failed: " + error);
       Log(LogLevel::kWarn, "reading the outbox counts failed (readiness fails): " + error);
     }
+    return read;
+  }
+
+  // outbox_messages_by_topic: one GROUP BY over the rows that are not published (found through
+  // the partial indexes on status), capped to kTopicSeries series plus "_other". Skipped while
+  // any of those statuses is above the exact-count limit (the counts are then the planner's
+  // estimates, and grouping that many rows would take seconds) and for a while after it ran
+  // into its statement timeout (a quarter of ready_max_age, at most 2 s).
+  void ReadTopicCounts(const StoreStats& stats) {
+    const std::int64_t limit = postgres::StoreOptions{}.exact_count_limit;
+    const bool too_many = stats.pending >= limit || stats.processing >= limit ||
+                          stats.failed >= limit || stats.abandoned >= limit;
+    if (too_many || SteadyClock::now() < topic_retry_at_) {
+      SetTopicCounts({}, /*skipped=*/true);
+      return;
+    }
+    try {
+      if (!topic_connection_) OpenTopicConnection();
+      PGresult* raw = ::PQexec(topic_connection_.get(), topic_sql_.c_str());
+      const PgResult result{raw, &::PQclear};
+      if (::PQresultStatus(raw) != PGRES_TUPLES_OK) {
+        const char* state = ::PQresultErrorField(raw, PG_DIAG_SQLSTATE);
+        if (state != nullptr && std::string_view{state} == "57014") {  // query_canceled
+          topic_retry_at_ = SteadyClock::now() + kTopicRetryAfterTimeout;
+          Log(LogLevel::kWarn,
+              "outbox_messages_by_topic: the grouped count took too long; not "
+              "trying again for 60 s");
+        }
+        throw std::runtime_error(::PQresultErrorMessage(raw));
+      }
+      std::vector<std::pair<observe::Labels, double>> series;
+      for (int row = 0; row < ::PQntuples(raw); ++row) {
+        series.push_back({{{"status", ::PQgetvalue(raw, row, 0)},
+                           {"target", ::PQgetvalue(raw, row, 1)},
+                           {"topic", ::PQgetvalue(raw, row, 2)}},
+                          std::strtod(::PQgetvalue(raw, row, 3), nullptr)});
+      }
+      SetTopicCounts(series, /*skipped=*/false);
+    } catch (const std::exception& failure) {
+      if (topic_connection_ && ::PQstatus(topic_connection_.get()) != CONNECTION_OK) {
+        topic_connection_.reset();
+      }
+      SetTopicCounts({}, /*skipped=*/true);
+      Log(LogLevel::kDebug, "outbox_messages_by_topic: " + MaskPassword(failure.what()));
+    }
+  }
+
+  void SetTopicCounts(const std::vector<std::pair<observe::Labels, double>>& series, bool skipped) {
+    registry_.ReplaceGauges(std::string{kByTopicName}, kByTopicHelp, series);
+    by_topic_skipped_.Set(skipped ? 1.0 : 0.0);
+  }
+
+  void OpenTopicConnection() {
+    PgConnection connection{::PQconnectdb(config_.database_url.c_str()), &::PQfinish};
+    if (::PQstatus(connection.get()) != CONNECTION_OK) {
+      throw std::runtime_error(::PQerrorMessage(connection.get()));
+    }
+    const auto timeout =
+        std::clamp(std::chrono::duration_cast<milliseconds>(config_.http.ready_max_age / 4),
+                   milliseconds{100}, milliseconds{2000});
+    const PgResult set{
+        ::PQexec(connection.get(),
+                 ("SET statement_timeout = " + std::to_string(timeout.count())).c_str()),
+        &::PQclear};
+    if (::PQresultStatus(set.get()) != PGRES_COMMAND_OK) {
+      throw std::runtime_error(::PQresultErrorMessage(set.get()));
+    }
+    char* quoted =
+        ::PQescapeIdentifier(connection.get(), config_.schema.c_str(), config_.schema.size());
+    if (quoted == nullptr) throw std::runtime_error(::PQerrorMessage(connection.get()));
+    const std::string table = std::string{quoted} + ".messages";
+    ::PQfreemem(quoted);
+    // One arm per partial index, so that published rows are never read.
+    topic_sql_ =
+        "WITH grouped AS ("
+        "  SELECT status, target, topic, count(*) AS n FROM (" +
+        ("SELECT status, target, topic FROM " + table +
+         " WHERE status IN ('pending', 'failed') UNION ALL SELECT status, target, topic FROM " +
+         table + " WHERE status = 'processing' UNION ALL SELECT status, target, topic FROM " +
+         table + " WHERE status = 'abandoned'") +
+        ") unpublished GROUP BY status, target, topic), "
+        "ranked AS (SELECT grouped.*, row_number() OVER (ORDER BY n DESC, status, target, topic) "
+        "AS rank FROM grouped) "
+        "SELECT status, CASE WHEN rank <= " +
+        std::to_string(kTopicSeries) +
+        " THEN target ELSE '_other' END, CASE WHEN rank <= " + std::to_string(kTopicSeries) +
+        " THEN topic ELSE '_other' END, sum(n) FROM ranked GROUP BY 1, 2, 3 "
+        "ORDER BY 4 DESC, 1, 2, 3";
+    topic_connection_ = std::move(connection);
   }
 
   void ProbeBrokers() {
@@ -409,9 +874,19 @@ class Operations::Impl {
   observe::Gauge& estimated_;
   observe::Gauge& oldest_pending_age_;
   observe::Gauge& lease_owners_;
+  observe::Gauge& by_topic_skipped_;
   std::vector<observe::Gauge*> by_status_;
   std::vector<Probe> probes_;
   std::atomic<bool> draining_{false};
+
+  // The stats thread's own connection for outbox_messages_by_topic.
+  PgConnection topic_connection_{nullptr, &::PQfinish};
+  std::string topic_sql_;
+  SteadyClock::time_point topic_retry_at_{};
+
+  // The admin API's connection, opened on first use; one request at a time.
+  std::timed_mutex admin_mutex_;
+  std::unique_ptr<postgres::Admin> admin_;  // guarded by admin_mutex_
 
   httplib::Server server_;
   std::thread http_thread_;

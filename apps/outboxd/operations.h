@@ -1,11 +1,14 @@
 #pragma once
 // outboxd's operations side: the cached store statistics, broker probes and readiness, and the
-// HTTP listener that serves them (/metrics, /api/outbox, /healthz, /readyz). Everything it
-// shows is rendered by the one observe::Registry the relay also writes into.
+// HTTP listener that serves them (/metrics, /api/outbox, /healthz, /readyz), plus the admin API
+// (/api/messages: list, show, replay, abandon; never without a configured token). Everything
+// the metrics show is rendered by the one observe::Registry the relay also writes into.
 //
-// Threading: one stats thread (its own database connection, so a scrape never touches the
-// relay's connection and never reaches the database: requests read the cache) and the HTTP
-// server's bounded pool of worker threads. The relay's hot path is not involved.
+// Threading: one stats thread (its own database connections, for the counts and for the counts
+// by topic, so a scrape never touches the relay's connection and never reaches the database:
+// requests read the cache) and the HTTP server's bounded pool of worker threads. Admin requests
+// run one at a time on a further connection of their own (postgres::Admin, opened on first use).
+// The relay's hot path is not involved.
 
 #include <chrono>
 #include <condition_variable>

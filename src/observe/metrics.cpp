@@ -217,16 +217,12 @@ struct Registry::Family {
   int type = kCounter;
   std::vector<double> bounds;  // histograms
   std::deque<Series> series;   // a deque: registered series never move
+  bool replaced = false;       // its series are set by ReplaceGauges, never by AddGauge
 };
 
-Registry::Registry() = default;
-Registry::~Registry() = default;
+namespace {
 
-Registry::Series& Registry::Add(std::string_view name, std::string_view help, int type,
-                                const Labels& labels, const std::vector<double>* bounds) {
-  if (!ValidMetricName(name)) {
-    throw std::invalid_argument("metric name '" + std::string{name} + "' is not valid");
-  }
+void CheckLabels(std::string_view name, int type, const Labels& labels) {
   for (std::size_t i = 0; i < labels.size(); ++i) {
     const std::string& label = labels[i].first;
     if (!ValidLabelName(label) || (type == kHistogram && label == "le")) {
@@ -239,38 +235,30 @@ Registry::Series& Registry::Add(std::string_view name, std::string_view help, in
       }
     }
   }
+}
+
+bool SameLabelNames(const Labels& a, const Labels& b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(),
+                    [](const auto& x, const auto& y) { return x.first == y.first; });
+}
+
+}  // namespace
+
+Registry::Registry() = default;
+Registry::~Registry() = default;
+
+Registry::Series& Registry::Add(std::string_view name, std::string_view help, int type,
+                                const Labels& labels, const std::vector<double>* bounds) {
+  CheckLabels(name, type, labels);
   std::lock_guard lock(mutex_);
-  auto found = std::find_if(families_.begin(), families_.end(),
-                            [&](const auto& family) { return family->name == name; });
-  Family* family = nullptr;
-  if (found == families_.end()) {
-    auto created = std::make_unique<Family>();
-    created->name = std::string{name};
-    created->help = std::string{help};
-    created->type = type;
-    if (bounds != nullptr) created->bounds = *bounds;
-    family = created.get();
-    families_.push_back(std::move(created));
-  } else {
-    family = found->get();
-    if (family->type != type || (bounds != nullptr && family->bounds != *bounds)) {
-      throw std::invalid_argument("metric " + std::string{name} +
-                                  " is already registered as another type or with other buckets");
-    }
-  }
+  Family* family = &FindOrCreate(name, help, type, bounds, /*replaced=*/false);
   for (Series& series : family->series) {
     if (series.labels == labels) return series;
   }
-  if (!family->series.empty()) {
-    const Labels& first = family->series.front().labels;
-    const bool same_names =
-        first.size() == labels.size() &&
-        std::equal(first.begin(), first.end(), labels.begin(),
-                   [](const auto& a, const auto& b) { return a.first == b.first; });
-    if (!same_names) {
-      throw std::invalid_argument("metric " + std::string{name} +
-                                  ": every series must have the same label names");
-    }
+  if (!family->series.empty() && !SameLabelNames(family->series.front().labels, labels)) {
+    throw std::invalid_argument("metric " + std::string{name} +
+                                ": every series must have the same label names");
   }
   if (family->series.size() >= kMaxSeriesPerFamily) {
     throw std::length_error("metric " + std::string{name} + " has too many series");
@@ -283,6 +271,56 @@ Registry::Series& Registry::Add(std::string_view name, std::string_view help, in
     default:
       return family->series.emplace_back(labels, std::in_place_type<Histogram>, *bounds);
   }
+}
+
+Registry::Family& Registry::FindOrCreate(std::string_view name, std::string_view help, int type,
+                                         const std::vector<double>* bounds, bool replaced) {
+  if (!ValidMetricName(name)) {
+    throw std::invalid_argument("metric name '" + std::string{name} + "' is not valid");
+  }
+  auto found = std::find_if(families_.begin(), families_.end(),
+                            [&](const auto& family) { return family->name == name; });
+  if (found == families_.end()) {
+    auto created = std::make_unique<Family>();
+    created->name = std::string{name};
+    created->help = std::string{help};
+    created->type = type;
+    created->replaced = replaced;
+    if (bounds != nullptr) created->bounds = *bounds;
+    families_.push_back(std::move(created));
+    return *families_.back();
+  }
+  Family& family = **found;
+  if (family.type != type || (bounds != nullptr && family.bounds != *bounds)) {
+    throw std::invalid_argument("metric " + std::string{name} +
+                                " is already registered as another type or with other buckets");
+  }
+  if (family.replaced != replaced) {
+    throw std::invalid_argument("metric " + std::string{name} +
+                                " mixes AddGauge and ReplaceGauges");
+  }
+  return family;
+}
+
+void Registry::ReplaceGauges(std::string_view name, std::string_view help,
+                             const std::vector<std::pair<Labels, double>>& series) {
+  if (series.size() > kMaxSeriesPerFamily) {
+    throw std::length_error("metric " + std::string{name} + " has too many series");
+  }
+  for (const auto& [labels, value] : series) {
+    CheckLabels(name, kGauge, labels);
+    if (!SameLabelNames(series.front().first, labels)) {
+      throw std::invalid_argument("metric " + std::string{name} +
+                                  ": every series must have the same label names");
+    }
+  }
+  std::deque<Series> replacement;
+  for (const auto& [labels, value] : series) {
+    std::get<Gauge>(replacement.emplace_back(labels, std::in_place_type<Gauge>).metric).Set(value);
+  }
+  std::lock_guard lock(mutex_);
+  Family& family = FindOrCreate(name, help, kGauge, nullptr, /*replaced=*/true);
+  family.series.swap(replacement);
 }
 
 Counter& Registry::AddCounter(std::string_view name, std::string_view help, const Labels& labels) {

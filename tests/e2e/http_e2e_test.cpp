@@ -1,6 +1,8 @@
-// outboxd's HTTP listener end to end: real PostgreSQL, real RabbitMQ, the real binary. /metrics
-// and /api/outbox agree with the database, /readyz follows the broker, garbage requests get 4xx
-// while the relay keeps publishing, and no password or token ever shows.
+// outboxd's HTTP listener end to end: real PostgreSQL, real RabbitMQ, the real binary. /metrics,
+// /api/outbox and `outboxctl status --json` agree with the database, /readyz follows the broker
+// and the database, the admin API replays an abandoned message with its original id and refuses
+// unauthenticated or token-less mutations, garbage requests get 4xx while the relay keeps
+// publishing, and no password or token ever shows.
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -14,6 +16,8 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
@@ -104,6 +108,19 @@ double Sample(const std::string& metrics, const std::string& series) {
   return std::stod(metrics.substr(at + series.size() + 2));
 }
 
+// Runs `command` through the shell; its standard output.
+std::string Output(const std::string& command) {
+  std::string output;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return output;
+  std::array<char, 4096> buffer{};
+  for (std::size_t got = 0; (got = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) {
+    output.append(buffer.data(), got);
+  }
+  ::pclose(pipe);
+  return output;
+}
+
 std::string ServicesScript() { return std::string{PROJECT_SOURCE_DIR} + "/scripts/services"; }
 
 class HttpE2eTest : public ::testing::Test {
@@ -142,6 +159,37 @@ class HttpE2eTest : public ::testing::Test {
   std::int64_t Count(const std::string& where) {
     return std::stoll(Scalar(
         schema_.conn(), "SELECT count(*) FROM " + schema_.name() + ".messages WHERE " + where));
+  }
+
+  // The test's database URL with an application_name of this test's own, so that the test can
+  // find (and terminate) exactly this outboxd's connections on the shared server.
+  std::string OwnUrl() const {
+    const std::string url = PgUrl();
+    return url + (url.find('?') == std::string::npos ? "?" : "&") + "application_name=" + AppName();
+  }
+  std::string AppName() const { return "outboxd_" + schema_.name(); }
+
+  httplib::Result Post(const std::string& path, const std::string& token, const std::string& body) {
+    httplib::Client client("127.0.0.1", port_);
+    client.set_connection_timeout(2, 0);
+    client.set_read_timeout(10, 0);
+    httplib::Headers headers;
+    if (!token.empty()) headers.emplace("Authorization", "Bearer " + token);
+    return client.Post(path.c_str(), headers, body, "application/json");
+  }
+
+  int PostStatus(const std::string& path, const std::string& token, const std::string& body) {
+    auto result = Post(path, token, body);
+    return result ? result->status : -1;
+  }
+
+  // Counts by status on the database, as the gauges name them.
+  std::map<std::string, std::int64_t> DatabaseCounts() {
+    std::map<std::string, std::int64_t> counts;
+    for (const std::string status : {"pending", "processing", "failed", "abandoned", "published"}) {
+      counts[status] = Count("status = '" + status + "'");
+    }
+    return counts;
   }
 
   httplib::Result Get(const std::string& path, const std::string& token) {
@@ -324,6 +372,251 @@ TEST_F(HttpE2eTest, NeitherThePasswordNorTheTokenEverShows) {
     EXPECT_EQ(log.find(secret), std::string::npos) << log;
     EXPECT_EQ(replies.find(secret), std::string::npos) << replies;
   }
+}
+
+TEST_F(HttpE2eTest, StatusAgreesEverywhereAndAnAbandonedMessageIsReplayedWithItsOriginalId) {
+  using Json = nlohmann::json;
+  const std::string token = "tok-admin-" + std::to_string(std::random_device{}());
+  WriteConfig(OwnUrl(), token);
+  Consumer consumer(queue_);
+  Enqueue(queue_, 120);
+  Sql(schema_.conn(), "SELECT " + schema_.name() + ".enqueue('" + full_ +
+                          "', '{\"n\": 1}', correlation_id => 'corr-e2e-42')");
+  Enqueue(queue_ + "_nobody", 3);  // no such queue: unroutable, rejected twice, abandoned
+  Enqueue(queue_ + "_later", 3);   // not due for an hour: stays pending
+  Sql(schema_.conn(), "UPDATE " + schema_.name() +
+                          ".messages SET available_at = now() + interval '1 hour' WHERE topic = '" +
+                          queue_ + "_later'");
+  Daemon outboxd(config_path_);
+  for (int i = 0; i < 600 && (consumer.count() < 120 || Count("status = 'abandoned'") < 4); ++i) {
+    std::this_thread::sleep_for(milliseconds{50});
+  }
+  ASSERT_EQ(consumer.count(), 120U) << Log();
+  ASSERT_EQ(Count("status = 'abandoned'"), 4) << Log();
+  // The failure lines carry the correlation id.
+  EXPECT_NE(Log().find("attempt 1, correlation_id corr-e2e-42) failed"), std::string::npos)
+      << Log();
+
+  // /metrics, /api/outbox and outboxctl agree with the database (read before and after them).
+  std::map<std::string, std::int64_t> database;
+  std::string text;
+  Json api;
+  Json cli;
+  bool agree = false;
+  for (int round = 0; round < 20 && !agree; ++round) {
+    std::this_thread::sleep_for(milliseconds{400});  // a stats refresh after the last change
+    database = DatabaseCounts();
+    auto metrics = Get("/metrics", token);
+    auto json = Get("/api/outbox", token);
+    ASSERT_TRUE(metrics && json);
+    text = metrics->body;
+    api = Json::parse(json->body);
+    cli = Json::parse(Output(std::string{OUTBOXCTL_PATH} + " status --json --db '" + PgUrl() +
+                             "' --schema " + schema_.name()));
+    agree = database == DatabaseCounts();
+    for (const auto& [status, count] : database) {
+      double from_api = -1;
+      for (const Json& series : api["metrics"]["outbox_messages"]["series"]) {
+        if (series["labels"]["status"] == status) from_api = series["value"].get<double>();
+      }
+      agree = agree &&
+              Sample(text, "outbox_messages{status=\"" + status + "\"}") ==
+                  static_cast<double>(count) &&
+              from_api == static_cast<double>(count) && cli[status].get<std::int64_t>() == count;
+    }
+  }
+  EXPECT_TRUE(agree) << "database " << Json(database).dump() << "\n/api/outbox "
+                     << api["metrics"]["outbox_messages"].dump() << "\noutboxctl " << cli.dump()
+                     << "\n"
+                     << text;
+  EXPECT_EQ(database["abandoned"], 4);
+  EXPECT_EQ(database["pending"], 3);
+  const auto by_topic = [&](const std::string& status, const std::string& topic) {
+    return Sample(text, "outbox_messages_by_topic{status=\"" + status +
+                            "\",target=\"default\",topic=\"" + topic + "\"}");
+  };
+  EXPECT_EQ(by_topic("abandoned", full_), 1) << text;
+  EXPECT_EQ(by_topic("abandoned", queue_ + "_nobody"), 3) << text;
+  EXPECT_EQ(by_topic("pending", queue_ + "_later"), 3) << text;
+  EXPECT_EQ(Sample(text, "outbox_messages_by_topic_skipped"), 0) << text;
+  EXPECT_EQ(cli["counts_estimated"], false);
+
+  // Authentication and garbage: nothing changes, the relay keeps publishing.
+  const std::string abandoned_id =
+      Scalar(schema_.conn(),
+             "SELECT id FROM " + schema_.name() + ".messages WHERE topic = '" + full_ + "'");
+  const std::string by_id = R"({"ids": [")" + abandoned_id + R"("]})";
+  Enqueue(queue_, 80);
+  EXPECT_EQ(PostStatus("/api/messages/replay", "", by_id), 401);
+  EXPECT_EQ(PostStatus("/api/messages/replay", token + "x", by_id), 401);
+  EXPECT_EQ(PostStatus("/api/messages/abandon", "", R"({"status": "failed", "reason": "x"})"), 401);
+  EXPECT_EQ(Status("/api/messages", ""), 401);
+  EXPECT_EQ(Status("/api/messages/" + abandoned_id, "wrong"), 401);
+  const std::vector<std::pair<std::string, std::string>> garbage{
+      {"/api/messages/replay", "not json"},
+      {"/api/messages/replay", "[1, 2]"},
+      {"/api/messages/replay", "{}"},  // would select everything
+      {"/api/messages/replay", R"({"ids": "x"})"},
+      {"/api/messages/replay", R"({"ids": ["not-a-uuid"]})"},
+      {"/api/messages/replay", R"({"status": "published"})"},
+      {"/api/messages/replay", R"({"status": "bogus"})"},
+      {"/api/messages/replay", R"({"topic": 5})"},
+      {"/api/messages/replay", R"({"older_than": "soon"})"},
+      {"/api/messages/replay", R"({"ids": [], "surprise": "x"})"},
+      {"/api/messages/abandon", R"({"status": "failed"})"},  // no reason
+      {"/api/messages/abandon", R"({"status": "abandoned", "reason": "x"})"},
+      {"/api/messages/abandon", std::string(5000, '{')},
+  };
+  for (const auto& [path, body] : garbage) {
+    auto reply = Post(path, token, body);
+    ASSERT_TRUE(reply) << body;
+    EXPECT_EQ(reply->status, 400) << path << " " << body.substr(0, 100) << ": " << reply->body;
+    EXPECT_NE(reply->body.find("\"error\":"), std::string::npos) << reply->body;
+  }
+  EXPECT_EQ(PostStatus("/api/messages/replay", token, std::string(100 * 1024, ' ')), 413);
+  for (const std::string query :
+       {"?status=bogus", "?limit=0", "?limit=x", "?after=nope", "?older_than=-1s", "?colour=red"}) {
+    EXPECT_EQ(Status("/api/messages" + query, token), 400) << query;
+  }
+  EXPECT_EQ(Status("/api/messages/not-a-uuid", token), 400);
+  EXPECT_EQ(Status("/api/messages/0190f5c2-0000-7000-8000-000000000000", token), 404);
+  for (int i = 0; i < 300 && consumer.count() < 200; ++i) {
+    std::this_thread::sleep_for(milliseconds{50});
+  }
+  EXPECT_EQ(consumer.count(), 200U) << "the relay kept publishing";
+  EXPECT_EQ(Count("status = 'abandoned'"), 4);
+
+  // List and show.
+  auto listed = Get("/api/messages?status=abandoned&limit=10&topic=" + full_, token);
+  ASSERT_TRUE(listed);
+  ASSERT_EQ(listed->status, 200) << listed->body;
+  const Json page = Json::parse(listed->body);
+  ASSERT_EQ(page["messages"].size(), 1U) << listed->body;
+  EXPECT_EQ(page["messages"][0]["id"], abandoned_id);
+  EXPECT_EQ(page["messages"][0]["attempts"], 2);
+  EXPECT_EQ(page["more"], false);
+  auto paged = Get("/api/messages?topic=" + queue_ + "_later&limit=2", token);
+  ASSERT_TRUE(paged);
+  const Json first = Json::parse(paged->body);
+  ASSERT_EQ(first["messages"].size(), 2U) << paged->body;
+  EXPECT_EQ(first["more"], true);
+  const Json second = Json::parse(Get("/api/messages?topic=" + queue_ + "_later&limit=2&after=" +
+                                          first["next_after"].get<std::string>(),
+                                      token)
+                                      ->body);
+  EXPECT_EQ(second["messages"].size(), 1U);
+  EXPECT_EQ(second["more"], false);
+  auto shown = Get("/api/messages/" + abandoned_id, token);
+  ASSERT_TRUE(shown);
+  ASSERT_EQ(shown->status, 200) << shown->body;
+  const Json detail = Json::parse(shown->body);
+  EXPECT_EQ(detail["status"], "abandoned");
+  EXPECT_EQ(detail["payload"], "{\"n\": 1}");
+  EXPECT_EQ(detail["headers"]["correlation_id"], "corr-e2e-42");
+
+  // A dry run changes nothing.
+  auto dry = Post("/api/messages/replay", token,
+                  R"({"dry_run": true, "ids": [")" + abandoned_id + R"("]})");
+  ASSERT_TRUE(dry);
+  EXPECT_EQ(dry->status, 200) << dry->body;
+  EXPECT_EQ(Json::parse(dry->body)["count"], 1);
+  std::this_thread::sleep_for(milliseconds{500});
+  EXPECT_EQ(Count("status = 'abandoned'"), 4);
+
+  // Make its queue routable, replay it: the consumer gets it with its original id.
+  DeleteQueue(full_);
+  DeclareQueue(full_);
+  Consumer replayed(full_);
+  auto replay = Post("/api/messages/replay", token,
+                     R"({"reason": "queue fixed", "ids": [")" + abandoned_id + R"("]})");
+  ASSERT_TRUE(replay);
+  ASSERT_EQ(replay->status, 200) << replay->body;
+  const Json result = Json::parse(replay->body);
+  EXPECT_EQ(result["count"], 1);
+  EXPECT_EQ(result["ids"], Json::array({abandoned_id}));
+  EXPECT_EQ(result["dry_run"], false);
+  for (int i = 0; i < 200 && replayed.count() < 1; ++i) {
+    std::this_thread::sleep_for(milliseconds{50});
+  }
+  ASSERT_EQ(replayed.count(), 1U) << Log();
+  EXPECT_EQ(replayed.deliveries()[0].message_id, abandoned_id);
+  EXPECT_EQ(Count("status = 'abandoned'"), 3);
+  EXPECT_NE(Log().find("admin API (127.0.0.1): replayed 1 messages; reason: queue fixed"),
+            std::string::npos)
+      << Log();
+
+  // Abandon the delayed ones through the API.
+  auto abandon = Post("/api/messages/abandon", token,
+                      R"({"topic": ")" + queue_ + R"(_later", "reason": "not wanted"})");
+  ASSERT_TRUE(abandon);
+  EXPECT_EQ(abandon->status, 200) << abandon->body;
+  EXPECT_EQ(Json::parse(abandon->body)["count"], 3);
+  EXPECT_EQ(Count("status = 'abandoned' AND last_error LIKE '%not wanted%'"), 3);
+
+  replayed.Stop();
+  consumer.Stop();
+  EXPECT_EQ(outboxd.Stop(), 0) << Log();
+}
+
+TEST_F(HttpE2eTest, WithoutATokenTheAdminRoutesAnswer403) {
+  ::unsetenv("OUTBOX_HTTP_TOKEN");
+  WriteConfig(OwnUrl(), "");
+  Enqueue(full_, 1);
+  Daemon outboxd(config_path_);
+  ASSERT_TRUE(WaitForStatus("/readyz", "", 200, seconds{20})) << Log();
+  for (int i = 0; i < 200 && Count("status = 'abandoned'") < 1; ++i) {
+    std::this_thread::sleep_for(milliseconds{50});
+  }
+  ASSERT_EQ(Count("status = 'abandoned'"), 1) << Log();
+  EXPECT_EQ(PostStatus("/api/messages/replay", "", R"({"status": "abandoned"})"), 403);
+  EXPECT_EQ(PostStatus("/api/messages/replay", "anything", R"({"status": "abandoned"})"), 403);
+  EXPECT_EQ(PostStatus("/api/messages/abandon", "", R"({"status": "pending", "reason": "x"})"),
+            403);
+  EXPECT_EQ(Status("/api/messages", ""), 403);
+  EXPECT_EQ(Status("/api/messages/0190f5c2-0000-7000-8000-000000000000", ""), 403);
+  EXPECT_EQ(Status("/metrics", ""), 200);
+  std::this_thread::sleep_for(milliseconds{500});
+  EXPECT_EQ(Count("status = 'abandoned'"), 1);
+  EXPECT_EQ(outboxd.Stop(), 0) << Log();
+}
+
+TEST_F(HttpE2eTest, ReadinessFailsWhenTheDatabaseConnectionIsLostAndComesBack) {
+  const std::string token = "tok-db-" + std::to_string(std::random_device{}());
+  WriteConfig(OwnUrl(), token);
+  Consumer consumer(queue_);
+  Daemon outboxd(config_path_);
+  ASSERT_TRUE(WaitForStatus("/readyz", token, 200, seconds{20})) << Log();
+  Enqueue(queue_, 20);
+
+  // Terminate this outboxd's backends (only those: application_name names this test's schema)
+  // until /readyz notices.
+  const std::string terminate =
+      "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '" +
+      AppName() + "' AND pid <> pg_backend_pid()";
+  const auto lost_at = std::chrono::steady_clock::now();
+  bool went_unready = false;
+  std::int64_t terminated = 0;
+  while (!went_unready && std::chrono::steady_clock::now() - lost_at < seconds{10}) {
+    terminated += std::stoll(Scalar(schema_.conn(), terminate));
+    went_unready = Status("/readyz", token) == 503;
+    if (!went_unready) std::this_thread::sleep_for(milliseconds{50});
+  }
+  const auto unready_after = std::chrono::steady_clock::now() - lost_at;
+  const std::string report = Get("/readyz", token)->body;
+  EXPECT_TRUE(went_unready) << report << Log();
+  EXPECT_GE(terminated, 1);
+  EXPECT_NE(report.find("database:"), std::string::npos) << report;
+  EXPECT_TRUE(WaitForStatus("/readyz", token, 200, seconds{20})) << Get("/readyz", token)->body;
+  std::printf("[ http ] /readyz 503 %.1f s after the database connections were terminated:\n%s",
+              std::chrono::duration<double>(unready_after).count(), report.c_str());
+
+  Enqueue(queue_, 20);
+  for (int i = 0; i < 300 && consumer.count() < 40; ++i) {
+    std::this_thread::sleep_for(milliseconds{50});
+  }
+  EXPECT_EQ(consumer.count(), 40U) << "the relay publishes again" << Log();
+  consumer.Stop();
+  EXPECT_EQ(outboxd.Stop(), 0) << Log();
 }
 
 }  // namespace

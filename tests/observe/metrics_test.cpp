@@ -152,6 +152,43 @@ TEST(MetricsTest, CardinalityIsBounded) {
   EXPECT_THROW(registry.AddCounter("c", "h", {{"k", "one too many"}}), std::length_error);
 }
 
+TEST(MetricsTest, ReplacedGaugesAreSwappedAsAWholeAndStayBounded) {
+  Registry registry;
+  registry.AddGauge("before", "h").Set(1);
+  registry.ReplaceGauges("by_topic", "Counts.", {});
+  registry.AddGauge("after", "h").Set(2);
+  EXPECT_EQ(registry.RenderPrometheus(),
+            "# HELP before h\n# TYPE before gauge\nbefore 1\n"
+            "# HELP by_topic Counts.\n# TYPE by_topic gauge\n"
+            "# HELP after h\n# TYPE after gauge\nafter 2\n");
+  registry.ReplaceGauges("by_topic", "ignored", {{{{"topic", "a"}}, 3}, {{{"topic", "b"}}, 4}});
+  EXPECT_NE(
+      registry.RenderPrometheus().find(
+          "# TYPE by_topic gauge\nby_topic{topic=\"a\"} 3\nby_topic{topic=\"b\"} 4\n# HELP after"),
+      std::string::npos)
+      << registry.RenderPrometheus();
+  registry.ReplaceGauges("by_topic", "", {{{{"topic", "c"}}, 5}});
+  const std::string text = registry.RenderPrometheus();
+  EXPECT_NE(text.find("by_topic{topic=\"c\"} 5\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("topic=\"a\""), std::string::npos) << text;
+  EXPECT_NE(registry.RenderJson().find("\"by_topic\":{\"type\":\"gauge\",\"help\":\"Counts.\","
+                                       "\"series\":[{\"labels\":{\"topic\":\"c\"},\"value\":5}]}"),
+            std::string::npos)
+      << registry.RenderJson();
+
+  std::vector<std::pair<Labels, double>> too_many;
+  for (std::size_t i = 0; i <= Registry::kMaxSeriesPerFamily; ++i) {
+    too_many.push_back({{{"topic", std::to_string(i)}}, 1});
+  }
+  EXPECT_THROW(registry.ReplaceGauges("by_topic", "", too_many), std::length_error);
+  EXPECT_THROW(registry.ReplaceGauges("by_topic", "", {{{{"a", "1"}}, 1}, {{{"b", "1"}}, 1}}),
+               std::invalid_argument);
+  EXPECT_THROW(registry.ReplaceGauges("before", "", {}), std::invalid_argument);
+  EXPECT_THROW(registry.AddGauge("by_topic", "h", {{"topic", "x"}}), std::invalid_argument);
+  EXPECT_THROW(registry.ReplaceGauges("bad name", "", {}), std::invalid_argument);
+  EXPECT_NE(registry.RenderPrometheus().find("by_topic{topic=\"c\"} 5\n"), std::string::npos);
+}
+
 TEST(MetricsTest, ConcurrentUpdatesAndRendersAreConsistent) {
   Registry registry;
   Counter& counter = registry.AddCounter("c_total", "h");

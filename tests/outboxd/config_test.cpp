@@ -66,6 +66,7 @@ constexpr std::string_view kRabbit = "type = \"rabbitmq\"\nurl = \"amqp://guest:
 TEST(ConfigTest, ExampleFileIsValidAndStatesTheDefaults) {
   const Config config = LoadConfig(OUTBOX_EXAMPLE_CONFIG, FakeEnv({}));
   const Config defaults;
+  EXPECT_EQ(config.database_type, defaults.database_type);
   EXPECT_EQ(config.database_url, "postgresql://outbox@127.0.0.1:5432/app");
   EXPECT_EQ(config.schema, defaults.schema);
   EXPECT_EQ(config.batch_size, defaults.batch_size);
@@ -412,6 +413,77 @@ TEST(ConfigTest, EnvironmentOverridesWin) {
   // A bad value from the environment is named as such.
   ExpectError(WithSink("type = \"rabbitmq\""), "sinks.default.url",
               "(from OUTBOX_SINK_DEFAULT_URL)", {{"OUTBOX_SINK_DEFAULT_URL", "nats://mq"}});
+}
+
+// ---- [database] type ----
+
+constexpr std::string_view kSqlite = R"(
+[database]
+type = "sqlite"
+path = "/var/lib/app/app.db"
+
+[sinks.default]
+type = "file"
+)";
+
+TEST(ConfigTest, DatabaseTypeDefaultsToPostgres) {
+  const Config config = Parse(kMinimal);
+  EXPECT_EQ(config.database_type, DatabaseType::kPostgres);
+  EXPECT_TRUE(config.database_path.empty());
+  const Config explicit_type = Parse(
+      "[database]\ntype = \"postgres\"\nurl = \"postgresql://db/app\"\n"
+      "[sinks.default]\ntype = \"file\"\n");
+  EXPECT_EQ(explicit_type.database_type, DatabaseType::kPostgres);
+  EXPECT_EQ(explicit_type.database_url, "postgresql://db/app");
+}
+
+TEST(ConfigTest, SqliteNeedsAPathAndNoUrl) {
+  const Config config = Parse(kSqlite);
+  EXPECT_EQ(config.database_type, DatabaseType::kSqlite);
+  EXPECT_EQ(config.database_path, "/var/lib/app/app.db");
+  EXPECT_TRUE(config.database_url.empty());
+  // The listener reads its counts from PostgreSQL only: off by default with SQLite.
+  EXPECT_EQ(config.http.listen, "");
+  // OUTBOX_DATABASE_URL may be set for other tools; it does not apply to a SQLite file.
+  const Config with_env = Parse(kSqlite, {{"OUTBOX_DATABASE_URL", "postgresql://env@db/app"}});
+  EXPECT_EQ(with_env.database_type, DatabaseType::kSqlite);
+  EXPECT_TRUE(with_env.database_url.empty());
+
+  const std::string sink = "[sinks.default]\ntype = \"file\"\n";
+  ExpectError("[database]\ntype = \"sqlite\"\n" + sink, "database.path",
+              "is required with type = \"sqlite\"");
+  ExpectError("[database]\ntype = \"sqlite\"\npath = \"\"\n" + sink, "database.path",
+              "must be a file path");
+  ExpectError("[database]\ntype = \"sqlite\"\npath = 7\n" + sink, "database.path",
+              "expected a string, got integer");
+  ExpectError(
+      "[database]\ntype = \"sqlite\"\npath = \"a.db\"\nurl = \"postgresql://db/app\"\n" + sink,
+      "database.url", "is for type = \"postgres\"; a \"sqlite\" database is named by");
+  ExpectError("[database]\ntype = \"sqlite\"\npath = \"a.db\"\nschema = \"outbox\"\n" + sink,
+              "database.schema", "is for type = \"postgres\"");
+  ExpectError("[database]\nurl = \"postgresql://db/app\"\npath = \"a.db\"\n" + sink,
+              "database.path", "is only for type = \"sqlite\"");
+  ExpectError("[database]\ntype = \"mysql\"\nurl = \"x\"\n" + sink, "database.type",
+              "must be one of \"postgres\", \"sqlite\"; got \"mysql\"");
+  ExpectError("[database]\ntype = \"sqlite\"\npaht = \"a.db\"\n" + sink, "database.paht",
+              "did you mean \"database.path\"");
+}
+
+TEST(ConfigTest, SqliteRefusesTheHttpListener) {
+  ExpectError(std::string{kSqlite} + "[http]\nlisten = \"127.0.0.1:9780\"\n", "http.listen",
+              "is not available with database.type = \"sqlite\" yet");
+  const Config off = Parse(std::string{kSqlite} + "[http]\nlisten = \"\"\n");
+  EXPECT_EQ(off.http.listen, "");
+}
+
+TEST(ConfigTest, SqliteDescribeParsesBack) {
+  const std::string described = Describe(Parse(kSqlite));
+  EXPECT_NE(described.find("type = \"sqlite\"\npath = \"/var/lib/app/app.db\"\n"),
+            std::string::npos)
+      << described;
+  EXPECT_EQ(described.find("url = "), std::string::npos) << described;
+  EXPECT_EQ(described.find("schema = "), std::string::npos) << described;
+  EXPECT_EQ(Describe(Parse(described)), described);
 }
 
 // ---- [http] ----

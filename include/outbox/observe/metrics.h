@@ -106,6 +106,16 @@ class Registry {
   Histogram& AddHistogram(std::string_view name, std::string_view help, std::vector<double> bounds,
                           const Labels& labels = {});
 
+  // A gauge family whose series are all replaced at once, for values read from elsewhere (e.g.
+  // counts grouped by label in a database): the family `name` then has exactly `series`, in that
+  // order. The family is created on first use and must not also be registered with AddGauge
+  // (nobody may hold a reference to one of its series). Cardinality stays bounded: the caller caps
+  // `series` (it throws std::length_error past kMaxSeriesPerFamily). Throws std::invalid_argument
+  // like AddGauge, and when the series' label names differ from each other's or the family's.
+  // An empty `series` leaves the family with HELP and TYPE only.
+  void ReplaceGauges(std::string_view name, std::string_view help,
+                     const std::vector<std::pair<Labels, double>>& series);
+
   // Keeps the last kMaxRecentErrors errors (messages cut to kMaxErrorMessageBytes). For failures,
   // not for every message: it takes the registry's mutex.
   void RecordError(std::string_view kind, std::string_view message);
@@ -136,6 +146,9 @@ class Registry {
   struct Series;
   Series& Add(std::string_view name, std::string_view help, int type, const Labels& labels,
               const std::vector<double>* bounds);
+  // The family `name` (created when new), checked to be of `type`; mutex_ must be held.
+  Family& FindOrCreate(std::string_view name, std::string_view help, int type,
+                       const std::vector<double>* bounds, bool replaced);
 
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Family>> families_;  // guarded by mutex_
