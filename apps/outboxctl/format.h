@@ -1,5 +1,6 @@
 #pragma once
-// Parsing and printing for outboxctl: durations, times, payloads and aligned tables.
+// Parsing and printing for outboxctl: durations and aligned tables (messages are rendered by
+// apps/common/message_json.h, shared with outboxd).
 
 #include <chrono>
 #include <cstddef>
@@ -21,14 +22,6 @@ std::string FormatDuration(std::chrono::milliseconds duration);
 // `seconds` the way ParseDuration reads it, in the largest unit that divides it ("30d", "90m").
 std::string FormatRetention(std::chrono::seconds seconds);
 
-// RFC 3339 in UTC with microseconds: "2026-11-21T13:21:51.123456Z".
-std::string FormatTime(outbox::TimePoint time);
-
-// True when `bytes` is valid UTF-8 without control characters other than tab, CR and LF, i.e.
-// safe to print to a terminal as text.
-bool IsPrintableText(std::string_view bytes);
-// Lower-case hex, `per_line` bytes per line (0: one line).
-std::string Hex(std::string_view bytes, std::size_t per_line = 0);
 // `text` with control characters replaced by spaces and cut to `max_chars` bytes (at a UTF-8
 // character boundary) with "..." when longer.
 std::string OneLine(std::string_view text, std::size_t max_chars);

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "format.h"
+#include "message_json.h"
+#include "outbox/core/utf8.h"
 #include "outbox/core/version.h"
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_admin.h"
@@ -26,12 +28,14 @@ namespace {
 
 using outbox::MessageId;
 using outbox::MessageStatus;
+using outbox::apps::DetailJson;
+using outbox::apps::FormatTime;
+using outbox::apps::SummaryJson;
 using outbox::postgres::Admin;
 using outbox::postgres::MessageFilter;
 using outbox::postgres::MessageStatusName;
 using outbox::postgres::MessageSummary;
 using outboxctl::FormatDuration;
-using outboxctl::FormatTime;
 using outboxctl::OneLine;
 using Json = nlohmann::ordered_json;  // keys in the order written: id first
 
@@ -184,34 +188,6 @@ int Status(const std::string& db, const std::string& schema, bool json) {
 
 // ---- list, show ----
 
-Json OptionalJson(const std::optional<std::string>& value) {
-  return value ? Json(*value) : Json(nullptr);
-}
-
-Json OptionalTimeJson(const std::optional<outbox::TimePoint>& value) {
-  return value ? Json(FormatTime(*value)) : Json(nullptr);
-}
-
-Json SummaryJson(const MessageSummary& message) {
-  return Json{
-      {"id", message.id.ToString()},
-      {"topic", message.topic},
-      {"stream_key", OptionalJson(message.stream_key)},
-      {"stream_seq", message.stream_seq ? Json(*message.stream_seq) : Json(nullptr)},
-      {"partition", message.partition},
-      {"target", message.target},
-      {"type", OptionalJson(message.type)},
-      {"status", MessageStatusName(message.status)},
-      {"attempts", message.attempts},
-      {"available_at", FormatTime(message.available_at)},
-      {"created_at", FormatTime(message.created_at)},
-      {"last_error", OptionalJson(message.last_error)},
-      {"lease_owner", OptionalJson(message.lease_owner)},
-      {"lease_until", OptionalTimeJson(message.lease_until)},
-      {"payload_bytes", message.payload_bytes},
-  };
-}
-
 void PrintJson(const Json& json) {
   // Text from the database is UTF-8; replace rather than throw if it ever is not.
   std::cout << json.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
@@ -281,17 +257,9 @@ int Show(Admin& admin, const MessageId& id, bool json) {
   }
   const auto& detail = *found;
   const auto& message = detail.summary;
-  const bool text = outboxctl::IsPrintableText(detail.payload);
+  const bool text = outbox::IsPrintableUtf8(detail.payload);
   if (json) {
-    Json out = SummaryJson(message);
-    out["content_type"] = detail.content_type;
-    out["headers"] = Json(detail.headers);
-    out["lease_epoch"] = detail.lease_epoch;
-    out["published_at"] = OptionalTimeJson(detail.published_at);
-    out["abandoned_at"] = OptionalTimeJson(detail.abandoned_at);
-    out["payload_encoding"] = text ? "text" : "hex";
-    out["payload"] = text ? detail.payload : outboxctl::Hex(detail.payload);
-    PrintJson(out);
+    PrintJson(DetailJson(detail));
     return 0;
   }
   const auto now = detail.database_now;
@@ -331,7 +299,7 @@ int Show(Admin& admin, const MessageId& id, bool json) {
     std::cout << detail.payload;
     if (!detail.payload.empty() && detail.payload.back() != '\n') std::cout << "\n";
   } else {
-    std::cout << outboxctl::Hex(detail.payload, 32) << "\n";
+    std::cout << outbox::apps::Hex(detail.payload, 32) << "\n";
   }
   return 0;
 }

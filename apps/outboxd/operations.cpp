@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "message_json.h"
 #include "outbox/core/version.h"
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_admin.h"
@@ -66,96 +67,6 @@ std::string SecondsText(SteadyClock::duration duration) {
 // ---- the admin API's JSON (the same shapes as outboxctl list/show --json) ----
 
 using Json = nlohmann::ordered_json;  // keys in the order written: id first
-
-// RFC 3339 in UTC with microseconds: "2026-11-21T13:21:51.123456Z".
-std::string FormatTime(TimePoint time) {
-  const std::int64_t micros =
-      std::chrono::duration_cast<std::chrono::microseconds>(time.time_since_epoch()).count();
-  std::int64_t seconds = micros / 1000000;
-  std::int64_t fraction = micros % 1000000;
-  if (fraction < 0) {
-    fraction += 1000000;
-    --seconds;
-  }
-  const auto unix_seconds = static_cast<std::time_t>(seconds);
-  std::tm utc{};
-  gmtime_r(&unix_seconds, &utc);
-  std::array<char, 32> date{};
-  const std::size_t length = std::strftime(date.data(), date.size(), "%Y-%m-%dT%H:%M:%S", &utc);
-  std::array<char, 16> micro_text{};
-  std::snprintf(micro_text.data(), micro_text.size(), ".%06lldZ", static_cast<long long>(fraction));
-  return std::string{date.data(), length} + micro_text.data();
-}
-
-Json OptionalJson(const std::optional<std::string>& value) {
-  return value ? Json(*value) : Json(nullptr);
-}
-
-Json OptionalTimeJson(const std::optional<TimePoint>& value) {
-  return value ? Json(FormatTime(*value)) : Json(nullptr);
-}
-
-Json SummaryJson(const postgres::MessageSummary& message) {
-  return Json{
-      {"id", message.id.ToString()},
-      {"topic", message.topic},
-      {"stream_key", OptionalJson(message.stream_key)},
-      {"stream_seq", message.stream_seq ? Json(*message.stream_seq) : Json(nullptr)},
-      {"partition", message.partition},
-      {"target", message.target},
-      {"type", OptionalJson(message.type)},
-      {"status", postgres::MessageStatusName(message.status)},
-      {"attempts", message.attempts},
-      {"available_at", FormatTime(message.available_at)},
-      {"created_at", FormatTime(message.created_at)},
-      {"last_error", OptionalJson(message.last_error)},
-      {"lease_owner", OptionalJson(message.lease_owner)},
-      {"lease_until", OptionalTimeJson(message.lease_until)},
-      {"payload_bytes", message.payload_bytes},
-  };
-}
-
-// Valid UTF-8 without control characters but tab, CR and LF.
-bool IsPrintableText(std::string_view bytes) {
-  for (std::size_t at = 0; at < bytes.size();) {
-    const auto lead = static_cast<unsigned char>(bytes[at]);
-    if (lead < 0x80) {
-      if ((lead < 0x20 && lead != '\t' && lead != '\r' && lead != '\n') || lead == 0x7F) {
-        return false;
-      }
-      ++at;
-      continue;
-    }
-    std::size_t length = 0;
-    if (lead >= 0xC2 && lead <= 0xDF) {
-      length = 2;
-    } else if (lead >= 0xE0 && lead <= 0xEF) {
-      length = 3;
-    } else if (lead >= 0xF0 && lead <= 0xF4) {
-      length = 4;
-    } else {
-      return false;
-    }
-    if (at + length > bytes.size()) return false;
-    for (std::size_t i = 1; i < length; ++i) {
-      if ((static_cast<unsigned char>(bytes[at + i]) & 0xC0U) != 0x80U) return false;
-    }
-    at += length;
-  }
-  return true;
-}
-
-std::string Hex(std::string_view bytes) {
-  static constexpr std::string_view kDigits = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(bytes.size() * 2);
-  for (const char c : bytes) {
-    const auto byte = static_cast<unsigned char>(c);
-    hex += kDigits[byte >> 4U];
-    hex += kDigits[byte & 0xFU];
-  }
-  return hex;
-}
 
 void JsonReply(httplib::Response& response, int status, const Json& body) {
   response.status = status;
@@ -600,7 +511,8 @@ class Operations::Impl {
             const ListQuery query = ParseListQuery(request);
             const postgres::MessagePage page = admin.List(query.filter, query.limit, query.after);
             Json messages = Json::array();
-            for (const auto& message : page.messages) messages.push_back(SummaryJson(message));
+            for (const auto& message : page.messages)
+              messages.push_back(apps::SummaryJson(message));
             JsonReply(response, 200,
                       Json{{"messages", std::move(messages)},
                            {"more", page.more},
@@ -617,15 +529,7 @@ class Operations::Impl {
                       ErrorReply(response, 404, "message " + id.ToString() + " not found");
                       return;
                     }
-                    const bool text = IsPrintableText(found->payload);
-                    Json out = SummaryJson(found->summary);
-                    out["content_type"] = found->content_type;
-                    out["headers"] = Json(found->headers);
-                    out["lease_epoch"] = found->lease_epoch;
-                    out["published_at"] = OptionalTimeJson(found->published_at);
-                    out["abandoned_at"] = OptionalTimeJson(found->abandoned_at);
-                    out["payload_encoding"] = text ? "text" : "hex";
-                    out["payload"] = text ? found->payload : Hex(found->payload);
+                    const Json out = apps::DetailJson(*found);
                     JsonReply(response, 200, out);
                   });
                 });

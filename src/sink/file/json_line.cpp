@@ -119,47 +119,6 @@ bool IsJsonContentType(std::string_view content_type) {
   return true;
 }
 
-bool IsValidUtf8(std::string_view text) {
-  std::size_t at = 0;
-  while (at < text.size()) {
-    const auto lead = static_cast<unsigned char>(text[at]);
-    if (lead < 0x80U) {
-      ++at;
-      continue;
-    }
-    std::size_t length = 0;
-    std::uint32_t code_point = 0;
-    std::uint32_t minimum = 0;
-    if ((lead & 0xE0U) == 0xC0U) {
-      length = 2;
-      code_point = lead & 0x1FU;
-      minimum = 0x80;
-    } else if ((lead & 0xF0U) == 0xE0U) {
-      length = 3;
-      code_point = lead & 0x0FU;
-      minimum = 0x800;
-    } else if ((lead & 0xF8U) == 0xF0U) {
-      length = 4;
-      code_point = lead & 0x07U;
-      minimum = 0x10000;
-    } else {
-      return false;
-    }
-    if (text.size() - at < length) return false;
-    for (std::size_t i = 1; i < length; ++i) {
-      const auto continuation = static_cast<unsigned char>(text[at + i]);
-      if ((continuation & 0xC0U) != 0x80U) return false;
-      code_point = (code_point << 6U) | (continuation & 0x3FU);
-    }
-    if (code_point < minimum || code_point > 0x10FFFF ||
-        (code_point >= 0xD800 && code_point <= 0xDFFF)) {
-      return false;
-    }
-    at += length;
-  }
-  return true;
-}
-
 std::string Base64Encode(std::string_view bytes) {
   static constexpr std::string_view kAlphabet =
       "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

@@ -6,6 +6,7 @@
 
 #include "outbox/core/clock.h"
 #include "outbox/core/message.h"
+#include "outbox/core/utf8.h"  // IsValidUtf8, used with this header
 
 namespace outbox::file {
 
@@ -18,10 +19,6 @@ std::string FormatRfc3339Millis(TimePoint time);
 
 // Standard base64 (RFC 4648 section 4) with padding.
 std::string Base64Encode(std::string_view bytes);
-
-// True when `text` is well-formed UTF-8 (no overlong forms, surrogates or code points above
-// U+10FFFF).
-bool IsValidUtf8(std::string_view text);
 
 // True for "application/json", in any case, with or without parameters ("; charset=utf-8").
 bool IsJsonContentType(std::string_view content_type);
