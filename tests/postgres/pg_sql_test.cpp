@@ -211,6 +211,24 @@ TEST_F(PgSqlTest, WritersOfOneStreamSerializeUntilCommit) {
   Sql(conn(), "ROLLBACK");
 }
 
+TEST_F(PgSqlTest, IdsOfAStreamSortInSeqOrderEvenIfTheClockGoesBack) {
+  EXPECT_EQ(
+      Scalar(conn(), "SELECT " + S() + ".uuid_successor('01890a5d-ac96-774b-bcce-b302099a80ff')"),
+      "01890a5d-ac96-774b-bcce-b302099a8100");
+  Enqueue("'t', '{}', stream_key => 'k'");
+  // Pretend the previous message of the stream got an id from a clock an hour ahead.
+  Sql(conn(), "UPDATE " + S() +
+                  ".streams SET last_id = 'ffff0000-0000-7000-8000-000000000000' "
+                  "WHERE stream_key = 'k'");
+  const std::string id = Enqueue("'t', '{}', stream_key => 'k'");
+  EXPECT_EQ(id, "ffff0000-0000-7000-8000-000000000001");
+  EXPECT_EQ(Scalar(conn(), "SELECT string_agg(stream_seq::text, ',' ORDER BY id) FROM " + S() +
+                               ".messages"),
+            "1,2");
+  // Unsequenced messages take the clock as it is.
+  EXPECT_LT(Enqueue("'t', '{}', stream_key => 'k', sequenced => false"), std::string{"ffff"});
+}
+
 TEST_F(PgSqlTest, StreamSeqIsGapFreeAndInIdOrderUnderEightWriters) {
   constexpr int kWriters = 8;
   constexpr int kPerWriter = 100;

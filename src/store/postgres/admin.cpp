@@ -96,45 +96,13 @@ constexpr const char* kAbandonSet = R"(
   status = 'abandoned', abandoned_at = now(), lease_owner = NULL, lease_until = NULL,
   last_error = 'abandoned by operator: ' || $9::text)";
 
-std::string UuidArray(const std::vector<MessageId>& ids) {
-  std::string literal = "{";
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (i > 0) literal += ',';
-    literal += ids[i].ToString();
-  }
-  return literal + '}';
-}
-
-std::string_view Column(const PGresult* result, int row, int column) {
-  return {PQgetvalue(result, row, column),
-          static_cast<std::size_t>(PQgetlength(result, row, column))};
-}
-
 bool IsNull(const PGresult* result, int row, int column) {
   return PQgetisnull(result, row, column) != 0;
-}
-
-std::optional<std::string> OptionalText(const PGresult* result, int row, int column) {
-  if (IsNull(result, row, column)) return std::nullopt;
-  return std::string{Column(result, row, column)};
 }
 
 std::optional<TimePoint> OptionalTime(const PGresult* result, int row, int column) {
   if (IsNull(result, row, column)) return std::nullopt;
   return ReadTimestamp(PQgetvalue(result, row, column));
-}
-
-Headers ParseHeaders(std::string_view jsonb_binary) {
-  // Binary jsonb is a version byte (1) followed by the JSON text.
-  if (jsonb_binary.empty() || jsonb_binary.front() != 1) {
-    throw StoreError(FailureKind::kPermanent, "show: unexpected jsonb format for headers");
-  }
-  Headers headers;
-  const auto json = nlohmann::json::parse(jsonb_binary.substr(1));
-  for (const auto& [name, value] : json.items()) {
-    headers.emplace(name, value.is_string() ? value.get<std::string>() : value.dump());
-  }
-  return headers;
 }
 
 // Reads the kSummaryColumns of a binary-format row.

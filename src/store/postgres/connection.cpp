@@ -1,6 +1,7 @@
 #include "connection.h"
 
 #include <array>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 namespace outbox::postgres {
@@ -114,6 +115,37 @@ std::string TextArray(const std::vector<std::string>& values) {
   }
   literal += '}';
   return literal;
+}
+
+std::string UuidArray(const std::vector<MessageId>& ids) {
+  std::string literal = "{";
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) literal += ',';
+    literal += ids[i].ToString();
+  }
+  return literal + '}';
+}
+
+std::string_view Column(const PGresult* result, int row, int column) {
+  return {PQgetvalue(result, row, column),
+          static_cast<std::size_t>(PQgetlength(result, row, column))};
+}
+
+std::optional<std::string> OptionalText(const PGresult* result, int row, int column) {
+  if (PQgetisnull(result, row, column) != 0) return std::nullopt;
+  return std::string{Column(result, row, column)};
+}
+
+Headers ParseHeaders(std::string_view jsonb_binary) {
+  if (jsonb_binary.empty() || jsonb_binary.front() != 1) {
+    throw StoreError(FailureKind::kPermanent, "unexpected jsonb format for headers");
+  }
+  Headers headers;
+  const auto json = nlohmann::json::parse(jsonb_binary.substr(1));
+  for (const auto& [name, value] : json.items()) {
+    headers.emplace(name, value.is_string() ? value.get<std::string>() : value.dump());
+  }
+  return headers;
 }
 
 std::int64_t ReadInt64(const char* bytes) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "outbox/core/clock.h"
+#include "outbox/core/message.h"
 #include "outbox/core/uuid.h"
 #include "outbox/store/store.h"
 
@@ -70,6 +71,17 @@ std::string ReplaceAll(std::string text, std::string_view from, std::string_view
 
 // A text-format array literal of `values` ({"a","b\"c"}), for unnest($n::text[]).
 std::string TextArray(const std::vector<std::string>& values);
+
+// A uuid[] array literal of `ids` ({a,b}), for unnest($n::uuid[]).
+std::string UuidArray(const std::vector<MessageId>& ids);
+
+// A column's bytes, and the same or nullopt for SQL NULL (text or binary format alike).
+std::string_view Column(const PGresult* result, int row, int column);
+std::optional<std::string> OptionalText(const PGresult* result, int row, int column);
+
+// Headers from a binary-format jsonb column: a version byte (1), then the JSON object; values
+// that are not strings are kept as their JSON text.
+Headers ParseHeaders(std::string_view jsonb_binary);
 
 // Binary-format column readers.
 std::int64_t ReadInt64(const char* bytes);

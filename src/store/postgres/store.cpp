@@ -12,15 +12,6 @@
 namespace outbox::postgres {
 namespace {
 
-std::string UuidArray(const std::vector<MessageId>& ids) {
-  std::string literal = "{";
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    if (i > 0) literal += ',';
-    literal += ids[i].ToString();
-  }
-  return literal + '}';
-}
-
 template <typename T>
 std::string NumberArray(const std::vector<T>& values) {
   std::string literal = "{";
@@ -38,29 +29,6 @@ std::string BoolArray(const std::vector<bool>& values) {
     literal += values[i] ? 't' : 'f';
   }
   return literal + '}';
-}
-
-std::string_view Column(const PGresult* result, int row, int column) {
-  return {PQgetvalue(result, row, column),
-          static_cast<std::size_t>(PQgetlength(result, row, column))};
-}
-
-std::optional<std::string> OptionalText(const PGresult* result, int row, int column) {
-  if (PQgetisnull(result, row, column) != 0) return std::nullopt;
-  return std::string{Column(result, row, column)};
-}
-
-Headers ParseHeaders(std::string_view jsonb_binary) {
-  // Binary jsonb is a version byte (1) followed by the JSON text.
-  if (jsonb_binary.empty() || jsonb_binary.front() != 1) {
-    throw StoreError(FailureKind::kPermanent, "claim: unexpected jsonb format for headers");
-  }
-  Headers headers;
-  const auto json = nlohmann::json::parse(jsonb_binary.substr(1));
-  for (const auto& [name, value] : json.items()) {
-    headers.emplace(name, value.is_string() ? value.get<std::string>() : value.dump());
-  }
-  return headers;
 }
 
 class PostgresStore final : public Store {

@@ -32,7 +32,10 @@ INSERT INTO __SCHEMA__.wakeup DEFAULT VALUES;
 -- commit, which makes stream_seq gap-free and in commit order.
 CREATE TABLE __SCHEMA__.streams (
   stream_key text PRIMARY KEY,
-  last_seq bigint NOT NULL
+  last_seq bigint NOT NULL,
+  -- The id of the stream's last message: the next one's id is made greater, so that within a
+  -- stream id order is stream_seq order whatever the clocks of the writers' backends do.
+  last_id uuid NOT NULL
 );
 
 CREATE TABLE __SCHEMA__.messages (
@@ -88,6 +91,15 @@ LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
       7, (((micros % 1000) * 4096 / 1000) & 255)::int),
     'hex')::uuid
   FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS micros) AS now
+$$;
+
+-- The next UUID after `u` in sort order: its last 8 bytes plus one (the version and timestamp
+-- bytes are untouched; a carry into the variant bits would need 62 one-bits in a row).
+CREATE FUNCTION __SCHEMA__.uuid_successor(u uuid) RETURNS uuid
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+  SELECT encode(substring(uuid_send(u) FROM 1 FOR 8) ||
+                int8send(('x' || encode(substring(uuid_send(u) FROM 9 FOR 8), 'hex'))::bit(64)::bigint + 1),
+                'hex')::uuid
 $$;
 
 -- 32-bit FNV-1a over the bytes of `data`: the partition hash shared with the C++ core
@@ -216,14 +228,20 @@ BEGIN
     END IF;
     IF sequenced THEN
       -- Holds the stream's counter row until commit: the next writer of this stream waits here.
-      INSERT INTO __SCHEMA__.streams AS s (stream_key, last_seq) VALUES (enqueue_message.stream_key, 1)
-      ON CONFLICT ON CONSTRAINT streams_pkey DO UPDATE SET last_seq = s.last_seq + 1
-      RETURNING s.last_seq INTO seq;
+      -- The id is made greater than the stream's previous one, so ids of one stream sort in
+      -- stream_seq order (claims and batches are ordered by id).
+      INSERT INTO __SCHEMA__.streams AS s (stream_key, last_seq, last_id)
+      VALUES (enqueue_message.stream_key, 1, __SCHEMA__.uuid_v7())
+      ON CONFLICT ON CONSTRAINT streams_pkey DO UPDATE
+        SET last_seq = s.last_seq + 1,
+            last_id = greatest(__SCHEMA__.uuid_v7(), __SCHEMA__.uuid_successor(s.last_id))
+      RETURNING s.last_seq, s.last_id INTO seq, new_id;
     END IF;
   END IF;
 
-  -- Taken after the stream lock, so ids of one stream sort in stream_seq order.
-  new_id := __SCHEMA__.uuid_v7();
+  IF new_id IS NULL THEN
+    new_id := __SCHEMA__.uuid_v7();
+  END IF;
   INSERT INTO __SCHEMA__.messages
     (id, topic, stream_key, stream_seq, partition, target, type, payload, content_type, headers)
   VALUES
