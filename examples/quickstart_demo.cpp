@@ -6,12 +6,21 @@
 // check passes.
 //
 //   quickstart_demo [--orders 10000] [--streams 100] [--rollback-percent 10] [--dir DIR]
-//                   [--outboxd PATH] [--timeout 60] [--seed 1]
+//                   [--outboxd PATH] [--timeout 60] [--seed 1] [--postgres URL --amqp URL]
 //
 // Everything lives in DIR (default: a new /tmp/outbox-quickstart-XXXXXX, kept afterwards):
 // app.db (the application's database, which also holds the outbox), outboxd.toml, outboxd.log and
 // events.jsonl (what outboxd published).
+//
+// With --postgres URL --amqp URL the same run uses the servers instead: the application writes in
+// PostgreSQL transactions (orders and outbox in a schema of its own, quickstart_<pid>), outboxd
+// publishes to RabbitMQ (a durable queue of the demo's own, outbox-quickstart-<pid>-orders), and
+// this program consumes that queue (manual acks) instead of reading a file. The schema and the
+// queue are dropped at the end, pass or fail; DIR then holds outboxd.toml and outboxd.log only.
+#include <amqp.h>
+#include <amqp_tcp_socket.h>
 #include <fcntl.h>
+#include <libpq-fe.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/prctl.h>
@@ -30,6 +39,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -46,6 +56,7 @@
 #include <utility>
 #include <vector>
 
+#include "outbox/store/postgres.h"
 #include "outbox/store/sqlite.h"
 
 namespace {
@@ -62,6 +73,9 @@ struct Options {
   std::string outboxd;
   int timeout_seconds = 60;
   std::uint64_t seed = 1;
+  std::string postgres;  // with amqp: the PostgreSQL + RabbitMQ run
+  std::string amqp;
+  [[nodiscard]] bool UsesServers() const { return !postgres.empty(); }
 };
 
 // 12345678 -> "12,345,678"
@@ -88,7 +102,49 @@ std::string TomlString(const std::string& text) {
   return out + "\"";
 }
 
-// ---- The application: one SQLite transaction per order, its events written by the outbox ----
+// "scheme://user:password@host/..." -> "scheme://user:***@host/..."; other text unchanged.
+std::string Redacted(const std::string& url) {
+  const std::size_t scheme = url.find("://");
+  if (scheme == std::string::npos) return url;
+  const std::size_t at = url.find('@', scheme + 3);
+  if (at == std::string::npos) return url;
+  const std::size_t colon = url.find(':', scheme + 3);
+  if (colon == std::string::npos || colon > at) return url;
+  return url.substr(0, colon + 1) + "***" + url.substr(at);
+}
+
+// An order's events: every order is placed; every third one is also paid at once. One or two
+// events, in the order's transaction, ordered within the customer's stream.
+std::vector<outbox::NewMessage> OrderEvents(std::int64_t id, const std::string& stream,
+                                            std::int64_t total_cents) {
+  std::vector<outbox::NewMessage> events;
+  const nlohmann::json placed = {
+      {"order_id", id}, {"customer", stream}, {"total_cents", total_cents}};
+  events.push_back(
+      {.topic = "orders", .payload = placed.dump(), .stream_key = stream, .type = "OrderPlaced"});
+  if (id % 3 == 0) {
+    const nlohmann::json paid = {{"order_id", id}, {"customer", stream}};
+    events.push_back(
+        {.topic = "orders", .payload = paid.dump(), .stream_key = stream, .type = "OrderPaid"});
+  }
+  return events;
+}
+
+std::int64_t OrderTotalCents(int id) { return 500 + (id * 7919) % 20000; }
+
+// Called with an order's event ids just before its transaction commits or rolls back, so that the
+// checks know of an event before the relay can publish it.
+using RecordEvents = std::function<void(const std::vector<outbox::MessageId>&)>;
+
+// The application: writes order `id` and its events in one transaction, rolled back instead of
+// committed when `roll_back` (a declined payment, say).
+class Shop {
+ public:
+  virtual ~Shop() = default;
+  virtual void PlaceOrder(int id, int customer, bool roll_back, const RecordEvents& record) = 0;
+};
+
+// ---- The application on SQLite: one transaction per order, its events written by the outbox ----
 
 struct DbCloser {
   void operator()(sqlite3* db) const noexcept { sqlite3_close_v2(db); }
@@ -97,9 +153,9 @@ struct StatementFinalizer {
   void operator()(sqlite3_stmt* statement) const noexcept { sqlite3_finalize(statement); }
 };
 
-class Shop {
+class SqliteShop final : public Shop {
  public:
-  explicit Shop(const std::string& path) {
+  explicit SqliteShop(const std::string& path) {
     sqlite3* raw = nullptr;
     const int code = sqlite3_open(path.c_str(), &raw);
     db_.reset(raw);
@@ -118,11 +174,7 @@ class Shop {
     insert_order_.reset(statement);
   }
 
-  // Writes order `id` and its events in one transaction; rolls it back instead of committing when
-  // `roll_back` (a declined payment, say). `record(event ids)` is called just before the commit
-  // or rollback, so that the checks know of an event before the relay can publish it.
-  template <typename Record>
-  void PlaceOrder(int id, int customer, bool roll_back, Record&& record) {
+  void PlaceOrder(int id, int customer, bool roll_back, const RecordEvents& record) override {
     // BEGIN IMMEDIATE takes the write lock at the start, waiting (busy_timeout) while the relay
     // holds it. A plain BEGIN would start as a reader; in WAL mode its first write then fails at
     // once with SQLITE_BUSY_SNAPSHOT whenever the relay committed in between, and the whole
@@ -130,7 +182,7 @@ class Shop {
     Exec("BEGIN IMMEDIATE");
     try {
       const std::string stream = "customer-" + std::to_string(customer);
-      const std::int64_t total_cents = 500 + (id * 7919) % 20000;
+      const std::int64_t total_cents = OrderTotalCents(id);
       sqlite3_bind_int64(insert_order_.get(), 1, id);
       sqlite3_bind_text(insert_order_.get(), 2, stream.c_str(), -1, SQLITE_TRANSIENT);
       sqlite3_bind_int64(insert_order_.get(), 3, total_cents);
@@ -138,21 +190,7 @@ class Shop {
       sqlite3_reset(insert_order_.get());
       if (code != SQLITE_DONE) Fail("insert order");
 
-      // Every order is placed; every third one is also paid at once: one or two events, in
-      // the order's transaction, ordered within the customer's stream.
-      std::vector<outbox::NewMessage> events;
-      const nlohmann::json placed = {
-          {"order_id", id}, {"customer", stream}, {"total_cents", total_cents}};
-      events.push_back({.topic = "orders",
-                        .payload = placed.dump(),
-                        .stream_key = stream,
-                        .type = "OrderPlaced"});
-      if (id % 3 == 0) {
-        const nlohmann::json paid = {{"order_id", id}, {"customer", stream}};
-        events.push_back(
-            {.topic = "orders", .payload = paid.dump(), .stream_key = stream, .type = "OrderPaid"});
-      }
-      record(writer_.Enqueue(db_.get(), events));
+      record(writer_.Enqueue(db_.get(), OrderEvents(id, stream, total_cents)));
       Exec(roll_back ? "ROLLBACK" : "COMMIT");
     } catch (...) {
       sqlite3_exec(db_.get(), "ROLLBACK", nullptr, nullptr, nullptr);
@@ -174,7 +212,85 @@ class Shop {
   outbox::sqlite::Writer writer_;
 };
 
-// ---- What outboxd published: the JSON-lines file, read as it grows ----
+// ---- The application on PostgreSQL: the same, in a schema of its own ----
+
+struct ConnCloser {
+  void operator()(PGconn* conn) const noexcept { PQfinish(conn); }
+};
+using PgConn = std::unique_ptr<PGconn, ConnCloser>;
+using PgResult = std::unique_ptr<PGresult, decltype(&PQclear)>;
+
+PgConn PgConnect(const std::string& url) {
+  PgConn conn{PQconnectdb(url.c_str())};
+  if (!conn || PQstatus(conn.get()) != CONNECTION_OK) {
+    std::string reason = conn ? PQerrorMessage(conn.get()) : "out of memory";
+    while (!reason.empty() && reason.back() == '\n') reason.pop_back();
+    throw std::runtime_error("cannot connect to PostgreSQL at " + Redacted(url) + ": " + reason);
+  }
+  return conn;
+}
+
+// Runs `sql`; returns its command tag ("COMMIT", "ROLLBACK", ...). Throws when it fails.
+std::string PgExec(PGconn* conn, const std::string& sql) {
+  const PgResult result{PQexec(conn, sql.c_str()), &PQclear};
+  if (PQresultStatus(result.get()) != PGRES_COMMAND_OK) {
+    std::string reason = PQerrorMessage(conn);
+    while (!reason.empty() && reason.back() == '\n') reason.pop_back();
+    throw std::runtime_error("PostgreSQL: " + sql + ": " + reason);
+  }
+  return PQcmdStatus(result.get());
+}
+
+class PostgresShop final : public Shop {
+ public:
+  PostgresShop(const std::string& url, const std::string& schema)
+      : conn_(PgConnect(url)), writer_(schema) {
+    PgExec(conn_.get(), "SET synchronous_commit = on");
+    PgExec(conn_.get(), "CREATE TABLE IF NOT EXISTS " + schema +
+                            ".orders (id bigint PRIMARY KEY, customer text NOT NULL,"
+                            " total_cents bigint NOT NULL)");
+    const std::string insert = "INSERT INTO " + schema + ".orders VALUES ($1, $2, $3)";
+    const PgResult prepared{PQprepare(conn_.get(), "insert_order", insert.c_str(), 3, nullptr),
+                            &PQclear};
+    if (PQresultStatus(prepared.get()) != PGRES_COMMAND_OK) {
+      throw std::runtime_error("PostgreSQL: prepare: " + std::string{PQerrorMessage(conn_.get())});
+    }
+  }
+
+  void PlaceOrder(int id, int customer, bool roll_back, const RecordEvents& record) override {
+    PgExec(conn_.get(), "BEGIN");
+    try {
+      const std::string stream = "customer-" + std::to_string(customer);
+      const std::int64_t total_cents = OrderTotalCents(id);
+      const std::string id_text = std::to_string(id);
+      const std::string total_text = std::to_string(total_cents);
+      const std::array<const char*, 3> values{id_text.c_str(), stream.c_str(), total_text.c_str()};
+      const PgResult inserted{
+          PQexecPrepared(conn_.get(), "insert_order", 3, values.data(), nullptr, nullptr, 0),
+          &PQclear};
+      if (PQresultStatus(inserted.get()) != PGRES_COMMAND_OK) {
+        throw std::runtime_error("PostgreSQL: insert order: " +
+                                 std::string{PQerrorMessage(conn_.get())});
+      }
+      record(writer_.Enqueue(conn_.get(), OrderEvents(id, stream, total_cents)));
+      // COMMIT of a failed transaction "succeeds" with the tag ROLLBACK: check the tag.
+      const std::string tag = PgExec(conn_.get(), roll_back ? "ROLLBACK" : "COMMIT");
+      if (tag != (roll_back ? "ROLLBACK" : "COMMIT")) {
+        throw std::runtime_error("PostgreSQL: the transaction of order " + id_text +
+                                 " ended with " + tag);
+      }
+    } catch (...) {
+      PQclear(PQexec(conn_.get(), "ROLLBACK"));
+      throw;
+    }
+  }
+
+ private:
+  PgConn conn_;
+  outbox::postgres::Writer writer_;
+};
+
+// ---- What outboxd published ----
 
 struct Delivery {
   std::string id;
@@ -183,17 +299,60 @@ struct Delivery {
   std::int64_t order_id = -1;   // from the payload; -1 when missing
 };
 
-class PublishedFile {
+// Every delivery seen so far, by whatever means: the JSON-lines file or the RabbitMQ queue.
+class Published {
+ public:
+  virtual ~Published() = default;
+
+  // Takes in what arrived since the last call. Never throws: a failure is kept in error().
+  virtual void Poll() = 0;
+  // After outboxd stopped: takes in the rest of what it published.
+  virtual void Finish() { Poll(); }
+
+  [[nodiscard]] const std::vector<Delivery>& deliveries() const { return deliveries_; }
+  [[nodiscard]] std::size_t distinct() const { return seen_.size(); }
+  [[nodiscard]] bool Contains(const std::string& id) const { return seen_.contains(id); }
+  [[nodiscard]] std::size_t malformed() const { return malformed_; }
+  [[nodiscard]] const std::string& error() const { return error_; }
+
+ protected:
+  void Add(Delivery delivery) {
+    seen_.insert(delivery.id);
+    deliveries_.push_back(std::move(delivery));
+  }
+  void AddMalformed() { ++malformed_; }
+  void SetError(std::string error) {
+    if (error_.empty()) error_ = std::move(error);
+  }
+
+ private:
+  std::vector<Delivery> deliveries_;  // every delivery, duplicates included, in arrival order
+  std::unordered_set<std::string> seen_;
+  std::size_t malformed_ = 0;
+  std::string error_;
+};
+
+// The payload's order_id, -1 when it has none.
+std::int64_t PayloadOrderId(const nlohmann::json& payload) {
+  if (payload.is_object() && payload.contains("order_id") &&
+      payload["order_id"].is_number_integer()) {
+    return payload["order_id"].get<std::int64_t>();
+  }
+  return -1;
+}
+
+// The JSON-lines file, read as it grows.
+class PublishedFile final : public Published {
  public:
   explicit PublishedFile(std::string path) : path_(std::move(path)) {}
-  ~PublishedFile() {
+  ~PublishedFile() override {
     if (fd_ >= 0) ::close(fd_);
   }
   PublishedFile(const PublishedFile&) = delete;
   PublishedFile& operator=(const PublishedFile&) = delete;
 
   // Reads the complete lines appended since the last call (none while the file does not exist).
-  void Poll() {
+  void Poll() override {
     if (fd_ < 0) fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) return;
     std::array<char, 65536> buffer{};
@@ -212,18 +371,13 @@ class PublishedFile {
     partial_.erase(0, start);
   }
 
-  [[nodiscard]] const std::vector<Delivery>& deliveries() const { return deliveries_; }
-  [[nodiscard]] std::size_t distinct() const { return seen_.size(); }
-  [[nodiscard]] bool Contains(const std::string& id) const { return seen_.contains(id); }
-  [[nodiscard]] std::size_t malformed() const { return malformed_; }
-
  private:
   void Parse(std::string_view line) {
     if (line.empty()) return;
     const nlohmann::json json = nlohmann::json::parse(line, nullptr, false);
     if (json.is_discarded() || !json.is_object() || !json.contains("id") ||
         !json["id"].is_string()) {
-      ++malformed_;
+      AddMalformed();
       return;
     }
     Delivery delivery;
@@ -234,20 +388,186 @@ class PublishedFile {
     if (json.contains("stream_seq") && json["stream_seq"].is_number_integer()) {
       delivery.stream_seq = json["stream_seq"].get<std::int64_t>();
     }
-    if (json.contains("payload") && json["payload"].is_object() &&
-        json["payload"].contains("order_id") && json["payload"]["order_id"].is_number_integer()) {
-      delivery.order_id = json["payload"]["order_id"].get<std::int64_t>();
-    }
-    seen_.insert(delivery.id);
-    deliveries_.push_back(std::move(delivery));
+    if (json.contains("payload")) delivery.order_id = PayloadOrderId(json["payload"]);
+    Add(std::move(delivery));
   }
 
   std::string path_;
   int fd_ = -1;
   std::string partial_;
-  std::vector<Delivery> deliveries_;  // every line, duplicates included, in file order
-  std::unordered_set<std::string> seen_;
-  std::size_t malformed_ = 0;
+};
+
+// ---- What outboxd published to RabbitMQ: a plain rabbitmq-c consumer of the demo's queue ----
+
+struct AmqpConnDeleter {
+  void operator()(amqp_connection_state_t conn) const noexcept {
+    amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
+    amqp_destroy_connection(conn);
+  }
+};
+using AmqpConn = std::unique_ptr<amqp_connection_state_t_, AmqpConnDeleter>;
+
+std::string AmqpReplyText(const amqp_rpc_reply_t& reply) {
+  switch (reply.reply_type) {
+    case AMQP_RESPONSE_NORMAL:
+      return "ok";
+    case AMQP_RESPONSE_LIBRARY_EXCEPTION:
+      return amqp_error_string2(reply.library_error);
+    case AMQP_RESPONSE_SERVER_EXCEPTION:
+      if (reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD ||
+          reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+        // Both methods start with reply_code and reply_text.
+        const auto* close = static_cast<const amqp_channel_close_t*>(reply.reply.decoded);
+        return std::to_string(close->reply_code) + " " +
+               std::string(static_cast<const char*>(close->reply_text.bytes),
+                           close->reply_text.len);
+      }
+      return "refused by the broker";
+    default:
+      return "no reply";
+  }
+}
+
+// Connects to `url` and opens channel 1. Throws when it cannot.
+AmqpConn AmqpConnect(const std::string& url) {
+  std::string parsed = url;  // amqp_parse_url cuts it up in place
+  amqp_connection_info info{};
+  amqp_default_connection_info(&info);
+  if (amqp_parse_url(parsed.data(), &info) != AMQP_STATUS_OK) {
+    throw std::runtime_error("not an amqp:// URL: " + Redacted(url));
+  }
+  const std::string where = "RabbitMQ at " + Redacted(url);
+  AmqpConn conn{amqp_new_connection()};
+  amqp_socket_t* socket = amqp_tcp_socket_new(conn.get());
+  if (socket == nullptr) throw std::runtime_error(where + ": cannot create a socket");
+  timeval timeout{5, 0};
+  const int opened = amqp_socket_open_noblock(socket, info.host, info.port, &timeout);
+  if (opened != AMQP_STATUS_OK) {
+    throw std::runtime_error("cannot connect to " + where + ": " + amqp_error_string2(opened));
+  }
+  const char* vhost = info.vhost[0] == '\0' ? "/" : info.vhost;  // "amqp://host/" means "/"
+  const amqp_rpc_reply_t login =
+      amqp_login(conn.get(), vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, info.user, info.password);
+  if (login.reply_type != AMQP_RESPONSE_NORMAL) {
+    throw std::runtime_error("cannot log in to " + where + ": " + AmqpReplyText(login));
+  }
+  amqp_channel_open(conn.get(), 1);
+  const amqp_rpc_reply_t opened_channel = amqp_get_rpc_reply(conn.get());
+  if (opened_channel.reply_type != AMQP_RESPONSE_NORMAL) {
+    throw std::runtime_error(where + ": channel.open: " + AmqpReplyText(opened_channel));
+  }
+  return conn;
+}
+
+void DeleteQueue(const std::string& url, const std::string& queue) {
+  const AmqpConn conn = AmqpConnect(url);
+  amqp_queue_delete(conn.get(), 1, amqp_cstring_bytes(queue.c_str()), 0, 0);
+  const amqp_rpc_reply_t reply = amqp_get_rpc_reply(conn.get());
+  if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+    throw std::runtime_error("queue.delete " + queue + ": " + AmqpReplyText(reply));
+  }
+}
+
+// Declares `queue` (durable) and consumes it with manual acks, as any independent consumer would:
+// message_id is the event id, the headers outbox-stream-key and outbox-stream-seq its stream and
+// place in it, the body its payload. Polled from one thread.
+class QueueConsumer final : public Published {
+ public:
+  QueueConsumer(const std::string& url, std::string queue)
+      : queue_(std::move(queue)), conn_(AmqpConnect(url)) {
+    amqp_queue_declare(conn_.get(), 1, amqp_cstring_bytes(queue_.c_str()), /*passive=*/0,
+                       /*durable=*/1, /*exclusive=*/0, /*auto_delete=*/0, amqp_empty_table);
+    Check("queue.declare " + queue_);
+    amqp_basic_qos(conn_.get(), 1, 0, /*prefetch_count=*/1000, 0);
+    Check("basic.qos");
+    amqp_basic_consume(conn_.get(), 1, amqp_cstring_bytes(queue_.c_str()), amqp_empty_bytes,
+                       /*no_local=*/0, /*no_ack=*/0, /*exclusive=*/0, amqp_empty_table);
+    Check("basic.consume " + queue_);
+  }
+
+  // Takes what has arrived (at most a few thousand deliveries, so that progress is shown), then
+  // acks all of it at once.
+  void Poll() override { Receive(timeval{0, 0}, 5000); }
+
+  // Takes deliveries until none has come for half a second (outboxd has stopped: nothing more is
+  // on its way).
+  void Finish() override {
+    const auto deadline = Clock::now() + std::chrono::seconds{30};
+    while (conn_ && Clock::now() < deadline && Receive(timeval{0, 500000}, 5000) > 0) {
+    }
+  }
+
+  // Closes the connection (what was not acked goes back to the queue).
+  void Close() { conn_.reset(); }
+
+ private:
+  void Check(const std::string& what) {
+    const amqp_rpc_reply_t reply = amqp_get_rpc_reply(conn_.get());
+    if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+      throw std::runtime_error("RabbitMQ: " + what + ": " + AmqpReplyText(reply));
+    }
+  }
+
+  // Returns the number of deliveries taken.
+  int Receive(timeval wait, int max_deliveries) {
+    if (!conn_) return 0;
+    int taken = 0;
+    std::uint64_t last_tag = 0;
+    while (taken < max_deliveries) {
+      amqp_maybe_release_buffers(conn_.get());
+      amqp_envelope_t envelope{};
+      timeval timeout = taken == 0 ? wait : timeval{0, 0};
+      const amqp_rpc_reply_t reply = amqp_consume_message(conn_.get(), &envelope, &timeout, 0);
+      if (reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+          reply.library_error == AMQP_STATUS_TIMEOUT) {
+        break;
+      }
+      if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+        SetError("consuming " + queue_ + ": " + AmqpReplyText(reply));
+        conn_.reset();
+        return taken;
+      }
+      Record(envelope.message);
+      last_tag = envelope.delivery_tag;
+      amqp_destroy_envelope(&envelope);
+      ++taken;
+    }
+    if (last_tag != 0 && amqp_basic_ack(conn_.get(), 1, last_tag, /*multiple=*/1) != 0) {
+      SetError("acking on " + queue_ + ": the connection failed");
+      conn_.reset();
+    }
+    return taken;
+  }
+
+  void Record(const amqp_message_t& message) {
+    const auto text = [](const amqp_bytes_t& bytes) {
+      return std::string(static_cast<const char*>(bytes.bytes), bytes.len);
+    };
+    const amqp_basic_properties_t& properties = message.properties;
+    if ((properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG) == 0) {
+      AddMalformed();
+      return;
+    }
+    Delivery delivery;
+    delivery.id = text(properties.message_id);
+    if ((properties._flags & AMQP_BASIC_HEADERS_FLAG) != 0) {
+      for (int i = 0; i < properties.headers.num_entries; ++i) {
+        const amqp_table_entry_t& entry = properties.headers.entries[i];
+        const std::string key = text(entry.key);
+        if (key == "outbox-stream-key" && entry.value.kind == AMQP_FIELD_KIND_UTF8) {
+          delivery.stream_key = text(entry.value.value.bytes);
+        } else if (key == "outbox-stream-seq" && entry.value.kind == AMQP_FIELD_KIND_I64) {
+          delivery.stream_seq = entry.value.value.i64;
+        }
+      }
+    }
+    const nlohmann::json payload = nlohmann::json::parse(text(message.body), nullptr, false);
+    if (!payload.is_discarded()) delivery.order_id = PayloadOrderId(payload);
+    Add(std::move(delivery));
+  }
+
+  std::string queue_;
+  AmqpConn conn_;
 };
 
 // ---- outboxd, as a child process ----
@@ -271,6 +591,7 @@ class RelayProcess {
       if (::getppid() != parent) ::_exit(1);
       ::dup2(log_fd, STDOUT_FILENO);
       ::dup2(log_fd, STDERR_FILENO);
+      ::close_range(3, ~0U, 0);  // the demo's own connections are not outboxd's business
       std::array<char*, 4> argv{const_cast<char*>(binary.c_str()),  // NOLINT: execv's signature
                                 const_cast<char*>("--config"),      // NOLINT
                                 const_cast<char*>(config.c_str()),  // NOLINT
@@ -331,6 +652,57 @@ std::string Tail(const std::string& path, std::size_t max_lines) {
 
 // ---- The run ----
 
+// The demo's schema and queue on the servers, dropped when the run ends, pass or fail.
+class ServerObjects {
+ public:
+  ServerObjects(const Options& options, std::string schema, std::string queue)
+      : options_(options), schema_(std::move(schema)), queue_(std::move(queue)) {}
+  ~ServerObjects() {
+    try {
+      Drop();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): best effort while a failure propagates
+    }
+  }
+  ServerObjects(const ServerObjects&) = delete;
+  ServerObjects& operator=(const ServerObjects&) = delete;
+
+  // Drops what was created; says what it did (or what it could not do).
+  std::string Drop() {
+    std::string done;
+    if (schema_created) {
+      schema_created = false;
+      try {
+        const PgConn conn = PgConnect(options_.postgres);
+        PgExec(conn.get(), "SET lock_timeout = '10s'");
+        PgExec(conn.get(), "SET client_min_messages = warning");  // no NOTICE per dropped table
+        PgExec(conn.get(), "DROP SCHEMA IF EXISTS " + schema_ + " CASCADE");
+        done = "schema " + schema_ + " dropped";
+      } catch (const std::exception& error) {
+        done = "schema " + schema_ + " NOT dropped (" + error.what() + ")";
+      }
+    }
+    if (queue_declared) {
+      queue_declared = false;
+      try {
+        DeleteQueue(options_.amqp, queue_);
+        done += (done.empty() ? "" : ", ") + ("queue " + queue_ + " deleted");
+      } catch (const std::exception& error) {
+        done += (done.empty() ? "" : ", ") +
+                ("queue " + queue_ + " NOT deleted (" + error.what() + ")");
+      }
+    }
+    return done;
+  }
+
+  bool schema_created = false;  // set before the attempt: dropping what is not there is fine
+  bool queue_declared = false;
+
+ private:
+  const Options& options_;
+  std::string schema_;
+  std::string queue_;
+};
+
 // What the writer has done so far; the monitor thread reads it.
 struct Progress {
   std::atomic<int> orders{0};
@@ -353,7 +725,7 @@ struct Watch {
   std::optional<int> relay_exit;  // outboxd exited by itself (it should not)
 };
 
-bool AllCommittedPublished(const Ledger& ledger, const PublishedFile& file) {
+bool AllCommittedPublished(const Ledger& ledger, const Published& file) {
   if (file.distinct() < ledger.committed.size()) return false;
   return std::all_of(ledger.committed.begin(), ledger.committed.end(),
                      [&](const auto& entry) { return file.Contains(entry.first); });
@@ -362,7 +734,7 @@ bool AllCommittedPublished(const Ledger& ledger, const PublishedFile& file) {
 // Shows progress until every committed event is in the file, outboxd exits, or the timeout after
 // the writer finished passes.
 Watch Monitor(const Options& options, const Progress& progress, const Ledger& ledger,
-              PublishedFile& file, RelayProcess& relay, Clock::time_point started) {
+              Published& file, RelayProcess& relay, Clock::time_point started) {
   const bool tty = ::isatty(STDOUT_FILENO) != 0;
   const milliseconds print_every{tty ? 100 : 1000};
   auto next_print = Clock::now() + print_every;
@@ -393,7 +765,7 @@ Watch Monitor(const Options& options, const Progress& progress, const Ledger& le
     if (!writer_done_at && progress.writer_done.load(std::memory_order_acquire)) {
       writer_done_at = Clock::now();
     }
-    if (progress.writer_failed.load()) break;
+    if (progress.writer_failed.load() || !file.error().empty()) break;
     if (writer_done_at) {
       if (file.distinct() != checked_distinct && AllCommittedPublished(ledger, file)) {
         watch.all_published_at = Clock::now();
@@ -451,29 +823,70 @@ int Run(const Options& options) {
     return 2;
   }
 
-  std::ofstream(config_path) << "# Written by quickstart_demo: outboxd on the embedded store.\n"
-                             << "[database]\ntype = \"sqlite\"\npath = " << TomlString(db_path)
-                             << "\n\n[relay]\ninstance = \"quickstart\"\n"
-                             << "# SQLite cannot notify: the sweep finds what other processes "
-                                "commit.\nsweep_interval = \"20ms\"\n\n"
-                             << "[sinks.default]\ntype = \"file\"\npath = "
-                             << TomlString(events_path) << "\n";
+  // With the servers: the demo's own schema and queue, unique per run.
+  const std::string pid = std::to_string(::getpid());
+  const std::string schema = "quickstart_" + pid;
+  const std::string queue = "outbox-quickstart-" + pid + "-orders";
+  if (options.UsesServers()) {
+    std::ofstream(config_path)
+        << "# Written by quickstart_demo: outboxd on PostgreSQL, publishing to RabbitMQ.\n"
+        << "[database]\ntype = \"postgres\"\nurl = " << TomlString(options.postgres)
+        << "\nschema = " << TomlString(schema) << "\n\n[relay]\ninstance = \"quickstart\"\n\n"
+        << "[http]\n# No operations listener: the demo never takes a port.\nlisten = \"\"\n\n"
+        << "[sinks.default]\ntype = \"rabbitmq\"\nurl = " << TomlString(options.amqp) << "\n"
+        << "# The default exchange routes by queue name: to the demo's own queue, " << queue
+        << ".\nrouting_key = " << TomlString("outbox-quickstart-" + pid + "-{topic}") << "\n";
+    fs::permissions(config_path, fs::perms::owner_read | fs::perms::owner_write);  // passwords
+    std::cout << "outbox quickstart: " << Grouped(options.orders)
+              << " orders, each with its events in one PostgreSQL transaction ("
+              << options.rollback_percent << " % rolled back on purpose),\n"
+              << "while outboxd relays the events to RabbitMQ, where this program consumes them\n"
+              << "  database  " << Redacted(options.postgres) << ", schema " << schema
+              << " (dropped at the end)\n"
+              << "  relay     " << outboxd << " --config " << config_path << "\n"
+              << "  queue     " << queue << " on " << Redacted(options.amqp)
+              << " (deleted at the end)\n\n";
+  } else {
+    std::ofstream(config_path) << "# Written by quickstart_demo: outboxd on the embedded store.\n"
+                               << "[database]\ntype = \"sqlite\"\npath = " << TomlString(db_path)
+                               << "\n\n[relay]\ninstance = \"quickstart\"\n"
+                               << "# SQLite cannot notify: the sweep finds what other processes "
+                                  "commit.\nsweep_interval = \"20ms\"\n\n"
+                               << "[sinks.default]\ntype = \"file\"\npath = "
+                               << TomlString(events_path) << "\n";
+    std::cout << "outbox quickstart: " << Grouped(options.orders)
+              << " orders, each with its events in"
+              << " one SQLite transaction (" << options.rollback_percent
+              << " % rolled back on purpose),\nwhile outboxd relays the events to a JSON-lines "
+                 "file\n"
+              << "  database  " << db_path << "\n"
+              << "  relay     " << outboxd << " --config " << config_path << "\n"
+              << "  output    " << events_path << "\n\n";
+  }
 
-  std::cout << "outbox quickstart: " << Grouped(options.orders)
-            << " orders, each with its events in"
-            << " one SQLite transaction (" << options.rollback_percent
-            << " % rolled back on purpose),\nwhile outboxd relays the events to a JSON-lines file\n"
-            << "  database  " << db_path << "\n"
-            << "  relay     " << outboxd << " --config " << config_path << "\n"
-            << "  output    " << events_path << "\n\n";
-
-  outbox::sqlite::Migrate(db_path);  // outboxd does the same at its start; both are idempotent
-  Shop shop(db_path);
+  // Declared before the relay: dropped after outboxd is gone, also when the run throws.
+  ServerObjects server_objects(options, schema, queue);
+  std::unique_ptr<Shop> shop;
+  std::unique_ptr<Published> published;
+  QueueConsumer* consumer = nullptr;
+  if (options.UsesServers()) {
+    server_objects.schema_created = true;
+    outbox::postgres::Migrate(options.postgres, schema);
+    shop = std::make_unique<PostgresShop>(options.postgres, schema);
+    server_objects.queue_declared = true;
+    auto queue_consumer = std::make_unique<QueueConsumer>(options.amqp, queue);
+    consumer = queue_consumer.get();
+    published = std::move(queue_consumer);
+  } else {
+    outbox::sqlite::Migrate(db_path);  // outboxd does the same at its start; both are idempotent
+    shop = std::make_unique<SqliteShop>(db_path);
+    published = std::make_unique<PublishedFile>(events_path);
+  }
+  Published& file = *published;
   RelayProcess relay(outboxd, config_path, log_path);
 
   Progress progress;
   Ledger ledger;
-  PublishedFile file(events_path);
   const auto started = Clock::now();
   Watch watch;
   std::thread monitor([&] { watch = Monitor(options, progress, ledger, file, relay, started); });
@@ -485,23 +898,23 @@ int Run(const Options& options) {
     for (int order = 1; order <= options.orders; ++order) {
       const int customer = static_cast<int>(random() % static_cast<std::uint64_t>(options.streams));
       const bool roll_back = random() % 100 < static_cast<std::uint64_t>(options.rollback_percent);
-      shop.PlaceOrder(order, customer + 1, roll_back,
-                      [&](const std::vector<outbox::MessageId>& ids) {
-                        for (const outbox::MessageId& id : ids) {
-                          if (roll_back) {
-                            ledger.rolled_back.insert(id.ToString());
-                          } else {
-                            ledger.committed.emplace(id.ToString(), order);
-                          }
-                        }
-                        const auto count = static_cast<std::int64_t>(ids.size());
-                        if (roll_back) {
-                          rolled_back_events += count;
-                          progress.rolled_back_orders.fetch_add(1, std::memory_order_relaxed);
-                        } else {
-                          progress.committed_events.fetch_add(count, std::memory_order_relaxed);
-                        }
-                      });
+      shop->PlaceOrder(order, customer + 1, roll_back,
+                       [&](const std::vector<outbox::MessageId>& ids) {
+                         for (const outbox::MessageId& id : ids) {
+                           if (roll_back) {
+                             ledger.rolled_back.insert(id.ToString());
+                           } else {
+                             ledger.committed.emplace(id.ToString(), order);
+                           }
+                         }
+                         const auto count = static_cast<std::int64_t>(ids.size());
+                         if (roll_back) {
+                           rolled_back_events += count;
+                           progress.rolled_back_orders.fetch_add(1, std::memory_order_relaxed);
+                         } else {
+                           progress.committed_events.fetch_add(count, std::memory_order_relaxed);
+                         }
+                       });
       progress.orders.fetch_add(1, std::memory_order_relaxed);
     }
   } catch (...) {
@@ -515,7 +928,14 @@ int Run(const Options& options) {
 
   const std::optional<int> relay_exit =
       watch.relay_exit ? watch.relay_exit : relay.Stop(std::chrono::seconds{30});
-  file.Poll();  // what the drain wrote
+  file.Finish();  // what the drain published
+  // The checks need neither server from here on.
+  std::string cleanup;
+  if (options.UsesServers()) {
+    shop.reset();
+    consumer->Close();
+    cleanup = server_objects.Drop();
+  }
 
   // The checks, from the file alone against what the application committed.
   const auto committed = static_cast<std::int64_t>(ledger.committed.size());
@@ -558,7 +978,8 @@ int Run(const Options& options) {
   const auto distinct = static_cast<std::int64_t>(file.distinct());
   const bool relay_ok = !watch.relay_exit && relay_exit == 0;
   const bool ok = lost == 0 && phantom == 0 && rolled_back_published == 0 &&
-                  payload_mismatch == 0 && broken_streams == 0 && file.malformed() == 0 && relay_ok;
+                  payload_mismatch == 0 && broken_streams == 0 && file.malformed() == 0 &&
+                  file.error().empty() && relay_ok;
 
   const auto verdict = [](bool passed) { return std::string{passed ? "ok" : "FAILED"}; };
   const int committed_orders = options.orders - progress.rolled_back_orders.load();
@@ -585,6 +1006,7 @@ int Run(const Options& options) {
     Row("outboxd stopped by SIGTERM", relay_exit ? "exit " + std::to_string(*relay_exit) : "hung",
         verdict(relay_ok) + (relay_exit ? "" : " (killed after 30 s)"));
   }
+  if (!file.error().empty()) Row("RabbitMQ consumer", "failed", file.error() + "  FAILED");
   const double write_seconds = std::max(Seconds(written_at - started), 1e-3);
   std::cout << "  application: " << Grouped(options.orders) << " transactions in "
             << Fixed(write_seconds, 2) << " s ("
@@ -603,6 +1025,7 @@ int Run(const Options& options) {
     std::cout << "  outboxd: did not publish every committed event within "
               << options.timeout_seconds << " s after the last commit\n";
   }
+  if (!cleanup.empty()) std::cout << "  cleanup: " << cleanup << "\n";
   if (!ok) {
     std::cout << "FAILED. outboxd's log (" << log_path << "), last lines:\n" << Tail(log_path, 15);
     return 1;
@@ -617,7 +1040,8 @@ int Run(const Options& options) {
 int main(int argc, char** argv) {
   CLI::App app{
       "The outbox quickstart: orders and their events in SQLite transactions, relayed by outboxd "
-      "to a JSON-lines file, then checked: nothing lost, nothing rolled back published",
+      "to a JSON-lines file (or, with --postgres and --amqp, in PostgreSQL transactions, relayed "
+      "to RabbitMQ), then checked: nothing lost, nothing rolled back published",
       "quickstart_demo"};
   Options options;
   app.add_option("--orders", options.orders, "Orders to write")
@@ -640,10 +1064,24 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 3600));
   app.add_option("--seed", options.seed, "Seed choosing customers and rollbacks")
       ->capture_default_str();
+  app.add_option("--postgres", options.postgres,
+                 "With --amqp: the application and the outbox on this PostgreSQL (a libpq URL), "
+                 "in a schema of the demo's own, quickstart_<pid>, dropped at the end");
+  app.add_option("--amqp", options.amqp,
+                 "With --postgres: outboxd publishes to this RabbitMQ (amqp://user:password@host:"
+                 "port/vhost), to a queue of the demo's own that it consumes and deletes at the "
+                 "end");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     return app.exit(error) == 0 ? 0 : 2;  // --help exits 0, a bad option 2
+  }
+  if (options.postgres.empty() != options.amqp.empty()) {
+    std::cerr << "quickstart_demo: " << (options.postgres.empty() ? "--amqp" : "--postgres")
+              << " needs " << (options.postgres.empty() ? "--postgres" : "--amqp")
+              << ": give both (PostgreSQL for the application and the outbox, RabbitMQ for "
+                 "outboxd to publish to), or neither for the SQLite demo\n";
+    return 2;
   }
   try {
     return Run(options);

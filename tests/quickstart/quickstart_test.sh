@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # The quickstart's demo, small, so that scripts/quickstart cannot rot: it must pass against the
-# real outboxd, and it must fail (exit non-zero, saying so) when the relay publishes nothing.
+# real outboxd, on SQLite and (--postgres --amqp) on PostgreSQL + RabbitMQ, and it must fail (exit
+# non-zero, saying so) when the relay publishes nothing.
 #
 #   quickstart_test.sh <quickstart_demo> <outboxd>
+#
+# The servers (scripts/services) must be running: OUTBOX_TEST_PG_URL and OUTBOX_TEST_AMQP_URL,
+# with scripts/services' defaults.
 set -euo pipefail
 demo=$1
 outboxd=$2
+pg_url=${OUTBOX_TEST_PG_URL:-postgresql://outbox:outbox@127.0.0.1:15432/outbox_test}
+amqp_url=${OUTBOX_TEST_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/}
 work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-quickstart-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
@@ -32,6 +38,46 @@ lines=$(wc -l <"$work/run/events.jsonl")
 [ "$committed" -gt 500 ] || fail "expected more than 500 committed events, got $committed"
 [ "$lines" -ge "$committed" ] || fail "events.jsonl has $lines lines for $committed events"
 grep -q 'type = "sqlite"' "$work/run/outboxd.toml" || fail "the relay did not use the SQLite store"
+
+echo "== 500 orders on PostgreSQL, relayed by outboxd to RabbitMQ and consumed from there"
+status=0
+"$demo" --postgres "$pg_url" --amqp "$amqp_url" --orders 500 --streams 20 --dir "$work/servers" \
+  --outboxd "$outboxd" --timeout 60 >"$work/servers.out" 2>&1 || status=$?
+cat "$work/servers.out"
+[ "$status" -eq 0 ] || fail "the demo on PostgreSQL + RabbitMQ exited $status"
+expect "$work/servers.out" '^outbox quickstart: 500 orders, each with its events in one PostgreSQL'
+expect "$work/servers.out" '^  orders written +500 '
+expect "$work/servers.out" '^  events published \(distinct ids\) +([0-9,]+)$'
+expect "$work/servers.out" '^  lost \(committed, not published\) +0  ok$'
+expect "$work/servers.out" '^  phantom \(published, not committed\) +0  ok$'
+expect "$work/servers.out" '^  rolled back, never published +([0-9,]+)  of \1  ok$'
+expect "$work/servers.out" '^  streams out of order +0  of 20 .* ok$'
+expect "$work/servers.out" '^  payloads intact +[0-9,]+  ok$'
+expect "$work/servers.out" '^  outboxd stopped by SIGTERM +exit 0  ok$'
+expect "$work/servers.out" \
+  '^  cleanup: schema quickstart_[0-9]+ dropped, queue outbox-quickstart-[0-9]+-orders deleted$'
+expect "$work/servers.out" '^PASS: '
+committed=$(sed -nE 's/^  events committed +([0-9,]+)$/\1/p' "$work/servers.out" | tr -d ,)
+published=$(sed -nE 's/^  events published \(distinct ids\) +([0-9,]+)$/\1/p' "$work/servers.out" |
+  tr -d ,)
+[ "$committed" -gt 500 ] || fail "expected more than 500 committed events, got $committed"
+[ "$published" -eq "$committed" ] || fail "$published published for $committed committed"
+for line in 'type = "postgres"' 'type = "rabbitmq"' 'listen = ""'; do
+  grep -qF "$line" "$work/servers/outboxd.toml" || fail "outboxd.toml lacks: $line"
+done
+[ ! -e "$work/servers/events.jsonl" ] || fail "the RabbitMQ run wrote events.jsonl"
+[ ! -e "$work/servers/app.db" ] || fail "the RabbitMQ run wrote app.db"
+
+echo "== --postgres without --amqp (and the reverse) is a usage error"
+for half in "--postgres $pg_url" "--amqp $amqp_url"; do
+  status=0
+  # shellcheck disable=SC2086  # the option and its value, split on purpose
+  "$demo" $half --orders 10 --dir "$work/half" >"$work/half.out" 2>&1 || status=$?
+  cat "$work/half.out"
+  [ "$status" -eq 2 ] || fail "expected exit 2 for $half alone, got $status"
+  expect "$work/half.out" '^quickstart_demo: --(postgres|amqp) needs --(amqp|postgres): give both'
+  [ ! -e "$work/half" ] || fail "a usage error must not start a run"
+done
 
 echo "== a relay that publishes nothing: the demo must notice"
 status=0
