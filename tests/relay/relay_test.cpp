@@ -99,12 +99,26 @@ TEST_F(RelayTest, DeliversWhatCommitsAndNothingThatRollsBackInStreamOrder) {
 
   std::set<std::string> delivered;
   std::map<std::string, std::int64_t> last_seq;
-  for (const auto& envelope : sink->delivered()) {
+  const auto deliveries = sink->delivered();
+  const auto batches = sink->batches();
+  // On a failure, the whole story of that stream: batch, seq, id, attempts.
+  const auto story = [&](const std::string& stream) {
+    std::string text;
+    for (std::size_t i = 0; i < deliveries.size(); ++i) {
+      if (deliveries[i].stream_key != stream) continue;
+      text += "\n  batch " + std::to_string(batches[i]) + " seq " +
+              std::to_string(*deliveries[i].stream_seq) + " id " + deliveries[i].id.ToString() +
+              " attempts " + std::to_string(deliveries[i].attempts);
+    }
+    return text;
+  };
+  for (const auto& envelope : deliveries) {
     const std::string id = envelope.id.ToString();
     EXPECT_FALSE(rolled_back.contains(id)) << "a rolled-back message was published: " << id;
     if (!delivered.insert(id).second) continue;  // duplicates are allowed, not expected here
     auto& last = last_seq[*envelope.stream_key];
-    EXPECT_EQ(*envelope.stream_seq, last + 1) << "stream " << *envelope.stream_key;
+    EXPECT_EQ(*envelope.stream_seq, last + 1)
+        << "stream " << *envelope.stream_key << story(*envelope.stream_key);
     last = *envelope.stream_seq;
   }
   EXPECT_EQ(delivered, committed);

@@ -25,7 +25,10 @@ class TestSink final : public Sink {
     ++calls_;
     for (const auto& envelope : batch) {
       std::optional<Failure> failure = verdict_ ? verdict_(envelope) : std::nullopt;
-      if (!failure) delivered_.push_back(envelope);  // what a consumer would have received
+      if (!failure) {  // what a consumer would have received
+        delivered_.push_back(envelope);
+        batch_of_.push_back(calls_);
+      }
       outcomes.push_back({envelope.id, std::move(failure)});
     }
     return outcomes;
@@ -37,6 +40,11 @@ class TestSink final : public Sink {
     std::lock_guard lock(mutex_);
     return delivered_;
   }
+  // The Publish call (1, 2, ...) that delivered delivered()[i].
+  std::vector<int> batches() const {
+    std::lock_guard lock(mutex_);
+    return batch_of_;
+  }
   int calls() const {
     std::lock_guard lock(mutex_);
     return calls_;
@@ -46,6 +54,7 @@ class TestSink final : public Sink {
   Verdict verdict_;
   mutable std::mutex mutex_;
   std::vector<Envelope> delivered_;
+  std::vector<int> batch_of_;
   int calls_ = 0;
 };
 

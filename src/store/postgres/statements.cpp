@@ -11,6 +11,10 @@ constexpr const char* kFenced = R"(
   WHERE m.id = c.id AND m.lease_epoch = c.epoch AND m.lease_owner = $1
     AND m.status = 'processing')";
 
+// Due is judged by clock_timestamp(), read after the snapshot, not now(): now() is this
+// statement's transaction start, which can precede the start (= available_at) of a writer that
+// still committed in time to be visible, so the stream's message would be skipped while its
+// successor, written by a transaction that began earlier, was claimed (seen under load).
 // Oldest first; SKIP LOCKED lets claimers pass each other; a keyed message waits while an earlier
 // message of its stream is leased by another owner or waits for its retry (head-of-line per
 // stream). Behind the caller's own leases it may be claimed: the caller publishes its batches in
@@ -18,14 +22,14 @@ constexpr const char* kFenced = R"(
 constexpr const char* kClaim = R"(
 WITH claimable AS (
   SELECT m.id FROM __TABLE__ m
-  WHERE m.status IN ('pending', 'failed') AND m.available_at <= now()
+  WHERE m.status IN ('pending', 'failed') AND m.available_at <= clock_timestamp()
     AND ($2::integer[] IS NULL OR m.partition = ANY($2::integer[]))
     AND (m.stream_key IS NULL OR NOT EXISTS (
       SELECT 1 FROM __TABLE__ e
       WHERE e.stream_key = m.stream_key AND e.id < m.id
         AND e.status IN ('processing', 'failed')
         AND ((e.status = 'processing' AND e.lease_owner <> $3) OR
-             (e.status = 'failed' AND e.available_at > now()))))
+             (e.status = 'failed' AND e.available_at > clock_timestamp()))))
   ORDER BY m.id
   LIMIT $1::integer
   FOR UPDATE SKIP LOCKED)
