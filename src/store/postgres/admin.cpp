@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "connection.h"
+#include "migrations.h"
 #include "outbox/store/postgres_admin.h"
 #include "statements.h"
 
@@ -238,7 +239,7 @@ class Admin::Impl {
  public:
   Impl(const std::string& conninfo, const std::string& schema)
       : schema_(schema), table_(QuoteSchema(schema) + ".messages"), connection_(conninfo) {
-    CheckSchemaVersion();
+    RequireSchemaVersion(Ready(), schema_, connection_.description());
     list_ = Build(kList);
     show_ = Build(kShow);
     replay_ = Build(ReplaceAll(ReplaceAll(kChangeChunkSql, "__SET__", kReplaySet), "__ELIGIBLE__",
@@ -355,28 +356,6 @@ class Admin::Impl {
     }
     outcome.count = static_cast<std::int64_t>(outcome.ids.size());
     return outcome;
-  }
-
-  // Refuses a schema that is missing or older than this build expects, with the command that
-  // fixes it.
-  void CheckSchemaVersion() {
-    const std::string version_table = QuoteSchema(schema_) + ".schema_version";
-    const auto exists =
-        Exec(Ready(), "check schema", "SELECT to_regclass($1) IS NOT NULL", {Param{version_table}});
-    int version = 0;
-    if (std::string_view{PQgetvalue(exists.get(), 0, 0)} == "t") {
-      const auto result =
-          Exec(Ready(), "check schema", "SELECT coalesce(max(version), 0) FROM " + version_table);
-      version = std::atoi(PQgetvalue(result.get(), 0, 0));
-    }
-    if (version < LatestSchemaVersion()) {
-      throw StoreError(FailureKind::kPermanent,
-                       "the outbox schema \"" + schema_ + "\" is " +
-                           (version == 0 ? std::string{"not migrated"}
-                                         : "at version " + std::to_string(version)) +
-                           " in " + connection_.description() + "; this build needs version " +
-                           std::to_string(LatestSchemaVersion()) + ": run outboxctl migrate");
-    }
   }
 
   PGconn* Ready() {

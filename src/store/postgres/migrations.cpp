@@ -73,6 +73,26 @@ int Migrate(pg_conn* conn, const std::string& schema) {
   }
 }
 
+void RequireSchemaVersion(pg_conn* conn, const std::string& schema, const std::string& where) {
+  const std::string version_table = QuoteSchema(schema) + ".schema_version";
+  const auto exists =
+      Exec(conn, "check schema", "SELECT to_regclass($1) IS NOT NULL", {Param{version_table}});
+  int version = 0;
+  if (std::string_view{PQgetvalue(exists.get(), 0, 0)} == "t") {
+    const auto result =
+        Exec(conn, "check schema", "SELECT coalesce(max(version), 0) FROM " + version_table);
+    version = std::atoi(PQgetvalue(result.get(), 0, 0));
+  }
+  if (version < LatestSchemaVersion()) {
+    throw StoreError(
+        FailureKind::kPermanent,
+        "the outbox schema \"" + schema + "\" is " +
+            (version == 0 ? std::string{"not migrated"} : "at version " + std::to_string(version)) +
+            " in " + where + "; this build needs version " + std::to_string(LatestSchemaVersion()) +
+            ": run outboxctl migrate");
+  }
+}
+
 int Migrate(const std::string& conninfo, const std::string& schema) {
   Connection connection{conninfo};
   return Migrate(connection.get(), schema);

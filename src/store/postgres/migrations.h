@@ -1,7 +1,10 @@
 #pragma once
 
+#include <string>
 #include <string_view>
 #include <vector>
+
+struct pg_conn;
 
 namespace outbox::postgres {
 
@@ -13,5 +16,9 @@ struct Migration {
 
 // In version order; generated from sql/*.sql.
 const std::vector<Migration>& Migrations();
+
+// Throws StoreError(kPermanent) naming the fix (run outboxctl migrate) when `schema` on `conn`
+// is missing or older than this build; `where` describes the server for the message.
+void RequireSchemaVersion(pg_conn* conn, const std::string& schema, const std::string& where);
 
 }  // namespace outbox::postgres

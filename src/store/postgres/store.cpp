@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "connection.h"
+#include "migrations.h"
 #include "outbox/core/error.h"
 #include "outbox/store/failure_plan.h"
 #include "outbox/store/postgres.h"
@@ -39,7 +40,7 @@ class PostgresStore final : public Store {
         writer_(options_.schema),
         sql_(options_.schema, options_.retention.published.count() > 0) {
     if (!options_.random) options_.random = DefaultRandom();
-    CheckSchemaVersion();
+    RequireSchemaVersion(Ready(), options_.schema, connection_.description());
   }
 
   std::vector<MessageId> Enqueue(std::span<const NewMessage> messages) override {
@@ -181,29 +182,6 @@ class PostgresStore final : public Store {
       }
     }
     return stats;
-  }
-
- private:
-  // Refuses to run against a schema that is missing or older than this build expects, with the
-  // command that fixes it.
-  void CheckSchemaVersion() {
-    const std::string version_table = QuoteSchema(options_.schema) + ".schema_version";
-    const auto exists =
-        Exec(Ready(), "check schema", "SELECT to_regclass($1) IS NOT NULL", {Param{version_table}});
-    int version = 0;
-    if (std::string_view{PQgetvalue(exists.get(), 0, 0)} == "t") {
-      const auto result =
-          Exec(Ready(), "check schema", "SELECT coalesce(max(version), 0) FROM " + version_table);
-      version = std::atoi(PQgetvalue(result.get(), 0, 0));
-    }
-    if (version < LatestSchemaVersion()) {
-      throw StoreError(FailureKind::kPermanent,
-                       "the outbox schema \"" + options_.schema + "\" is " +
-                           (version == 0 ? std::string{"not migrated"}
-                                         : "at version " + std::to_string(version)) +
-                           " in " + connection_.description() + "; this build needs version " +
-                           std::to_string(LatestSchemaVersion()) + ": run outboxctl migrate");
-    }
   }
 
   PGconn* Ready() {
