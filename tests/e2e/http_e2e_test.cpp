@@ -24,46 +24,13 @@
 
 #include "../postgres/pg_test_support.h"
 #include "amqp_test_client.h"
+#include "child_process.h"
 
 namespace outbox::testing {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-class Daemon {
- public:
-  explicit Daemon(const std::string& config_path) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      const std::string log = config_path + ".log";
-      std::freopen(log.c_str(), "a", stderr);
-      execl(OUTBOXD_PATH, "outboxd", "--config", config_path.c_str(), nullptr);
-      _exit(127);
-    }
-  }
-  ~Daemon() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  int Stop() {
-    kill(pid_, SIGTERM);
-    for (int i = 0; i < 1500; ++i) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(milliseconds{20});
-    }
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-};
 
 int FreePort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -235,7 +202,7 @@ TEST_F(HttpE2eTest, EndpointsAgreeWithTheDatabaseFollowTheBrokerAndShrugOffGarba
   Consumer consumer(queue_);
   Enqueue(queue_, 300);
   Enqueue(full_, 1);  // nacked twice, then abandoned
-  Daemon outboxd(config_path_);
+  Outboxd outboxd(config_path_);
   for (int i = 0; i < 600 && (consumer.count() < 300 || Count("status = 'abandoned'") < 1); ++i) {
     std::this_thread::sleep_for(milliseconds{50});
   }
@@ -348,7 +315,7 @@ TEST_F(HttpE2eTest, NeitherThePasswordNorTheTokenEverShows) {
   Enqueue(full_, 1);
   std::string replies;
   {
-    Daemon outboxd(config_path_);
+    Outboxd outboxd(config_path_);
     for (int i = 0; i < 600 && (consumer.count() < 50 || Count("status = 'abandoned'") < 1); ++i) {
       std::this_thread::sleep_for(milliseconds{50});
     }
@@ -387,7 +354,7 @@ TEST_F(HttpE2eTest, StatusAgreesEverywhereAndAnAbandonedMessageIsReplayedWithIts
   Sql(schema_.conn(), "UPDATE " + schema_.name() +
                           ".messages SET available_at = now() + interval '1 hour' WHERE topic = '" +
                           queue_ + "_later'");
-  Daemon outboxd(config_path_);
+  Outboxd outboxd(config_path_);
   for (int i = 0; i < 600 && (consumer.count() < 120 || Count("status = 'abandoned'") < 4); ++i) {
     std::this_thread::sleep_for(milliseconds{50});
   }
@@ -562,7 +529,7 @@ TEST_F(HttpE2eTest, WithoutATokenTheAdminRoutesAnswer403) {
   ::unsetenv("OUTBOX_HTTP_TOKEN");
   WriteConfig(OwnUrl(), "");
   Enqueue(full_, 1);
-  Daemon outboxd(config_path_);
+  Outboxd outboxd(config_path_);
   ASSERT_TRUE(WaitForStatus("/readyz", "", 200, seconds{20})) << Log();
   for (int i = 0; i < 200 && Count("status = 'abandoned'") < 1; ++i) {
     std::this_thread::sleep_for(milliseconds{50});
@@ -584,7 +551,7 @@ TEST_F(HttpE2eTest, ReadinessFailsWhenTheDatabaseConnectionIsLostAndComesBack) {
   const std::string token = "tok-db-" + std::to_string(std::random_device{}());
   WriteConfig(OwnUrl(), token);
   Consumer consumer(queue_);
-  Daemon outboxd(config_path_);
+  Outboxd outboxd(config_path_);
   ASSERT_TRUE(WaitForStatus("/readyz", token, 200, seconds{20})) << Log();
   Enqueue(queue_, 20);
 

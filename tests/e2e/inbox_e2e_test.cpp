@@ -13,52 +13,13 @@
 
 #include "../postgres/pg_test_support.h"
 #include "amqp_test_client.h"
+#include "child_process.h"
 
 namespace outbox::testing {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-// A child process; SIGKILLed if still running when this object dies.
-class Child {
- public:
-  Child(const std::vector<std::string>& argv, const std::string& log) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      std::freopen(log.c_str(), "a", stderr);
-      std::freopen(log.c_str(), "a", stdout);
-      std::vector<char*> args;
-      for (const auto& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-  }
-  ~Child() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-  int Stop(int signal) {
-    kill(pid_, signal);
-    for (int i = 0; i < 1500; ++i) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(milliseconds{20});
-    }
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-};
 
 TEST(InboxE2eTest, TheConsumersTableEqualsTheCommittedSetThroughRestartsAndKills) {
   TestSchema schema;
@@ -104,8 +65,8 @@ TEST(InboxE2eTest, TheConsumersTableEqualsTheCommittedSetThroughRestartsAndKills
     }
     for (auto& thread : threads) thread.join();
   });
-  auto relay = std::make_unique<Child>(relay_args, log);
-  auto consumer = std::make_unique<Child>(consumer_args, log);
+  auto relay = std::make_unique<ChildProcess>(relay_args, log);
+  auto consumer = std::make_unique<ChildProcess>(consumer_args, log);
   std::this_thread::sleep_for(seconds{1});
   // The broker restarts.
   ASSERT_EQ(std::system((std::string{PROJECT_SOURCE_DIR} +
@@ -121,8 +82,8 @@ TEST(InboxE2eTest, TheConsumersTableEqualsTheCommittedSetThroughRestartsAndKills
   // The relay and the consumer die without a chance to clean up, and come back.
   EXPECT_EQ(relay->Stop(SIGKILL), 128 + SIGKILL);
   EXPECT_EQ(consumer->Stop(SIGKILL), 128 + SIGKILL);
-  relay = std::make_unique<Child>(relay_args, log);
-  consumer = std::make_unique<Child>(consumer_args, log);
+  relay = std::make_unique<ChildProcess>(relay_args, log);
+  consumer = std::make_unique<ChildProcess>(consumer_args, log);
   writers.join();
 
   const auto applied = [&] {

@@ -17,49 +17,13 @@
 
 #include "../postgres/pg_test_support.h"
 #include "amqp_test_client.h"
+#include "child_process.h"
 
 namespace outbox::testing {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-// The relay daemon as a child process.
-class Outboxd {
- public:
-  explicit Outboxd(const std::string& config_path) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      const std::string log = config_path + ".log";
-      std::freopen(log.c_str(), "a", stderr);
-      execl(OUTBOXD_PATH, "outboxd", "--config", config_path.c_str(), nullptr);
-      _exit(127);
-    }
-  }
-  ~Outboxd() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  void Signal(int signal) const { kill(pid_, signal); }
-  // Waits (bounded) for the process to exit; its exit code, or -1 on time-out.
-  int Wait(seconds limit) {
-    const auto until = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < until) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(milliseconds{20});
-    }
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-};
 
 std::string ServicesScript() { return std::string{PROJECT_SOURCE_DIR} + "/scripts/services"; }
 
