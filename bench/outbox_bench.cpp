@@ -1,0 +1,1382 @@
+// outbox-bench: how fast outbox is on this machine, next to the raw limits of its parts measured
+// in the same run. The relay is the real `outboxd`, run as a child process with a generated
+// config, publishing to a durable classic RabbitMQ queue that a consumer of this program drains.
+// Every workload prints its conditions first.
+//
+//   outbox-bench idle     [--seconds 30] [--latency-messages 1000]
+//   outbox-bench drain    [--messages 100000,1000000] [--payload 256,1024] [--streams 1000]
+//   outbox-bench steady   [--rate 1000] [--seconds 60] [--payload 256] [--streams 1000]
+//   outbox-bench backlog  [--rows 10000000] [--measure 200000]
+//   outbox-bench bloat    [--rate 5000] [--seconds 600]     (steady load, old snapshot held open)
+//   outbox-bench enqueue  [--messages 20000]                (writers: the store's enqueue rates)
+//   outbox-bench sink     [--messages 100000]               (the RabbitMQ sink, classic and quorum)
+//
+// Servers: $OUTBOX_TEST_PG_URL and $OUTBOX_TEST_AMQP_URL (scripts/services); everything runs in
+// a database of its own (--database, default outbox_bench, created when missing), in schemas and
+// queues named after this process, dropped and deleted at the end. Statement counts come from
+// pg_stat_statements (loaded by scripts/services), restricted to that database; the benchmark's
+// own statements are tagged /*bench*/ and left out, as are the writers' (enqueue, BEGIN, COMMIT;
+// the relay issues none of these).
+
+#include <libpq-fe.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../tests/e2e/amqp_test_client.h"
+#include "../tests/e2e/child_process.h"
+#include "connection.h"  // the store's RAII over libpq
+#include "outbox/core/uuid.h"
+#include "outbox/sink/rabbitmq.h"
+#include "outbox/store/postgres.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using outbox::postgres::ConnPtr;
+using outbox::postgres::ResultPtr;
+
+constexpr std::string_view kTag = "/*bench*/ ";  // marks the benchmark's own statements
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+std::int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+// 1234567.8 -> "1,234,568".
+std::string Thousands(double value) {
+  std::string digits = std::to_string(std::llround(value));
+  const bool negative = !digits.empty() && digits[0] == '-';
+  if (negative) digits.erase(0, 1);
+  for (int at = static_cast<int>(digits.size()) - 3; at > 0; at -= 3) {
+    digits.insert(static_cast<std::size_t>(at), ",");
+  }
+  return negative ? "-" + digits : digits;
+}
+
+std::string Mib(double kib) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", kib / 1024.0);
+  return text;
+}
+
+void Flush() { std::fflush(stdout); }
+
+// --- PostgreSQL -------------------------------------------------------------------------------
+
+ConnPtr Connect(const std::string& conninfo) {
+  ConnPtr conn{PQconnectdb(conninfo.c_str())};
+  if (PQstatus(conn.get()) != CONNECTION_OK) {
+    throw std::runtime_error("cannot connect to PostgreSQL (start it with scripts/services): " +
+                             std::string{PQerrorMessage(conn.get())});
+  }
+  ResultPtr quiet{PQexec(conn.get(), "SET client_min_messages = warning")};
+  return conn;
+}
+
+ResultPtr Sql(PGconn* conn, const std::string& sql) {
+  ResultPtr result{PQexec(conn, sql.c_str())};
+  const auto status = PQresultStatus(result.get());
+  if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+    throw std::runtime_error(sql.substr(0, 200) + ": " + PQerrorMessage(conn));
+  }
+  return result;
+}
+
+// A tagged statement of the benchmark's own: left out of the relay's statement counts.
+ResultPtr Own(PGconn* conn, const std::string& sql) { return Sql(conn, std::string{kTag} + sql); }
+
+std::string Scalar(PGconn* conn, const std::string& sql) {
+  const auto result = Own(conn, sql);
+  return PQntuples(result.get()) > 0 ? PQgetvalue(result.get(), 0, 0) : "";
+}
+
+// `url` (URI or key=value) with its dbname replaced, as a key=value string.
+std::string WithDatabase(const std::string& url, const std::string& database) {
+  char* error = nullptr;
+  PQconninfoOption* options = PQconninfoParse(url.c_str(), &error);
+  if (options == nullptr) {
+    const std::string message = error != nullptr ? error : "out of memory";
+    PQfreemem(error);
+    throw std::runtime_error("bad PostgreSQL URL: " + message);
+  }
+  std::string out;
+  const auto quote = [](const std::string& value) {
+    std::string quoted = "'";
+    for (const char c : value) {
+      if (c == '\'' || c == '\\') quoted += '\\';
+      quoted += c;
+    }
+    return quoted + "'";
+  };
+  for (PQconninfoOption* option = options; option->keyword != nullptr; ++option) {
+    const std::string key = option->keyword;
+    if (key == "dbname" || option->val == nullptr || option->val[0] == '\0') continue;
+    out += key + "=" + quote(option->val) + " ";
+  }
+  PQconninfoFree(options);
+  return out + "dbname=" + quote(database);
+}
+
+// The servers and where this run keeps its files.
+struct Env {
+  std::string pg_url;     // as given (the tests' database)
+  std::string bench_url;  // the benchmark's own database
+  std::string database;
+  std::string amqp_url;
+  std::string outboxd;
+  std::filesystem::path dir;
+  ConnPtr monitor;  // on the benchmark's database: counters, sizes; every statement tagged
+  bool statements_available = false;
+
+  std::string NewName(const std::string& what) {
+    static int counter = 0;
+    return "bench_" + what + "_" + std::to_string(getpid()) + "_" + std::to_string(++counter);
+  }
+};
+
+void OpenEnv(Env& env) {
+  {
+    auto admin = Connect(env.pg_url);
+    const auto exists =
+        Sql(admin.get(), "SELECT 1 FROM pg_database WHERE datname = '" + env.database + "'");
+    if (PQntuples(exists.get()) == 0) Sql(admin.get(), "CREATE DATABASE " + env.database);
+  }
+  env.bench_url = WithDatabase(env.pg_url, env.database);
+  env.monitor = Connect(env.bench_url);
+  ResultPtr created{PQexec(env.monitor.get(), "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")};
+  ResultPtr probe{PQexec(env.monitor.get(), "SELECT count(*) FROM pg_stat_statements")};
+  env.statements_available = PQresultStatus(probe.get()) == PGRES_TUPLES_OK;
+  env.dir = std::filesystem::temp_directory_path() / ("outbox-bench-" + std::to_string(getpid()));
+  std::filesystem::create_directories(env.dir);
+}
+
+// Statements the relay sent the benchmark's database since the last Reset().
+class StatementCounter {
+ public:
+  explicit StatementCounter(Env& env) : env_(env) {}
+  bool available() const { return env_.statements_available; }
+  void Reset() {
+    if (available()) Own(env_.monitor.get(), "SELECT pg_stat_statements_reset()");
+  }
+  double Total() {
+    return available() ? std::atof(Scalar(env_.monitor.get(), Query("sum")).c_str()) : 0;
+  }
+  // The statements behind Total(), most called first.
+  std::vector<std::pair<std::string, double>> Top(int limit) {
+    std::vector<std::pair<std::string, double>> top;
+    if (!available()) return top;
+    const auto result = Own(env_.monitor.get(), Query("top") + " LIMIT " + std::to_string(limit));
+    for (int row = 0; row < PQntuples(result.get()); ++row) {
+      top.emplace_back(PQgetvalue(result.get(), row, 1),
+                       std::atof(PQgetvalue(result.get(), row, 0)));
+    }
+    return top;
+  }
+
+ private:
+  static std::string Query(const std::string& what) {
+    const std::string from =
+        " FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = "
+        "current_database()) AND query NOT LIKE '/*bench*/%' AND query NOT LIKE '%enqueue%' AND "
+        "query NOT IN ('BEGIN', 'COMMIT', 'ROLLBACK')";
+    if (what == "sum") return "SELECT coalesce(sum(calls), 0)" + from;
+    return "SELECT calls, regexp_replace(left(query, 90), '\\s+', ' ', 'g')" + from +
+           " ORDER BY calls DESC";
+  }
+  Env& env_;
+};
+
+// A migrated schema of its own, dropped when this object dies.
+class Schema {
+ public:
+  explicit Schema(Env& env) : env_(env), name_(env.NewName("s")) {
+    outbox::postgres::Migrate(env_.monitor.get(), name_);
+  }
+  ~Schema() {
+    ResultPtr dropped{
+        PQexec(env_.monitor.get(),
+               (std::string{kTag} + "DROP SCHEMA IF EXISTS " + name_ + " CASCADE").c_str())};
+  }
+  Schema(const Schema&) = delete;
+  Schema& operator=(const Schema&) = delete;
+  const std::string& name() const { return name_; }
+  std::string messages() const { return name_ + ".messages"; }
+
+ private:
+  Env& env_;
+  std::string name_;
+};
+
+// A payload of exactly `size` bytes (at least 14) that is a JSON string and starts with the
+// message's sequence number, so that the consumer can tell which message it received.
+std::string Payload(std::int64_t seq, std::size_t size) {
+  char digits[16];
+  std::snprintf(digits, sizeof digits, "%012lld", static_cast<long long>(seq));
+  std::string payload = "\"";
+  payload += digits;
+  payload.append(size - 14, 'x');
+  payload += '"';
+  return payload;
+}
+
+// Inserts messages first..first+count-1 as writers would have left them: pending, over `streams`
+// streams with their stream_seq, each stream in one partition. One statement, then VACUUM ANALYZE.
+void Preinsert(Env& env, const Schema& schema, const std::string& topic, std::int64_t first,
+               std::int64_t count, std::size_t payload, int streams) {
+  const std::string s = schema.name();
+  const std::string g = "g";
+  Own(env.monitor.get(),
+      "INSERT INTO " + schema.messages() +
+          " (id, topic, stream_key, stream_seq, partition, target, payload, content_type) SELECT " +
+          s + ".uuid_v7(), '" + topic + "', 's' || (g % " + std::to_string(streams) + "), g / " +
+          std::to_string(streams) + " + 1, (g % " + std::to_string(streams) +
+          ") % 64, 'default', convert_to('\"' || lpad(g::text, 12, '0') || repeat('x', " +
+          std::to_string(payload - 14) + ") || '\"', 'UTF8'), 'application/json' FROM " +
+          "generate_series(" + std::to_string(first) + ", " + std::to_string(first + count - 1) +
+          ") g");
+  Own(env.monitor.get(), "VACUUM ANALYZE " + schema.messages());
+}
+
+std::string TableSize(Env& env, const Schema& schema) {
+  return Scalar(env.monitor.get(),
+                "SELECT pg_size_pretty(pg_total_relation_size('" + schema.messages() + "'))");
+}
+
+// --- RabbitMQ ---------------------------------------------------------------------------------
+
+// A durable classic queue of its own, deleted when this object dies.
+class Queue {
+ public:
+  explicit Queue(Env& env) : name_("outbox-bench-" + env.NewName("q")) {
+    outbox::testing::DeclareQueue(name_);
+  }
+  ~Queue() { outbox::testing::DeleteQueue(name_); }
+  Queue(const Queue&) = delete;
+  Queue& operator=(const Queue&) = delete;
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+};
+
+// Consumes a queue on its own thread (prefetch 1000, acks every 250 deliveries) and records when
+// each message, known by the sequence number in its payload, first arrived.
+class Receiver {
+ public:
+  Receiver(std::string queue, std::size_t capacity)
+      : queue_(std::move(queue)), received_at_(capacity, 0), thread_([this] { Loop(); }) {}
+  ~Receiver() { Stop(); }
+  Receiver(const Receiver&) = delete;
+  Receiver& operator=(const Receiver&) = delete;
+
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  std::size_t distinct() const { return distinct_; }
+  std::size_t duplicates() const { return duplicates_; }
+  std::size_t strays() const { return strays_; }
+
+  // Waits (bounded) until `count` distinct messages arrived; false on time-out.
+  bool WaitFor(std::size_t count, std::chrono::seconds limit) const {
+    const auto until = Clock::now() + limit;
+    while (distinct_ < count) {
+      if (Clock::now() > until) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds{50});
+    }
+    return true;
+  }
+  // After Stop(): when message `seq` first arrived (steady-clock ns), 0 if never.
+  std::int64_t received_at(std::size_t seq) const { return received_at_[seq]; }
+  // After Stop(): messages per second from the first arrival to the `count`-th.
+  double Rate(std::size_t count) const {
+    std::vector<std::int64_t> times;
+    times.reserve(distinct_);
+    for (const auto t : received_at_) {
+      if (t != 0) times.push_back(t);
+    }
+    std::sort(times.begin(), times.end());
+    count = std::min(count, times.size());
+    if (count < 2) return 0;
+    return static_cast<double>(count - 1) /
+           (static_cast<double>(times[count - 1] - times[0]) / 1e9);
+  }
+
+ private:
+  void Loop() {
+    auto conn = outbox::testing::AmqpConnect();
+    amqp_basic_qos(conn.get(), 1, 0, 1000, 0);
+    amqp_basic_consume(conn.get(), 1, amqp_cstring_bytes(queue_.c_str()), amqp_empty_bytes, 0, 0, 0,
+                       amqp_empty_table);
+    outbox::testing::CheckReply(amqp_get_rpc_reply(conn.get()), "basic.consume");
+    std::uint64_t unacked_tag = 0;
+    int unacked = 0;
+    while (!stop_) {
+      amqp_maybe_release_buffers(conn.get());
+      amqp_envelope_t envelope{};
+      timeval timeout{0, 20000};
+      const auto reply = amqp_consume_message(conn.get(), &envelope, &timeout, 0);
+      if (reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+          reply.library_error == AMQP_STATUS_TIMEOUT) {
+        if (unacked > 0) amqp_basic_ack(conn.get(), 1, unacked_tag, 1);
+        unacked = 0;
+        continue;
+      }
+      if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+        std::fprintf(stderr, "receiver: connection lost\n");
+        return;
+      }
+      Record(envelope.message.body);
+      unacked_tag = envelope.delivery_tag;
+      if (++unacked >= 250) {
+        amqp_basic_ack(conn.get(), 1, unacked_tag, 1);
+        unacked = 0;
+      }
+      amqp_destroy_envelope(&envelope);
+    }
+    if (unacked > 0) amqp_basic_ack(conn.get(), 1, unacked_tag, 1);
+  }
+
+  void Record(amqp_bytes_t body) {
+    const auto now = NowNs();
+    const auto* bytes = static_cast<const char*>(body.bytes);
+    std::size_t seq = 0;
+    bool ok = body.len >= 14 && bytes[0] == '"';
+    for (std::size_t i = 1; ok && i <= 12; ++i) {
+      ok = bytes[i] >= '0' && bytes[i] <= '9';
+      seq = seq * 10 + static_cast<std::size_t>(bytes[i] - '0');
+    }
+    if (!ok || seq >= received_at_.size()) {
+      ++strays_;
+    } else if (received_at_[seq] != 0) {
+      ++duplicates_;
+    } else {
+      received_at_[seq] = now;
+      ++distinct_;
+    }
+  }
+
+  std::string queue_;
+  std::vector<std::int64_t> received_at_;
+  std::atomic<bool> stop_{false};
+  std::atomic<std::size_t> distinct_{0};
+  std::atomic<std::size_t> duplicates_{0};
+  std::atomic<std::size_t> strays_{0};
+  std::thread thread_;
+};
+
+// The broker's ceiling: a tight rabbitmq-c loop publishing messages first..first+count-1 to
+// `queue` with windowed publisher confirms, the properties and headers the sink sends. Returns
+// the seconds from the first publish to the last confirm.
+double RawPublish(const std::string& queue, std::int64_t first, std::int64_t count,
+                  std::size_t payload_size, std::size_t window) {
+  auto conn = outbox::testing::AmqpConnect();
+  amqp_confirm_select(conn.get(), 1);
+  outbox::testing::CheckReply(amqp_get_rpc_reply(conn.get()), "confirm.select");
+  const auto n = static_cast<std::size_t>(count);
+  std::vector<char> confirmed(n + 1, 0);
+  std::size_t confirmed_below = 1;  // tags below this are all confirmed
+  std::size_t outstanding = 0;
+  const auto handle = [&](const amqp_frame_t& frame) {
+    if (frame.frame_type != AMQP_FRAME_METHOD) return;
+    const auto id = frame.payload.method.id;
+    if (id == AMQP_BASIC_NACK_METHOD) throw std::runtime_error("raw publish: nacked");
+    if (id == AMQP_BASIC_RETURN_METHOD) throw std::runtime_error("raw publish: returned");
+    if (id != AMQP_BASIC_ACK_METHOD) return;
+    const auto* ack = static_cast<const amqp_basic_ack_t*>(frame.payload.method.decoded);
+    const auto tag = static_cast<std::size_t>(ack->delivery_tag);
+    const std::size_t from = ack->multiple != 0 ? confirmed_below : tag;
+    for (std::size_t t = from; t <= tag && t <= n; ++t) {
+      if (confirmed[t] == 0) {
+        confirmed[t] = 1;
+        --outstanding;
+      }
+    }
+    while (confirmed_below <= n && confirmed[confirmed_below] != 0) ++confirmed_below;
+  };
+  const auto read = [&](bool block) {
+    amqp_frame_t frame{};
+    timeval timeout{30, 0};
+    if (!block && amqp_frames_enqueued(conn.get()) == 0 && amqp_data_in_buffer(conn.get()) == 0) {
+      return;
+    }
+    const int status = amqp_simple_wait_frame_noblock(conn.get(), &frame, &timeout);
+    if (status != AMQP_STATUS_OK) throw std::runtime_error("raw publish: no confirm in 30 s");
+    handle(frame);
+  };
+
+  amqp_basic_properties_t p{};
+  p._flags = AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_HEADERS_FLAG |
+             AMQP_BASIC_TIMESTAMP_FLAG | AMQP_BASIC_CONTENT_TYPE_FLAG;
+  p.delivery_mode = AMQP_DELIVERY_PERSISTENT;
+  p.content_type = amqp_cstring_bytes("application/json");
+  std::string topic_value = queue;
+  std::string stream_value;
+  amqp_table_entry_t headers[5]{};
+  headers[0].key = amqp_cstring_bytes("outbox-topic");
+  headers[0].value.kind = AMQP_FIELD_KIND_UTF8;
+  headers[1].key = amqp_cstring_bytes("outbox-stream-key");
+  headers[1].value.kind = AMQP_FIELD_KIND_UTF8;
+  headers[2].key = amqp_cstring_bytes("outbox-stream-seq");
+  headers[2].value.kind = AMQP_FIELD_KIND_I64;
+  headers[3].key = amqp_cstring_bytes("outbox-partition");
+  headers[3].value.kind = AMQP_FIELD_KIND_I32;
+  headers[4].key = amqp_cstring_bytes("outbox-attempts");
+  headers[4].value.kind = AMQP_FIELD_KIND_I32;
+  headers[4].value.value.i32 = 1;
+  p.headers = {.num_entries = 5, .entries = headers};
+
+  const auto start = Clock::now();
+  for (std::int64_t i = 0; i < count; ++i) {
+    while (outstanding >= window) read(true);
+    const std::int64_t seq = first + i;
+    const std::string body = Payload(seq, payload_size);
+    const std::string id = outbox::NewUuidV7().ToString();
+    stream_value = "s" + std::to_string(seq % 1000);
+    headers[0].value.value.bytes = amqp_cstring_bytes(topic_value.c_str());
+    headers[1].value.value.bytes = amqp_cstring_bytes(stream_value.c_str());
+    headers[2].value.value.i64 = seq / 1000 + 1;
+    headers[3].value.value.i32 = static_cast<std::int32_t>((seq % 1000) % 64);
+    p.message_id = amqp_cstring_bytes(id.c_str());
+    p.timestamp = static_cast<std::uint64_t>(std::time(nullptr));
+    const amqp_bytes_t bytes{body.size(), const_cast<char*>(body.data())};
+    if (amqp_basic_publish(conn.get(), 1, amqp_empty_bytes, amqp_cstring_bytes(queue.c_str()),
+                           /*mandatory=*/1, 0, &p, bytes) != AMQP_STATUS_OK) {
+      throw std::runtime_error("raw publish failed");
+    }
+    ++outstanding;
+    read(false);
+    amqp_maybe_release_buffers(conn.get());
+  }
+  while (outstanding > 0) read(true);
+  return Seconds(Clock::now() - start);
+}
+
+// --- outboxd as a child process ---------------------------------------------------------------
+
+// A free TCP port on 127.0.0.1 for outboxd's HTTP listener.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  int port = 0;
+  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  if (fd >= 0) close(fd);
+  if (port == 0) throw std::runtime_error("no free port on 127.0.0.1");
+  return port;
+}
+
+struct ProcSample {
+  double cpu_seconds = 0;  // user + system, all threads
+  double hwm_kib = 0;      // VmHWM: peak resident set
+  double rss_kib = 0;
+};
+
+ProcSample SampleProcess(pid_t pid) {
+  ProcSample sample;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const auto close_paren = line.rfind(')');
+  if (close_paren != std::string::npos) {
+    std::istringstream fields(line.substr(close_paren + 2));
+    std::string field;
+    double utime = 0, stime = 0;
+    for (int i = 3; fields >> field; ++i) {  // field 3 is the state
+      if (i == 14) utime = std::atof(field.c_str());
+      if (i == 15) {
+        stime = std::atof(field.c_str());
+        break;
+      }
+    }
+    sample.cpu_seconds = (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) sample.hwm_kib = std::atof(line.c_str() + 6);
+    if (line.rfind("VmRSS:", 0) == 0) sample.rss_kib = std::atof(line.c_str() + 6);
+  }
+  return sample;
+}
+
+// The child of this process named `comm`, waited for (bounded) until it has exec'd.
+pid_t FindChild(const std::string& comm) {
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = entry.path().filename();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream stat(entry.path() / "stat");
+      std::string line;
+      if (!std::getline(stat, line)) continue;
+      const auto open = line.find('(');
+      const auto close_paren = line.rfind(')');
+      if (open == std::string::npos || close_paren == std::string::npos) continue;
+      std::istringstream rest(line.substr(close_paren + 2));
+      std::string state;
+      long ppid = 0;
+      rest >> state >> ppid;
+      if (ppid == getpid() && line.substr(open + 1, close_paren - open - 1) == comm) {
+        return static_cast<pid_t>(std::stol(name));
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  throw std::runtime_error("outboxd did not start");
+}
+
+// Writes outboxd's config: its defaults (batch 500, confirm window 1000, sweep 1 s, lease 30 s,
+// HTTP listener with stats every 5 s, published messages deleted at once) plus the servers.
+std::string WriteConfig(Env& env, const std::string& schema) {
+  std::fflush(nullptr);  // the child would flush our buffered output again
+  const auto path = env.dir / (schema + ".toml");
+  std::ofstream out(path);
+  out << "[database]\nurl = \"" << env.bench_url << "\"\nschema = \"" << schema
+      << "\"\n\n[relay]\ninstance = \"bench\"\n\n[log]\nlevel = \"warn\"\n\n[http]\nlisten = "
+         "\"127.0.0.1:"
+      << FreePort() << "\"\n\n[sinks.default]\ntype = \"rabbitmq\"\nurl = \"" << env.amqp_url
+      << "\"\nrouting_key = \"{topic}\"\n";
+  return path.string();
+}
+
+class Outboxd {
+ public:
+  Outboxd(Env& env, const std::string& schema)
+      : config_(WriteConfig(env, schema)),
+        process_({env.outboxd, "--config", config_}, config_ + ".log"),
+        pid_(FindChild("outboxd")) {}
+  ProcSample Sample() const { return SampleProcess(pid_); }
+  // SIGTERM; throws if it does not exit cleanly.
+  void Stop() {
+    const int code = process_.Stop();
+    if (code != 0) {
+      throw std::runtime_error("outboxd exited with " + std::to_string(code) + "; log: " + config_ +
+                               ".log");
+    }
+  }
+  const std::string& config() const { return config_; }
+
+ private:
+  std::string config_;
+  outbox::testing::ChildProcess process_;
+  pid_t pid_;
+};
+
+void PrintRelayConditions(const Env& env) {
+  std::printf(
+      "relay: %s as a child process, its defaults: batch_size 500, confirm_window 1000, "
+      "sweep_interval 1s, lease 30s, HTTP listener on (stats every 5s), retention.published 0s "
+      "(a confirmed message is deleted)\n",
+      env.outboxd.c_str());
+}
+
+struct Percentiles {
+  double p50 = 0, p95 = 0, p99 = 0, max = 0;
+  std::size_t count = 0;
+};
+
+Percentiles Summarize(std::vector<double> values) {
+  Percentiles p;
+  p.count = values.size();
+  if (values.empty()) return p;
+  std::sort(values.begin(), values.end());
+  const auto at = [&](double q) {
+    const auto index =
+        static_cast<std::size_t>(std::ceil(q * static_cast<double>(values.size()))) - 1;
+    return values[std::min(index, values.size() - 1)];
+  };
+  p.p50 = at(0.50);
+  p.p95 = at(0.95);
+  p.p99 = at(0.99);
+  p.max = values.back();
+  return p;
+}
+
+std::string Describe(const Percentiles& p) {
+  char text[160];
+  std::snprintf(text, sizeof text,
+                "p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.2f ms (%s messages)", p.p50, p.p95,
+                p.p99, p.max, Thousands(static_cast<double>(p.count)).c_str());
+  return text;
+}
+
+// --- workload: idle ---------------------------------------------------------------------------
+
+void Idle(Env& env, int seconds, int latency_messages) {
+  std::printf(
+      "== idle relay: statements/s to the database, then commit -> receipt one at a time\n");
+  PrintRelayConditions(env);
+  Schema schema(env);
+  Queue queue(env);
+  Receiver receiver(queue.name(), static_cast<std::size_t>(latency_messages));
+  StatementCounter statements(env);
+  Outboxd relay(env, schema.name());
+  std::this_thread::sleep_for(std::chrono::seconds{3});  // connected, first sweep done, idle
+  statements.Reset();
+  const auto before = relay.Sample();
+  std::this_thread::sleep_for(std::chrono::seconds{seconds});
+  const auto after = relay.Sample();
+  if (statements.available()) {
+    std::printf("idle: %.2f statements/s over %d s (pg_stat_statements), by statement:\n",
+                statements.Total() / seconds, seconds);
+    for (const auto& [query, calls] : statements.Top(8)) {
+      std::printf("    %6.0f  %s\n", calls, query.c_str());
+    }
+  } else {
+    std::printf("idle: statements/s not measured (pg_stat_statements is not loaded)\n");
+  }
+  std::printf("idle: outboxd CPU %.2f %% of one core, RSS %s\n",
+              100.0 * (after.cpu_seconds - before.cpu_seconds) / seconds,
+              Mib(after.rss_kib).c_str());
+
+  // One message at a time, the relay idle before each: BEGIN; Writer::Enqueue; COMMIT.
+  auto writer_conn = Connect(env.bench_url);
+  const outbox::postgres::Writer writer{schema.name()};
+  std::vector<std::int64_t> committed(static_cast<std::size_t>(latency_messages), 0);
+  for (int i = 0; i < latency_messages; ++i) {
+    const outbox::NewMessage message{.topic = queue.name(),
+                                     .payload = Payload(i, 256),
+                                     .stream_key = "s" + std::to_string(i % 1000)};
+    Sql(writer_conn.get(), "BEGIN");
+    writer.Enqueue(writer_conn.get(), message);
+    Sql(writer_conn.get(), "COMMIT");
+    committed[static_cast<std::size_t>(i)] = NowNs();
+    if (!receiver.WaitFor(static_cast<std::size_t>(i + 1), std::chrono::seconds{10})) {
+      throw std::runtime_error("message " + std::to_string(i) + " not received in 10 s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});  // idle again
+  }
+  receiver.Stop();
+  relay.Stop();
+  std::vector<double> latencies;
+  for (std::size_t i = 0; i < committed.size(); ++i) {
+    latencies.push_back(static_cast<double>(receiver.received_at(i) - committed[i]) / 1e6);
+  }
+  std::printf(
+      "idle latency, COMMIT returned -> consumer received, 256 B, %d single messages "
+      "10 ms apart: %s\n\n",
+      latency_messages, Describe(Summarize(latencies)).c_str());
+  Flush();
+}
+
+// --- workload: drain, with the ceilings of its parts ------------------------------------------
+
+struct DrainResult {
+  double rate = 0;  // first receipt to last
+  double wall = 0;  // outboxd start to last receipt
+  ProcSample process;
+  double statements = 0;
+};
+
+DrainResult RelayDrain(Env& env, std::int64_t count, std::size_t payload, int streams) {
+  Schema schema(env);
+  Queue queue(env);
+  const auto load_start = Clock::now();
+  Preinsert(env, schema, queue.name(), 0, count, payload, streams);
+  const double load_seconds = Seconds(Clock::now() - load_start);
+  const std::string size = TableSize(env, schema);
+  Receiver receiver(queue.name(), static_cast<std::size_t>(count));
+  StatementCounter statements(env);
+  statements.Reset();
+  const auto start = Clock::now();
+  Outboxd relay(env, schema.name());
+  if (!receiver.WaitFor(static_cast<std::size_t>(count), std::chrono::seconds{1800})) {
+    throw std::runtime_error("drain did not finish in 30 min");
+  }
+  DrainResult result;
+  result.wall = Seconds(Clock::now() - start);
+  result.process = relay.Sample();
+  result.statements = statements.Total();
+  relay.Stop();
+  receiver.Stop();
+  result.rate = receiver.Rate(static_cast<std::size_t>(count));
+  std::printf("    (%s messages loaded in %.0f s, table %s; duplicates received: %zu)\n",
+              Thousands(static_cast<double>(count)).c_str(), load_seconds, size.c_str(),
+              receiver.duplicates());
+  return result;
+}
+
+// Raw PostgreSQL: one statement per batch that takes the oldest `batch` rows and deletes them,
+// returning what a relay would publish. The floor of any claim+delete.
+double RawClaimDelete(Env& env, std::int64_t count, std::size_t payload, int batch) {
+  Schema schema(env);
+  Preinsert(env, schema, "raw", 0, count, payload, 1000);
+  auto conn = Connect(env.bench_url);
+  const std::string sql = std::string{kTag} + "DELETE FROM " + schema.messages() +
+                          " WHERE id IN (SELECT id FROM " + schema.messages() +
+                          " ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING id, topic, "
+                          "stream_key, stream_seq, partition, payload, headers";
+  const std::string limit = std::to_string(batch);
+  const char* values[] = {limit.c_str()};
+  std::int64_t done = 0;
+  const auto start = Clock::now();
+  for (;;) {
+    ResultPtr result{
+        PQexecParams(conn.get(), sql.c_str(), 1, nullptr, values, nullptr, nullptr, 1)};
+    if (PQresultStatus(result.get()) != PGRES_TUPLES_OK) {
+      throw std::runtime_error(std::string{"raw claim+delete: "} + PQerrorMessage(conn.get()));
+    }
+    if (PQntuples(result.get()) == 0) break;
+    done += PQntuples(result.get());
+  }
+  const double seconds = Seconds(Clock::now() - start);
+  if (done != count) throw std::runtime_error("raw claim+delete took " + std::to_string(done));
+  return static_cast<double>(count) / seconds;
+}
+
+// The relay's own store calls without a broker: Claim (lease) then Complete (delete).
+double StoreClaimComplete(Env& env, std::int64_t count, std::size_t payload, int batch) {
+  Schema schema(env);
+  Preinsert(env, schema, "store", 0, count, payload, 1000);
+  auto store = outbox::postgres::OpenStore({.conninfo = env.bench_url, .schema = schema.name()});
+  std::int64_t done = 0;
+  const auto start = Clock::now();
+  for (;;) {
+    const auto claimed = store->Claim({.owner = "bench", .max_messages = batch});
+    if (claimed.empty()) break;
+    std::vector<outbox::LeasedId> leases;
+    leases.reserve(claimed.size());
+    for (const auto& envelope : claimed) leases.push_back(outbox::LeasedId::Of(envelope));
+    done += static_cast<std::int64_t>(store->Complete("bench", leases).settled);
+  }
+  const double seconds = Seconds(Clock::now() - start);
+  if (done != count) throw std::runtime_error("store claim+complete took " + std::to_string(done));
+  return static_cast<double>(count) / seconds;
+}
+
+double BrokerCeiling(Env& env, std::int64_t count, std::size_t payload) {
+  Queue queue(env);
+  Receiver receiver(queue.name(), static_cast<std::size_t>(count));
+  RawPublish(queue.name(), 0, count, payload, 1000);
+  if (!receiver.WaitFor(static_cast<std::size_t>(count), std::chrono::seconds{300})) {
+    throw std::runtime_error("ceiling: messages not received");
+  }
+  receiver.Stop();
+  return receiver.Rate(static_cast<std::size_t>(count));
+}
+
+void Drain(Env& env, const std::vector<std::int64_t>& counts,
+           const std::vector<std::size_t>& payloads, int streams, std::int64_t ceiling_messages) {
+  std::printf(
+      "== burst drain: pre-inserted pending messages over %d streams, then outboxd starts;\n"
+      "   rate = messages / (last receipt - first receipt) at a consumer on the same queue\n",
+      streams);
+  PrintRelayConditions(env);
+  std::printf(
+      "ceilings, same run, same payload sizes, %s messages each:\n"
+      "  RabbitMQ: a rabbitmq-c loop, window 1000, persistent + mandatory, the sink's headers, the "
+      "same consumer (rate measured the same way)\n"
+      "  PostgreSQL raw: DELETE ... WHERE id IN (SELECT id ... ORDER BY id LIMIT 500 FOR UPDATE "
+      "SKIP LOCKED) RETURNING ..., in a loop\n"
+      "  store: the relay's Store::Claim + Store::Complete, batch 500, no broker\n"
+      "relay cost: outboxd CPU (utime+stime, /proc) and peak RSS (VmHWM) at the end of the drain; "
+      "statements from pg_stat_statements\n\n",
+      Thousands(static_cast<double>(ceiling_messages)).c_str());
+  Flush();
+  for (const std::size_t payload : payloads) {
+    const double broker = BrokerCeiling(env, ceiling_messages, payload);
+    const double raw_pg = RawClaimDelete(env, ceiling_messages, payload, 500);
+    const double store = StoreClaimComplete(env, ceiling_messages, payload, 500);
+    std::printf(
+        "payload %zu B: ceilings RabbitMQ %s msgs/s, PostgreSQL raw claim+delete %s msgs/s, "
+        "store claim+complete %s msgs/s\n",
+        payload, Thousands(broker).c_str(), Thousands(raw_pg).c_str(), Thousands(store).c_str());
+    Flush();
+    for (const std::int64_t count : counts) {
+      const auto r = RelayDrain(env, count, payload, streams);
+      std::printf(
+          "  drain %s x %zu B: %s msgs/s (%.1f s from outboxd start), %.0f %% of RabbitMQ, %.0f %% "
+          "of raw PostgreSQL; outboxd CPU %.2f s per 100k messages, peak RSS %s, %.4f "
+          "statements/message\n",
+          Thousands(static_cast<double>(count)).c_str(), payload, Thousands(r.rate).c_str(), r.wall,
+          100.0 * r.rate / broker, 100.0 * r.rate / raw_pg,
+          r.process.cpu_seconds / static_cast<double>(count) * 1e5, Mib(r.process.hwm_kib).c_str(),
+          r.statements / static_cast<double>(count));
+      Flush();
+    }
+  }
+  std::printf("\n");
+}
+
+// --- workload: steady (and bloat: the same with an old snapshot held open) --------------------
+
+struct SteadyOptions {
+  double rate = 1000;  // messages per second, all writers together
+  int seconds = 60;
+  std::size_t payload = 256;
+  int streams = 1000;
+  int writers = 4;
+  int per_transaction = 0;  // 0: rate / 1000 rounded up (at most 1,000 transactions/s)
+  int report_every = 0;     // seconds; 0: no per-interval table
+  bool hold_snapshot = false;
+};
+
+// One row of the per-interval table, sampled at its end.
+struct Interval {
+  double t = 0;
+  std::int64_t committed = 0;
+  std::size_t received = 0;
+  std::int64_t lag = 0;
+  std::string table_size;
+  std::int64_t table_bytes = 0;
+  std::int64_t dead_tuples = 0;
+};
+
+void Steady(Env& env, const SteadyOptions& o) {
+  const int per_tx = o.per_transaction > 0
+                         ? o.per_transaction
+                         : std::max(1, static_cast<int>(std::ceil(o.rate / 1000.0)));
+  const double tx_rate = o.rate / per_tx;
+  const auto transactions = static_cast<std::int64_t>(std::llround(tx_rate * o.seconds));
+  const auto messages = transactions * per_tx;
+  std::printf(
+      "== %s: writers at %s msg/s for %d s%s\n"
+      "writers: %d connections, open loop (each transaction at its scheduled time), %s "
+      "transactions/s of %d message%s each (BEGIN; Writer::Enqueue; COMMIT), %zu B payloads, %d "
+      "streams with stream_seq\n"
+      "latency: COMMIT returned -> the consumer received it (it includes the broker's confirm "
+      "and the delivery); lag: committed - received, sampled every 100 ms\n",
+      o.hold_snapshot ? "bloat" : "steady", Thousands(o.rate).c_str(), o.seconds,
+      o.hold_snapshot ? ", while another connection holds an old snapshot open (vacuum blocked)"
+                      : "",
+      o.writers, Thousands(tx_rate).c_str(), per_tx, per_tx == 1 ? "" : "s", o.payload, o.streams);
+  PrintRelayConditions(env);
+  Flush();
+  Schema schema(env);
+  Queue queue(env);
+  ConnPtr snapshot;
+  if (o.hold_snapshot) {
+    snapshot = Connect(env.bench_url);
+    Own(snapshot.get(), "BEGIN ISOLATION LEVEL REPEATABLE READ");
+    Own(snapshot.get(), "SELECT count(*) FROM " + schema.messages());
+    std::printf("held snapshot: backend_xmin %s (a REPEATABLE READ transaction left open)\n",
+                Scalar(env.monitor.get(), "SELECT backend_xmin FROM pg_stat_activity WHERE pid = " +
+                                              std::to_string(PQbackendPID(snapshot.get())))
+                    .c_str());
+  }
+  Receiver receiver(queue.name(), static_cast<std::size_t>(messages));
+  StatementCounter statements(env);
+  Outboxd relay(env, schema.name());
+  std::this_thread::sleep_for(std::chrono::seconds{2});  // connected and idle
+  statements.Reset();
+  const auto before = relay.Sample();
+
+  std::vector<std::int64_t> committed_at(static_cast<std::size_t>(messages), 0);
+  std::atomic<std::int64_t> committed{0};
+  std::atomic<int> running{o.writers};
+  std::atomic<bool> failed{false};
+  std::atomic<std::int64_t> max_late_us{0};
+  const auto start = Clock::now();
+  std::vector<std::thread> writers;
+  for (int w = 0; w < o.writers; ++w) {
+    writers.emplace_back([&, w] {
+      try {
+        auto conn = Connect(env.bench_url);
+        const outbox::postgres::Writer writer{schema.name()};
+        std::vector<outbox::NewMessage> batch(static_cast<std::size_t>(per_tx));
+        for (std::int64_t j = w; j < transactions && !failed; j += o.writers) {
+          const auto due =
+              start + std::chrono::duration_cast<Clock::duration>(
+                          std::chrono::duration<double>(static_cast<double>(j) / tx_rate));
+          std::this_thread::sleep_until(due);
+          const auto late =
+              std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - due);
+          if (late.count() > max_late_us) max_late_us = late.count();
+          for (int k = 0; k < per_tx; ++k) {
+            const std::int64_t seq = j * per_tx + k;
+            batch[static_cast<std::size_t>(k)] = {
+                .topic = queue.name(),
+                .payload = Payload(seq, o.payload),
+                .stream_key = "s" + std::to_string(seq % o.streams)};
+          }
+          Sql(conn.get(), "BEGIN");
+          writer.Enqueue(conn.get(), batch);
+          Sql(conn.get(), "COMMIT");
+          const auto now = NowNs();
+          for (int k = 0; k < per_tx; ++k) {
+            committed_at[static_cast<std::size_t>(j * per_tx + k)] = now;
+          }
+          committed += per_tx;
+        }
+      } catch (const std::exception& error) {
+        std::fprintf(stderr, "writer failed: %s\n", error.what());
+        failed = true;
+      }
+      --running;
+    });
+  }
+
+  std::vector<Interval> intervals;
+  const auto sample_interval = [&](double t) {
+    Interval row;
+    row.t = t;
+    row.committed = committed;
+    row.received = receiver.distinct();
+    row.lag = row.committed - static_cast<std::int64_t>(row.received);
+    const auto r = Own(env.monitor.get(),
+                       "SELECT pg_total_relation_size('" + schema.messages() +
+                           "'), pg_size_pretty(pg_total_relation_size('" + schema.messages() +
+                           "')), (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = '" +
+                           schema.messages() + "'::regclass)");
+    row.table_bytes = std::atoll(PQgetvalue(r.get(), 0, 0));
+    row.table_size = PQgetvalue(r.get(), 0, 1);
+    row.dead_tuples = std::atoll(PQgetvalue(r.get(), 0, 2));
+    intervals.push_back(row);
+  };
+  sample_interval(0);
+  double lag_sum = 0;
+  std::int64_t lag_max = 0;
+  long lag_samples = 0;
+  int next_report = o.report_every;
+  while (running > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds{100});
+    const std::int64_t lag = committed - static_cast<std::int64_t>(receiver.distinct());
+    lag_sum += static_cast<double>(lag);
+    lag_max = std::max(lag_max, lag);
+    ++lag_samples;
+    const double t = Seconds(Clock::now() - start);
+    if (o.report_every > 0 && t >= next_report) {
+      sample_interval(t);
+      next_report += o.report_every;
+    }
+  }
+  for (auto& thread : writers) thread.join();
+  const double write_seconds = Seconds(Clock::now() - start);
+  if (o.report_every > 0 && write_seconds - intervals.back().t >= 1.0)
+    sample_interval(write_seconds);
+  if (failed) throw std::runtime_error("a writer failed");
+  const bool caught_up =
+      receiver.WaitFor(static_cast<std::size_t>(messages), std::chrono::seconds{120});
+  const double catch_up = Seconds(Clock::now() - start) - write_seconds;
+  const auto after = relay.Sample();
+  const double statement_count = statements.Total();
+  relay.Stop();
+  receiver.Stop();
+  if (snapshot) Own(snapshot.get(), "ROLLBACK");
+
+  std::vector<double> latencies;
+  latencies.reserve(static_cast<std::size_t>(messages));
+  std::size_t missing = 0;
+  for (std::size_t i = 0; i < committed_at.size(); ++i) {
+    if (receiver.received_at(i) == 0) {
+      ++missing;
+      continue;
+    }
+    latencies.push_back(static_cast<double>(receiver.received_at(i) - committed_at[i]) / 1e6);
+  }
+  std::printf(
+      "writers: %s messages in %.1f s = %s msg/s achieved (latest start behind schedule: "
+      "%.1f ms)\n",
+      Thousands(static_cast<double>(messages)).c_str(), write_seconds,
+      Thousands(static_cast<double>(messages) / write_seconds).c_str(),
+      static_cast<double>(max_late_us.load()) / 1000.0);
+  std::printf("latency: %s\n", Describe(Summarize(latencies)).c_str());
+  std::printf(
+      "lag: mean %.0f, max %s messages; after the last commit the relay needed %.2f s "
+      "more%s; not received: %zu, duplicates: %zu\n",
+      lag_samples > 0 ? lag_sum / static_cast<double>(lag_samples) : 0.0,
+      Thousands(static_cast<double>(lag_max)).c_str(), catch_up,
+      caught_up ? "" : " (gave up after 120 s)", missing, receiver.duplicates());
+  std::printf(
+      "relay: %.4f statements/message (by statement below), outboxd CPU %.2f s per 100k messages "
+      "(%.0f %% of "
+      "one core), peak RSS %s\n",
+      statement_count / static_cast<double>(messages),
+      (after.cpu_seconds - before.cpu_seconds) / static_cast<double>(messages) * 1e5,
+      100.0 * (after.cpu_seconds - before.cpu_seconds) / (write_seconds + catch_up),
+      Mib(after.hwm_kib).c_str());
+  for (const auto& [query, calls] : statements.Top(6)) {
+    std::printf("    %8.0f  %s\n", calls, query.c_str());
+  }
+  if (o.report_every > 0) {
+    std::printf(
+        "\n| until s | committed/s | received/s | lag at end | latency p50 | latency p99 | "
+        "messages table | dead tuples |\n|---|---|---|---|---|---|---|---|\n");
+    for (std::size_t i = 1; i < intervals.size(); ++i) {
+      const auto& a = intervals[i - 1];
+      const auto& b = intervals[i];
+      const double dt = b.t - a.t;
+      // Latency of the messages committed in this interval.
+      const auto from = static_cast<std::int64_t>(start.time_since_epoch().count()) +
+                        static_cast<std::int64_t>(a.t * 1e9);
+      const auto to = static_cast<std::int64_t>(start.time_since_epoch().count()) +
+                      static_cast<std::int64_t>(b.t * 1e9);
+      std::vector<double> in_interval;
+      for (std::size_t m = 0; m < committed_at.size(); ++m) {
+        if (committed_at[m] >= from && committed_at[m] < to && receiver.received_at(m) != 0) {
+          in_interval.push_back(static_cast<double>(receiver.received_at(m) - committed_at[m]) /
+                                1e6);
+        }
+      }
+      const auto p = Summarize(in_interval);
+      std::printf("| %.0f | %s | %s | %s | %.1f ms | %.1f ms | %s | %s |\n", b.t,
+                  Thousands(static_cast<double>(b.committed - a.committed) / dt).c_str(),
+                  Thousands(static_cast<double>(b.received - a.received) / dt).c_str(),
+                  Thousands(static_cast<double>(b.lag)).c_str(), p.p50, p.p99, b.table_size.c_str(),
+                  Thousands(static_cast<double>(b.dead_tuples)).c_str());
+    }
+    if (intervals.size() >= 3) {
+      const auto rate = [&](std::size_t i) {
+        return static_cast<double>(intervals[i].received - intervals[i - 1].received) /
+               (intervals[i].t - intervals[i - 1].t);
+      };
+      const std::size_t last = intervals.size() - 1;
+      std::printf(
+          "\nrelay throughput first interval %s msg/s, last interval %s msg/s: "
+          "change %+.1f %%; messages table %s -> %s\n",
+          Thousands(rate(1)).c_str(), Thousands(rate(last)).c_str(),
+          100.0 * (rate(last) - rate(1)) / rate(1), intervals[0].table_size.c_str(),
+          intervals.back().table_size.c_str());
+    }
+  }
+  std::printf("\n");
+  Flush();
+}
+
+// --- workload: a large backlog ----------------------------------------------------------------
+
+struct BacklogCase {
+  double claim_median_ms = 0;
+  double claim_max_ms = 0;
+  double rate = 0;
+};
+
+BacklogCase MeasureBacklog(Env& env, std::int64_t rows, std::int64_t measure) {
+  constexpr int kProbes = 20;
+  Schema schema(env);
+  Queue queue(env);
+  std::printf("  %s rows (256 B, 1,000 streams): loading...",
+              Thousands(static_cast<double>(rows)).c_str());
+  Flush();
+  const auto load_start = Clock::now();
+  Preinsert(env, schema, queue.name(), 0, rows, 256, 1000);
+  std::printf(" %.0f s (with VACUUM ANALYZE), table %s\n", Seconds(Clock::now() - load_start),
+              TableSize(env, schema).c_str());
+  BacklogCase result;
+  {  // Store::Claim of 500 (as the relay claims), each followed by Complete.
+    auto store = outbox::postgres::OpenStore({.conninfo = env.bench_url, .schema = schema.name()});
+    std::vector<double> claims;
+    for (int i = 0; i < kProbes; ++i) {
+      const auto start = Clock::now();
+      const auto claimed = store->Claim({.owner = "bench-probe", .max_messages = 500});
+      claims.push_back(Seconds(Clock::now() - start) * 1000.0);
+      std::vector<outbox::LeasedId> leases;
+      for (const auto& envelope : claimed) leases.push_back(outbox::LeasedId::Of(envelope));
+      store->Complete("bench-probe", leases);
+    }
+    std::sort(claims.begin(), claims.end());
+    result.claim_median_ms = claims[claims.size() / 2];
+    result.claim_max_ms = claims.back();
+  }
+  Receiver receiver(queue.name(), static_cast<std::size_t>(rows));
+  Outboxd relay(env, schema.name());
+  if (!receiver.WaitFor(static_cast<std::size_t>(measure), std::chrono::seconds{900})) {
+    throw std::runtime_error("backlog: relay too slow");
+  }
+  relay.Stop();
+  receiver.Stop();
+  result.rate = receiver.Rate(static_cast<std::size_t>(measure));
+  std::printf(
+      "  claim of 500 (Store::Claim, %d probes): median %.2f ms, max %.2f ms; outboxd, "
+      "first %s messages: %s msgs/s\n",
+      kProbes, result.claim_median_ms, result.claim_max_ms,
+      Thousands(static_cast<double>(measure)).c_str(), Thousands(result.rate).c_str());
+  Flush();
+  return result;
+}
+
+void Backlog(Env& env, std::int64_t rows, std::int64_t measure) {
+  std::printf(
+      "== backlog: claim latency and drain rate with %s pending rows, next to a table "
+      "holding only what is measured\n",
+      Thousands(static_cast<double>(rows)).c_str());
+  PrintRelayConditions(env);
+  const auto small = MeasureBacklog(env, measure + 20 * 500, measure);
+  const auto large = MeasureBacklog(env, rows, measure);
+  std::printf(
+      "backlog of %s: claim %.2f ms vs %.2f ms; drain %s vs %s msgs/s = %.0f %% of the "
+      "small table's rate\n\n",
+      Thousands(static_cast<double>(rows)).c_str(), large.claim_median_ms, small.claim_median_ms,
+      Thousands(large.rate).c_str(), Thousands(small.rate).c_str(),
+      100.0 * large.rate / small.rate);
+  Flush();
+}
+
+// --- workload: enqueue (writers alone) --------------------------------------------------------
+
+struct WriteCounters {
+  double inserts = 0, updates = 0, wal_bytes = 0;
+};
+
+WriteCounters ReadWriteCounters(Env& env, const Schema& schema) {
+  // Counters of backends that just exited reach the shared statistics a moment later.
+  std::this_thread::sleep_for(std::chrono::milliseconds{500});
+  Own(env.monitor.get(), "SELECT pg_stat_clear_snapshot()");
+  const auto r = Own(env.monitor.get(),
+                     "SELECT n_tup_ins, n_tup_upd, pg_current_wal_lsn() - '0/0'::pg_lsn FROM "
+                     "pg_stat_user_tables WHERE relid = '" +
+                         schema.messages() + "'::regclass");
+  return {std::atof(PQgetvalue(r.get(), 0, 0)), std::atof(PQgetvalue(r.get(), 0, 1)),
+          std::atof(PQgetvalue(r.get(), 0, 2))};
+}
+
+void Enqueue(Env& env, int messages, std::size_t payload) {
+  std::printf(
+      "== enqueue: writers alone, one transaction per message (BEGIN; Writer::Enqueue; "
+      "COMMIT), %zu B payloads, %s messages per case\n\n"
+      "| case | msgs/s | messages-table row writes/msg | WAL B/msg |\n|---|---|---|---|\n",
+      payload, Thousands(messages).c_str());
+  struct Case {
+    const char* name;
+    int writers;
+    int streams;  // 0: unkeyed
+    bool sequenced;
+  };
+  const Case cases[] = {
+      {"1 writer, unkeyed", 1, 0, false},
+      {"8 writers, unkeyed", 8, 0, false},
+      {"8 writers, 500 streams, unsequenced", 8, 500, false},
+      {"8 writers, 500 streams, stream_seq", 8, 500, true},
+      {"8 writers, 1 stream, stream_seq", 8, 1, true},
+  };
+  for (const auto& c : cases) {
+    Schema schema(env);
+    std::atomic<int> next{0};
+    std::atomic<bool> failed{false};
+    const auto before = ReadWriteCounters(env, schema);
+    const auto start = Clock::now();
+    std::vector<std::thread> threads;
+    for (int w = 0; w < c.writers; ++w) {
+      threads.emplace_back([&] {
+        try {
+          auto conn = Connect(env.bench_url);
+          const outbox::postgres::Writer writer{schema.name()};
+          for (int i = next++; i < messages; i = next++) {
+            outbox::NewMessage message{.topic = "bench", .payload = Payload(i, payload)};
+            if (c.streams > 0) message.stream_key = "s" + std::to_string(i % c.streams);
+            message.sequenced = c.sequenced;
+            Sql(conn.get(), "BEGIN");
+            writer.Enqueue(conn.get(), message);
+            Sql(conn.get(), "COMMIT");
+          }
+        } catch (const std::exception& error) {
+          std::fprintf(stderr, "writer failed: %s\n", error.what());
+          failed = true;
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    const double seconds = Seconds(Clock::now() - start);
+    const auto after = ReadWriteCounters(env, schema);
+    if (failed) throw std::runtime_error("a writer failed");
+    std::printf("| %s | %s | %.2f | %.0f |\n", c.name, Thousands(messages / seconds).c_str(),
+                (after.inserts - before.inserts + after.updates - before.updates) / messages,
+                (after.wal_bytes - before.wal_bytes) / messages);
+    Flush();
+  }
+  std::printf("\n");
+}
+
+// --- workload: the RabbitMQ sink alone --------------------------------------------------------
+
+double SinkPublish(Env& env, const std::string& queue, std::int64_t count, std::size_t payload,
+                   std::size_t per_call) {
+  outbox::rabbitmq::SinkOptions options;
+  options.url = env.amqp_url;
+  options.routing_key = "{topic}";
+  auto sink = outbox::rabbitmq::OpenSink(options);
+  std::vector<outbox::Envelope> envelopes(static_cast<std::size_t>(count));
+  for (std::size_t i = 0; i < envelopes.size(); ++i) {
+    auto& envelope = envelopes[i];
+    envelope.id = outbox::NewUuidV7();
+    envelope.topic = queue;
+    envelope.payload = Payload(static_cast<std::int64_t>(i), payload);
+    envelope.stream_key = "s" + std::to_string(i % 1000);
+    envelope.stream_seq = static_cast<std::int64_t>(i / 1000 + 1);
+    envelope.created_at = std::chrono::system_clock::now();
+  }
+  // Connect outside the timed part.
+  sink->Publish(std::span{envelopes}.first(1), Clock::now() + std::chrono::seconds{10});
+  const auto start = Clock::now();
+  for (std::size_t at = 1; at < envelopes.size(); at += per_call) {
+    const auto n = std::min(per_call, envelopes.size() - at);
+    for (const auto& outcome : sink->Publish(std::span{envelopes}.subspan(at, n),
+                                             Clock::now() + std::chrono::seconds{60})) {
+      if (!outcome.published()) throw std::runtime_error(outcome.failure->Describe());
+    }
+  }
+  return static_cast<double>(count - 1) / Seconds(Clock::now() - start);
+}
+
+void SinkBench(Env& env, std::int64_t messages, std::int64_t naive_messages, std::size_t payload) {
+  std::printf(
+      "== RabbitMQ publishing alone, no consumer (the queue grows), %zu B persistent "
+      "mandatory messages with the sink's headers, confirm window 1000\n\n"
+      "| queue | case | messages | msgs/s |\n|---|---|---|---|\n",
+      payload);
+  for (const std::string type : {"classic", "quorum"}) {
+    const auto run = [&](const std::string& name, std::int64_t count,
+                         const std::function<double(const std::string&)>& publish) {
+      const std::string queue = "outbox-bench-" + type + "-" + std::to_string(getpid());
+      outbox::testing::DeleteQueue(queue);
+      outbox::testing::DeclareQueue(queue, {{"x-queue-type", type}});
+      const double rate = publish(queue);
+      outbox::testing::DeleteQueue(queue);
+      std::printf("| %s | %s | %s | %s |\n", type.c_str(), name.c_str(),
+                  Thousands(static_cast<double>(count)).c_str(), Thousands(rate).c_str());
+      Flush();
+    };
+    run("sink, Publish batches of 1000", messages,
+        [&](const std::string& q) { return SinkPublish(env, q, messages, payload, 1000); });
+    run("sink, one Publish of all", messages, [&](const std::string& q) {
+      return SinkPublish(env, q, messages, payload, static_cast<std::size_t>(messages));
+    });
+    run("raw rabbitmq-c loop, window 1000", messages, [&](const std::string& q) {
+      return static_cast<double>(messages) / RawPublish(q, 0, messages, payload, 1000);
+    });
+    run("naive: publish, wait for its confirm", naive_messages, [&](const std::string& q) {
+      return static_cast<double>(naive_messages) / RawPublish(q, 0, naive_messages, payload, 1);
+    });
+  }
+  std::printf("\n");
+}
+
+void PrintConditions(Env& env) {
+  std::printf(
+      "conditions: %u cores shared by PostgreSQL, RabbitMQ, outboxd and this benchmark; "
+      "%s; fsync=%s synchronous_commit=%s shared_buffers=%s; database %s\n",
+      std::thread::hardware_concurrency(),
+      Scalar(env.monitor.get(), "SELECT split_part(version(), ' on ', 1)").c_str(),
+      Scalar(env.monitor.get(), "SHOW fsync").c_str(),
+      Scalar(env.monitor.get(), "SHOW synchronous_commit").c_str(),
+      Scalar(env.monitor.get(), "SHOW shared_buffers").c_str(), env.database.c_str());
+  Flush();
+}
+
+std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && value[0] != '\0' ? value : fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"outbox-bench: outbox's throughput, latency and cost, next to its parts' limits"};
+  app.require_subcommand(1);
+  Env env;
+  env.pg_url =
+      EnvOr("OUTBOX_TEST_PG_URL", "postgresql://outbox:outbox@127.0.0.1:15432/outbox_test");
+  env.amqp_url = EnvOr("OUTBOX_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/");
+  env.database = "outbox_bench";
+  env.outboxd = OUTBOXD_PATH;
+  app.add_option("--pg-url", env.pg_url, "PostgreSQL (default $OUTBOX_TEST_PG_URL)");
+  app.add_option("--amqp-url", env.amqp_url,
+                 "RabbitMQ (default $OUTBOX_TEST_AMQP_URL; the consumer always reads it)");
+  app.add_option("--database", env.database, "database of the benchmark's own, created if missing")
+      ->check([](const std::string& name) {
+        return name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos
+                   ? ""
+                   : "a plain lower-case identifier";
+      });
+  app.add_option("--outboxd", env.outboxd, "the outboxd binary");
+
+  auto* idle = app.add_subcommand("idle", "idle relay: statements/s, then one-at-a-time latency");
+  int idle_seconds = 30;
+  int latency_messages = 1000;
+  idle->add_option("--seconds", idle_seconds)->check(CLI::Range(1, 3600));
+  idle->add_option("--latency-messages", latency_messages)->check(CLI::Range(1, 1000000));
+
+  auto* drain = app.add_subcommand("drain", "burst drain with the ceilings of its parts");
+  std::vector<std::int64_t> drain_counts{100000, 1000000};
+  std::vector<std::size_t> drain_payloads{256, 1024};
+  int drain_streams = 1000;
+  std::int64_t ceiling_messages = 200000;
+  drain->add_option("--messages", drain_counts)->delimiter(',')->check(CLI::Range(1, 100000000));
+  drain->add_option("--payload", drain_payloads)->delimiter(',')->check(CLI::Range(14, 1048576));
+  drain->add_option("--streams", drain_streams)->check(CLI::Range(1, 1000000));
+  drain->add_option("--ceiling-messages", ceiling_messages)->check(CLI::Range(2, 100000000));
+
+  SteadyOptions steady_options;
+  auto* steady = app.add_subcommand("steady", "writers at a fixed rate: latency and lag");
+  steady->add_option("--rate", steady_options.rate)->check(CLI::Range(1.0, 1e6));
+  steady->add_option("--seconds", steady_options.seconds)->check(CLI::Range(1, 86400));
+  steady->add_option("--payload", steady_options.payload)->check(CLI::Range(14, 1048576));
+  steady->add_option("--streams", steady_options.streams)->check(CLI::Range(1, 1000000));
+  steady->add_option("--writers", steady_options.writers)->check(CLI::Range(1, 64));
+  steady->add_option("--per-transaction", steady_options.per_transaction)
+      ->check(CLI::Range(1, 10000));
+  steady->add_option("--report-every", steady_options.report_every, "seconds per table row")
+      ->check(CLI::Range(0, 3600));
+
+  SteadyOptions bloat_options{
+      .rate = 5000, .seconds = 600, .report_every = 60, .hold_snapshot = true};
+  auto* bloat = app.add_subcommand("bloat", "steady load while an old snapshot blocks vacuum");
+  bloat->add_option("--rate", bloat_options.rate)->check(CLI::Range(1.0, 1e6));
+  bloat->add_option("--seconds", bloat_options.seconds)->check(CLI::Range(1, 86400));
+  bloat->add_option("--report-every", bloat_options.report_every)->check(CLI::Range(1, 3600));
+
+  auto* backlog =
+      app.add_subcommand("backlog", "claim latency and drain rate with a large backlog");
+  std::int64_t backlog_rows = 10000000;
+  std::int64_t backlog_measure = 200000;
+  backlog->add_option("--rows", backlog_rows)->check(CLI::Range(1000, 1000000000));
+  backlog->add_option("--measure", backlog_measure, "messages drained for the rate")
+      ->check(CLI::Range(100, 100000000));
+
+  auto* enqueue = app.add_subcommand("enqueue", "writers alone: enqueue rates and cost");
+  int enqueue_messages = 20000;
+  enqueue->add_option("--messages", enqueue_messages)->check(CLI::Range(1, 100000000));
+
+  auto* sink = app.add_subcommand("sink", "RabbitMQ publishing alone: sink, raw loop, naive");
+  std::int64_t sink_messages = 100000;
+  std::int64_t naive_messages = 2000;
+  sink->add_option("--messages", sink_messages)->check(CLI::Range(2, 100000000));
+  sink->add_option("--naive-messages", naive_messages)->check(CLI::Range(1, 100000000));
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    OpenEnv(env);
+    PrintConditions(env);
+    if (idle->parsed()) Idle(env, idle_seconds, latency_messages);
+    if (drain->parsed()) Drain(env, drain_counts, drain_payloads, drain_streams, ceiling_messages);
+    if (steady->parsed()) Steady(env, steady_options);
+    if (bloat->parsed()) Steady(env, bloat_options);
+    if (backlog->parsed()) {
+      if (backlog_measure + 10000 > backlog_rows) throw std::runtime_error("--measure too large");
+      Backlog(env, backlog_rows, backlog_measure);
+    }
+    if (enqueue->parsed()) Enqueue(env, enqueue_messages, 200);
+    if (sink->parsed()) SinkBench(env, sink_messages, naive_messages, 200);
+    std::filesystem::remove_all(env.dir);
+    return 0;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "outbox-bench: %s (files kept in %s)\n", error.what(), env.dir.c_str());
+    return 1;
+  }
+}
