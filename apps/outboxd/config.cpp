@@ -463,9 +463,10 @@ void ParseRelay(const Section& root, Config& config) {
   relay.ReadDuration("min_backoff", milliseconds{1}, kHour, config.min_backoff);
   relay.ReadDuration("max_backoff", milliseconds{1}, kHour, config.max_backoff);
   relay.ReadDuration("purge_interval", seconds{1}, kDay, config.purge_interval);
-  if (config.publish_timeout >= config.lease) {
+  // The relay renews its partition leases between batches: a batch must leave time for that.
+  if (config.publish_timeout * 2 > config.lease) {
     Fail("relay.publish_timeout",
-         "must be shorter than relay.lease (" + FormatDuration(config.lease) + "), got " +
+         "must be at most half of relay.lease (" + FormatDuration(config.lease) + "), got " +
              FormatDuration(config.publish_timeout),
          relay.Find("publish_timeout"));
   }

@@ -102,6 +102,9 @@ outbox::SinkMap OpenSinks(const outbox::outboxd::Config& config) {
 struct Database {
   std::unique_ptr<outbox::Store> store;
   std::unique_ptr<outbox::Wakeup> wakeup;
+  // PostgreSQL: always, so that a second outboxd on the same database just works. SQLite: none
+  // (one relay per embedded database).
+  std::unique_ptr<outbox::PartitionLeases> partition_leases;
   std::string description;  // for the start-up log line
 };
 
@@ -112,7 +115,7 @@ Database OpenDatabase(const outbox::outboxd::Config& config) {
     options.path = config.database_path;
     options.retry = config.retry;
     options.retention = config.retention;
-    return {outbox::sqlite::OpenStore(std::move(options)), outbox::sqlite::OpenWakeup(),
+    return {outbox::sqlite::OpenStore(std::move(options)), outbox::sqlite::OpenWakeup(), nullptr,
             "SQLite database " + config.database_path};
   }
   outbox::postgres::StoreOptions options;
@@ -122,6 +125,7 @@ Database OpenDatabase(const outbox::outboxd::Config& config) {
   options.retention = config.retention;
   return {outbox::postgres::OpenStore(std::move(options)),
           outbox::postgres::OpenWakeup(config.database_url, config.schema),
+          outbox::postgres::OpenPartitionLeases(config.database_url, config.schema),
           "schema " + config.schema};
 }
 
@@ -207,6 +211,7 @@ int main(int argc, char** argv) {
     options.max_attempts = config.retry.max_attempts;
     const auto log_fn = MakeLogFn(logger, config.log_format == "json");
     Database database = OpenDatabase(config);
+    options.partition_leases = database.partition_leases.get();
     outbox::Relay relay(options, std::move(database.store), std::move(database.wakeup),
                         OpenSinks(config), log_fn);
     // The operations side (stats thread, HTTP listener) reads its counts from PostgreSQL only;

@@ -70,7 +70,19 @@ struct RelayMetrics {
                                   "Messages this relay holds leases on right now.")),
         broker_unavailable(into.AddGauge(
             "outbox_relay_broker_unavailable",
-            "1 while the last published batch found no broker (every outcome unavailable).")) {
+            "1 while the last published batch found no broker (every outcome unavailable).")),
+        partitions_owned(into.AddGauge(
+            "outbox_relay_partitions_owned",
+            "Partitions this relay holds the lease of (with several relays per database).")),
+        live_instances(into.AddGauge(
+            "outbox_relay_live_instances",
+            "Relays with a live heartbeat on this database, as of this relay's last heartbeat.")),
+        rebalances(into.AddCounter("outbox_relay_rebalances_total",
+                                   "Partitions this relay took while free or handed back to make "
+                                   "room for another relay.")),
+        takeovers(into.AddCounter(
+            "outbox_relay_takeovers_total",
+            "Partitions this relay took over from another relay whose lease had expired.")) {
     for (const FailureKind kind : kFailureKinds) {
       failures[static_cast<std::size_t>(kind)] = &into.AddCounter(
           "outbox_publish_failures_total", "Failed publishes, by failure kind.", Reason(kind));
@@ -94,6 +106,10 @@ struct RelayMetrics {
   observe::Histogram& publish_latency;
   observe::Gauge& leases_held;
   observe::Gauge& broker_unavailable;
+  observe::Gauge& partitions_owned;
+  observe::Gauge& live_instances;
+  observe::Counter& rebalances;
+  observe::Counter& takeovers;
   std::array<observe::Counter*, kFailureKindCount> failures{};
   std::array<observe::Counter*, kFailureKindCount> abandoned{};  // rejected and permanent only
 };
@@ -133,6 +149,7 @@ class Relay::Engine {
     std::vector<Envelope> current;
     while (!stopping()) {
       Housekeeping();
+      KeepPartitions(current);
       if (current.empty()) {
         current = Claim();
         if (current.empty()) {
@@ -167,7 +184,9 @@ class Relay::Engine {
       current = std::move(next);
     }
     Release(current);
-    Log(LogLevel::kInfo, "relay " + options_.instance + " stopped");
+    LeavePartitions();
+    Log(LogLevel::kInfo, "relay " + owner_ + " stopped: " + std::to_string(counters_.published) +
+                             " published, " + std::to_string(counters_.lease_lost) + " lease lost");
   }
 
   void Stop() {
@@ -213,6 +232,10 @@ class Relay::Engine {
       request.owner = owner_;
       request.max_messages = options_.batch_size;
       request.lease_duration = options_.lease;
+      if (options_.partition_leases != nullptr) {
+        if (claimable_.empty()) return {};  // no partition held (yet): nothing to claim
+        request.partitions = claimable_;
+      }
       auto batch = store_->Claim(request);
       counters_.claimed += batch.size();
       if (!batch.empty()) {
@@ -251,7 +274,9 @@ class Relay::Engine {
         return {};
       }
     }
-    if (wakeup_->Wait(SteadyClock::now() + options_.sweep_interval)) {
+    auto until = SteadyClock::now() + options_.sweep_interval;
+    if (options_.partition_leases != nullptr) until = std::min(until, next_heartbeat_);
+    if (wakeup_->Wait(until)) {
       idle_announced_ = false;  // notified (the mark was cleared), interrupted or reconnected
     }
     if (options_.hand_off != nullptr) {
@@ -259,6 +284,108 @@ class Relay::Engine {
       options_.hand_off->Take(SIZE_MAX, std::chrono::milliseconds{0});
     }
     return {};
+  }
+
+  // With partition leases: heartbeats when due; stops publishing from partitions that were taken
+  // over (their messages in `current` are dropped: their leases are void) and hands surplus
+  // partitions back, giving their messages in `current` back first. `current` is the one batch
+  // claimed and not yet published; everything claimed before it is settled.
+  void KeepPartitions(std::vector<Envelope>& current) {
+    if (options_.partition_leases == nullptr) return;
+    if (SteadyClock::now() >= next_heartbeat_) Drop(current, Heartbeat({}));
+    if (surplus_.empty()) return;
+    std::vector<Envelope> handed_back;
+    std::erase_if(current, [&](Envelope& envelope) {
+      if (!surplus_.contains(envelope.partition)) return false;
+      handed_back.push_back(std::move(envelope));
+      return true;
+    });
+    Release(handed_back);
+    const std::vector<int> release(surplus_.begin(), surplus_.end());
+    Drop(current, Heartbeat(release));
+  }
+
+  // Messages of partitions taken over are not published: their leases are void, the new owner
+  // publishes them.
+  void Drop(std::vector<Envelope>& current, const std::set<int>& lost) {
+    if (lost.empty()) return;
+    const auto dropped = std::erase_if(
+        current, [&](const Envelope& envelope) { return lost.contains(envelope.partition); });
+    counters_.lease_lost += dropped;
+    metrics_.lease_lost.Increment(dropped);
+    LeasesHeld(0, dropped);
+  }
+
+  // Returns the partitions found taken over by another relay.
+  std::set<int> Heartbeat(std::span<const int> release) {
+    const auto now = SteadyClock::now();
+    Membership membership;
+    try {
+      membership = options_.partition_leases->Heartbeat(owner_, options_.lease, release);
+    } catch (const StoreError& error) {
+      StoreFailed(error);
+      Log(LogLevel::kWarn, "partition heartbeat failed: " + Describe(error));
+      next_heartbeat_ = now + std::min(options_.sweep_interval, options_.max_backoff);
+      return {};  // the claim checks the leases itself: stale ones claim nothing
+    }
+    std::set<int> now_owned;
+    for (const auto& held : membership.owned) now_owned.insert(held.partition);
+    std::set<int> lost;
+    for (const int partition : owned_) {
+      const bool released = std::find(release.begin(), release.end(), partition) != release.end();
+      if (!released && !now_owned.contains(partition)) lost.insert(partition);
+    }
+    if (!lost.empty()) {
+      Log(LogLevel::kWarn, std::to_string(lost.size()) +
+                               " partitions were taken over by another relay (this relay's "
+                               "lease expired: it stalled or lost the database); first " +
+                               std::to_string(*lost.begin()));
+    }
+    owned_ = std::move(now_owned);
+    surplus_ = {membership.surplus.begin(), membership.surplus.end()};
+    claimable_.clear();
+    for (const auto& held : membership.owned) {
+      if (!surplus_.contains(held.partition)) claimable_.push_back(held);
+    }
+    const int rebalanced = membership.acquired - membership.taken_over + membership.released;
+    if (rebalanced > 0) metrics_.rebalances.Increment(static_cast<std::uint64_t>(rebalanced));
+    if (membership.taken_over > 0) {
+      counters_.takeovers += static_cast<std::uint64_t>(membership.taken_over);
+      metrics_.takeovers.Increment(static_cast<std::uint64_t>(membership.taken_over));
+    }
+    if (membership.acquired > 0 || membership.released > 0 || !lost.empty()) {
+      Log(LogLevel::kInfo, "partitions: " + std::to_string(owned_.size()) + " of " +
+                               std::to_string(membership.partition_count) + " held (fair share " +
+                               std::to_string(membership.fair_share) + ", " +
+                               std::to_string(membership.live_instances) + " live relays; took " +
+                               std::to_string(membership.acquired) + ", of them " +
+                               std::to_string(membership.taken_over) +
+                               " from expired leases; handed back " +
+                               std::to_string(membership.released) + ")");
+    }
+    counters_.partitions_owned = static_cast<int>(owned_.size());
+    metrics_.partitions_owned.Set(static_cast<double>(owned_.size()));
+    metrics_.live_instances.Set(static_cast<double>(membership.live_instances));
+    // Below its share, a relay looks again soon: others are handing partitions back.
+    auto next = membership.next_heartbeat;
+    if (static_cast<int>(owned_.size()) < membership.fair_share) {
+      next = std::min(next, options_.sweep_interval);
+    }
+    next_heartbeat_ = now + next;
+    return lost;
+  }
+
+  void LeavePartitions() {
+    if (options_.partition_leases == nullptr) return;
+    try {
+      options_.partition_leases->Leave(owner_);
+    } catch (const StoreError& error) {
+      StoreFailed(error);
+      Log(LogLevel::kWarn,
+          "handing back partitions failed (they are free when the lease "
+          "expires): " +
+              Describe(error));
+    }
   }
 
   void Housekeeping() {
@@ -486,6 +613,11 @@ class Relay::Engine {
   RelayCounters& counters_;
   std::string owner_;  // lease owner: instance name plus a per-run suffix
   std::chrono::milliseconds backoff_;
+  // Partition leases (when options_.partition_leases is set).
+  std::set<int> owned_;                       // held as of the last heartbeat
+  std::set<int> surplus_;                     // held beyond the fair share: to hand back
+  std::vector<PartitionLease> claimable_;     // owned minus surplus, with epochs
+  SteadyClock::time_point next_heartbeat_{};  // due at once: no partition is held before it
   bool idle_announced_ = false;  // the idle mark is set and no writer can have missed it
   SteadyClock::time_point next_sweep_{};
   SteadyClock::time_point next_purge_{};
@@ -500,6 +632,11 @@ Relay::Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr
   if (options.batch_size < 1) throw ConfigError("relay.batch_size", "must be at least 1");
   if (options.publish_timeout >= options.lease) {
     throw ConfigError("relay.publish_timeout", "must be shorter than relay.lease");
+  }
+  if (options.partition_leases != nullptr && options.publish_timeout * 2 > options.lease) {
+    // Heartbeats happen between batches: a third of the lease plus a batch must fit in it.
+    throw ConfigError("relay.publish_timeout",
+                      "must be at most half of relay.lease when relays share partitions");
   }
   if (options.sweep_interval.count() < 1) {
     throw ConfigError("relay.sweep_interval", "must be positive");

@@ -160,7 +160,7 @@ TEST(ConfigTest, ValuesAreRead) {
 [relay]
 instance = "relay-7"
 batch_size = 50
-lease = "2m"
+lease = "4m"
 sweep_interval = "250ms"
 publish_timeout = "90s"
 shutdown_timeout = "0s"
@@ -191,7 +191,7 @@ max_message_bytes = 1024
 )");
   EXPECT_EQ(config.instance, "relay-7");
   EXPECT_EQ(config.batch_size, 50);
-  EXPECT_EQ(config.lease, std::chrono::minutes{2});
+  EXPECT_EQ(config.lease, std::chrono::minutes{4});
   EXPECT_EQ(config.sweep_interval, milliseconds{250});
   EXPECT_EQ(config.publish_timeout, seconds{90});
   EXPECT_EQ(config.shutdown_timeout, milliseconds{0});
@@ -298,8 +298,8 @@ TEST(ConfigTest, OutOfRangeValuesAreRejected) {
   ExpectError(WithRelay("batch_size = 10001"), "relay.batch_size", "got 10001");
   ExpectError(WithRelay("instance = \"\""), "relay.instance", "must be 1 to 255 bytes");
   ExpectError(WithRelay("lease = \"500ms\""), "relay.lease", "between 1s and 1d");
-  ExpectError(WithRelay("lease = \"10s\"\npublish_timeout = \"10s\""), "relay.publish_timeout",
-              "shorter than relay.lease (10s)");
+  ExpectError(WithRelay("lease = \"10s\"\npublish_timeout = \"5001ms\""), "relay.publish_timeout",
+              "at most half of relay.lease (10s), got 5001ms");
   ExpectError(WithRelay("min_backoff = \"1s\"\nmax_backoff = \"500ms\""), "relay.max_backoff",
               "at least relay.min_backoff");
   ExpectError(WithSink(std::string{kRabbit} + "confirm_window = 0"), "sinks.default.confirm_window",
@@ -352,8 +352,8 @@ TEST(ConfigTest, RabbitTemplatesAndTopologyAreChecked) {
 // ---- Durations ----
 
 TEST(ConfigTest, DurationsAreStringsWithAUnit) {
-  EXPECT_EQ(Parse(WithRelay("lease = \"1h\"\npublish_timeout = \"59m\"")).publish_timeout,
-            std::chrono::minutes{59});
+  EXPECT_EQ(Parse(WithRelay("lease = \"1h\"\npublish_timeout = \"30m\"")).publish_timeout,
+            std::chrono::minutes{30});
   ExpectError(WithRelay("lease = 30"), "relay.lease",
               "expected a duration such as \"250ms\", \"30s\", \"5m\", \"1h\" or \"7d\" (a "
               "string), got integer");

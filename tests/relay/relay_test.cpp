@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <map>
 #include <set>
 #include <thread>
@@ -320,6 +322,91 @@ TEST_F(RelayTest, BadOptionsAreConfigErrors) {
   options.batch_size = 10;
   options.publish_timeout = options.lease;
   EXPECT_THROW(make(options), ConfigError);
+  // Sharing partitions, a batch must leave room for a heartbeat within the lease.
+  const auto leases = postgres::OpenPartitionLeases(PgUrl(), schema_.name());
+  options.partition_leases = leases.get();
+  options.publish_timeout = options.lease / 2 + milliseconds{1};
+  EXPECT_THROW(make(options), ConfigError);
+  options.publish_timeout = options.lease / 2;
+  EXPECT_NO_THROW(make(options));
+}
+
+// Two relays on one database, dividing its partitions: each message is published once, each
+// stream's messages in order, and a stream changes hands at most at a hand-over.
+TEST_F(RelayTest, TwoRelaysSharingPartitionsPublishEveryMessageOnceInOrder) {
+  constexpr int kMessages = 4000;
+  Sql(schema_.conn(), "SELECT " + schema_.name() +
+                          ".enqueue('t', '{}', stream_key => 's' || (g % 200)) FROM "
+                          "generate_series(1, " +
+                          std::to_string(kMessages) + ") g");
+  struct Instance {
+    std::unique_ptr<PartitionLeases> leases;
+    TestSink* sink = nullptr;
+    std::unique_ptr<Relay> relay;
+    std::thread thread;
+  };
+  std::array<Instance, 2> instances;
+  const auto start = [&](Instance& instance, const std::string& name) {
+    instance.leases = postgres::OpenPartitionLeases(PgUrl(), schema_.name());
+    auto sink = std::make_unique<TestSink>([](const Envelope&) -> std::optional<Failure> {
+      std::this_thread::sleep_for(std::chrono::microseconds{200});  // a broker taking its time
+      return std::nullopt;
+    });
+    instance.sink = sink.get();
+    RelayOptions options;
+    options.instance = name;
+    options.batch_size = 50;
+    options.lease = seconds{4};
+    options.publish_timeout = seconds{2};
+    options.sweep_interval = milliseconds{50};
+    options.partition_leases = instance.leases.get();
+    postgres::StoreOptions store_options;
+    store_options.conninfo = PgUrl();
+    store_options.schema = schema_.name();
+    SinkMap sinks;
+    sinks.emplace("default", std::move(sink));
+    instance.relay =
+        std::make_unique<Relay>(options, postgres::OpenStore(store_options),
+                                postgres::OpenWakeup(PgUrl(), schema_.name()), std::move(sinks));
+    instance.thread = std::thread([relay = instance.relay.get()] { relay->Run(); });
+  };
+  start(instances[0], "first");
+  ASSERT_TRUE(WaitFor([&] { return instances[0].relay->counters().published.load() > 200; }));
+  start(instances[1], "second");  // joins mid-run: the first hands half its partitions over
+  ASSERT_TRUE(WaitFor([&] { return Count("true") == "0"; }, seconds{60}))
+      << Count("true") << " left";
+  EXPECT_EQ(instances[0].relay->counters().partitions_owned.load(), 32);
+  EXPECT_EQ(instances[1].relay->counters().partitions_owned.load(), 32);
+  for (auto& instance : instances) {
+    instance.relay->Stop();
+    instance.thread.join();
+  }
+  EXPECT_EQ(Scalar(schema_.conn(), "SELECT count(*) FROM " + schema_.name() +
+                                       ".partition_leases WHERE owner IS NOT NULL"),
+            "0")
+      << "a stopped relay keeps partitions";
+  EXPECT_EQ(Scalar(schema_.conn(), "SELECT count(*) FROM " + schema_.name() + ".relay_instances"),
+            "0");
+
+  std::set<std::string> delivered;
+  std::map<std::string, std::array<std::vector<std::int64_t>, 2>> seqs;  // stream -> per relay
+  for (std::size_t r = 0; r < instances.size(); ++r) {
+    EXPECT_GT(instances[r].relay->counters().published.load(), 0U) << "relay " << r << " idle";
+    for (const auto& envelope : instances[r].sink->delivered()) {
+      EXPECT_TRUE(delivered.insert(envelope.id.ToString()).second) << "published twice";
+      seqs[*envelope.stream_key][r].push_back(*envelope.stream_seq);
+    }
+  }
+  EXPECT_EQ(delivered.size(), static_cast<std::size_t>(kMessages));
+  for (const auto& [stream, by_relay] : seqs) {
+    for (const auto& list : by_relay) {
+      EXPECT_TRUE(std::is_sorted(list.begin(), list.end())) << "stream " << stream;
+    }
+    // Handed from the first relay to the second (never back: the shares settle once).
+    if (!by_relay[0].empty() && !by_relay[1].empty()) {
+      EXPECT_LT(by_relay[0].back(), by_relay[1].front()) << "stream " << stream;
+    }
+  }
 }
 
 }  // namespace

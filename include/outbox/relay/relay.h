@@ -14,6 +14,7 @@
 #include "outbox/core/log.h"
 #include "outbox/observe/metrics.h"
 #include "outbox/sink/sink.h"
+#include "outbox/store/partitions.h"
 #include "outbox/store/store.h"
 #include "outbox/store/wakeup.h"
 
@@ -40,6 +41,11 @@ struct RelayOptions {
   // Where the relay writes its metrics (outbox_relay_* and outbox_publish_*; see the README's
   // "Operating outbox"). Not owned; must outlive the relay. Null: a registry of the relay's own.
   observe::Registry* metrics = nullptr;
+  // Relays sharing one database divide its partitions through these leases (store/partitions.h):
+  // this relay then claims only from partitions it holds, heartbeats every
+  // Membership::next_heartbeat between batches, hands surplus back and leaves on Stop. Not owned;
+  // must outlive the relay. Null: this relay is the only one and claims from every partition.
+  PartitionLeases* partition_leases = nullptr;
   // The store's RetryPolicy::max_attempts, used only to count abandoned messages in the metrics
   // (the store decides what is abandoned). 0: count only what is abandoned at once (kPermanent).
   int max_attempts = 0;
@@ -54,6 +60,8 @@ struct RelayCounters {
   std::atomic<std::uint64_t> held_back{0};    // confirmed after an earlier failure of its stream
   std::atomic<std::uint64_t> lease_lost{0};
   std::atomic<std::uint64_t> store_errors{0};
+  std::atomic<std::uint64_t> takeovers{0};  // partitions taken from an expired lease of another
+  std::atomic<int> partitions_owned{0};     // with partition leases: held now
   // True while the last published batch found no broker (every outcome kUnavailable); false
   // after a batch with any other outcome. Says nothing while the relay is idle.
   std::atomic<bool> broker_unavailable{false};

@@ -15,6 +15,7 @@
 #include "outbox/core/message.h"
 #include "outbox/core/random.h"
 #include "outbox/core/retry_policy.h"
+#include "outbox/store/partitions.h"
 #include "outbox/store/store.h"
 #include "outbox/store/wakeup.h"
 
@@ -80,5 +81,12 @@ std::unique_ptr<Store> OpenStore(StoreOptions options);
 // Throws StoreError(kUnavailable) when the database cannot be reached.
 std::unique_ptr<Wakeup> OpenWakeup(const std::string& conninfo,
                                    const std::string& schema = std::string{kDefaultSchema});
+
+// Opens the partition leases of `schema` (store/partitions.h) on a connection of their own, for a
+// relay that shares the database with other relays. Throws StoreError(kUnavailable) when the
+// database cannot be reached; the schema must have been migrated.
+std::unique_ptr<PartitionLeases> OpenPartitionLeases(const std::string& conninfo,
+                                                     const std::string& schema = std::string{
+                                                         kDefaultSchema});
 
 }  // namespace outbox::postgres

@@ -24,6 +24,7 @@
 
 #include "outbox/core/failure.h"
 #include "outbox/core/message.h"
+#include "outbox/store/partitions.h"
 
 namespace outbox {
 
@@ -49,8 +50,10 @@ struct ClaimRequest {
   std::string owner;  // relay instance id; recorded as lease_owner
   int max_messages = 500;
   std::chrono::milliseconds lease_duration{std::chrono::seconds{30}};
-  // Only these partitions; empty means all.
-  std::vector<int> partitions;
+  // Unset: every partition (one relay per database). Set: only these partitions, and only while
+  // the caller still holds each one's lease under that epoch (see store/partitions.h); a claim
+  // under a stale epoch gets nothing from that partition. Empty: nothing.
+  std::optional<std::vector<PartitionLease>> partitions;
 };
 
 // A message identified together with the lease epoch it was claimed under.

@@ -1,6 +1,8 @@
 #include "connection.h"
 
+#include <algorithm>
 #include <array>
+#include <charconv>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -124,6 +126,45 @@ std::string UuidArray(const std::vector<MessageId>& ids) {
     literal += ids[i].ToString();
   }
   return literal + '}';
+}
+
+namespace {
+template <typename T>
+std::string JoinNumbers(std::span<const T> values) {
+  std::string literal = "{";
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) literal += ',';
+    literal += std::to_string(values[i]);
+  }
+  return literal + '}';
+}
+}  // namespace
+
+std::string NumberArray(std::span<const std::int64_t> values) { return JoinNumbers(values); }
+std::string NumberArray(std::span<const int> values) { return JoinNumbers(values); }
+
+std::vector<std::int64_t> ParseNumberArray(std::string_view literal, std::string_view what) {
+  const auto bad = [&] {
+    return PgError(FailureKind::kPermanent,
+                   std::string{what} + ": expected an integer array, got '" +
+                       std::string{literal.substr(0, 64)} + "'",
+                   "");
+  };
+  if (literal.size() < 2 || literal.front() != '{' || literal.back() != '}') throw bad();
+  std::vector<std::int64_t> values;
+  const std::string_view body = literal.substr(1, literal.size() - 2);
+  std::size_t start = 0;
+  while (start < body.size()) {
+    const std::size_t comma = std::min(body.find(',', start), body.size());
+    const std::string_view item = body.substr(start, comma - start);
+    std::int64_t value = 0;
+    const auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), value);
+    if (item.empty() || error != std::errc{} || end != item.data() + item.size()) throw bad();
+    values.push_back(value);
+    start = comma + 1;
+    if (comma + 1 == body.size()) throw bad();  // a trailing comma
+  }
+  return values;
 }
 
 std::string_view Column(const PGresult* result, int row, int column) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,6 +75,14 @@ std::string TextArray(const std::vector<std::string>& values);
 
 // A uuid[] array literal of `ids` ({a,b}), for unnest($n::uuid[]).
 std::string UuidArray(const std::vector<MessageId>& ids);
+
+// An integer array literal ({1,2}), for $n::integer[] or $n::bigint[].
+std::string NumberArray(std::span<const std::int64_t> values);
+std::string NumberArray(std::span<const int> values);
+
+// The elements of a text-format one-dimensional integer array ("{1,2}"); throws PgError
+// (kPermanent) for anything else, naming `what`.
+std::vector<std::int64_t> ParseNumberArray(std::string_view literal, std::string_view what);
 
 // A column's bytes, and the same or nullopt for SQL NULL (text or binary format alike).
 std::string_view Column(const PGresult* result, int row, int column);

@@ -19,11 +19,21 @@ constexpr const char* kFenced = R"(
 // message of its stream is leased by another owner or waits for its retry (head-of-line per
 // stream). Behind the caller's own leases it may be claimed: the caller publishes its batches in
 // order and holds back what follows a failure (see Relay), which keeps a busy stream pipelined.
+// With partition leases ($2 partitions, $5 their epochs), only partitions still held by the caller
+// under those epochs: FOR KEY SHARE conflicts with the FOR UPDATE a takeover takes first, so the
+// claim either commits before the takeover (which then voids its leases) or waits and, rechecking
+// the lease row, finds it taken and claims nothing there. Without ($2 null) every partition.
 constexpr const char* kClaim = R"(
-WITH claimable AS (
+WITH held AS (
+  SELECT p.partition FROM __SCHEMA__.partition_leases p
+  JOIN unnest($2::integer[], $5::bigint[]) AS h(partition, epoch)
+    ON p.partition = h.partition AND p.epoch = h.epoch
+  WHERE p.owner = $3 AND p.lease_until > clock_timestamp()
+  FOR KEY SHARE OF p),
+claimable AS (
   SELECT m.id FROM __TABLE__ m
   WHERE m.status IN ('pending', 'failed') AND m.available_at <= clock_timestamp()
-    AND ($2::integer[] IS NULL OR m.partition = ANY($2::integer[]))
+    AND ($2::integer[] IS NULL OR m.partition IN (SELECT partition FROM held))
     AND (m.stream_key IS NULL OR NOT EXISTS (
       SELECT 1 FROM __TABLE__ e
       WHERE e.stream_key = m.stream_key AND e.id < m.id
@@ -114,8 +124,10 @@ SELECT
 Statements::Statements(const std::string& schema, bool keep_published) {
   const std::string table = QuoteSchema(schema) + ".messages";
   const auto build = [&](const char* sql) {
-    return ReplaceAll(ReplaceAll(ReplaceAll(sql, "__FENCED__", kFenced), "__TABLE__", table),
-                      "__SCHEMA_NAME__", schema);
+    return ReplaceAll(
+        ReplaceAll(ReplaceAll(ReplaceAll(sql, "__FENCED__", kFenced), "__TABLE__", table),
+                   "__SCHEMA_NAME__", schema),
+        "__SCHEMA__", QuoteSchema(schema));
   };
   claim = build(kClaim);
   complete = build(keep_published ? kMarkPublished : kDelete);

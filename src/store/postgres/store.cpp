@@ -13,16 +13,6 @@
 namespace outbox::postgres {
 namespace {
 
-template <typename T>
-std::string NumberArray(const std::vector<T>& values) {
-  std::string literal = "{";
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (i > 0) literal += ',';
-    literal += std::to_string(values[i]);
-  }
-  return literal + '}';
-}
-
 std::string BoolArray(const std::vector<bool>& values) {
   std::string literal = "{";
   for (std::size_t i = 0; i < values.size(); ++i) {
@@ -63,13 +53,24 @@ class PostgresStore final : public Store {
       throw std::invalid_argument("claim: lease_duration must be positive");
     }
     const std::string limit = std::to_string(request.max_messages);
-    const std::string partitions = NumberArray(request.partitions);
     const std::string lease = std::to_string(request.lease_duration.count());
-    const auto result =
-        Exec(Ready(), "claim", sql_.claim,
-             {Param{limit}, request.partitions.empty() ? Param{} : Param{partitions},
-              Param{request.owner}, Param{lease}},
-             /*binary_results=*/true);
+    std::vector<Param> params{Param{limit}, Param{}, Param{request.owner}, Param{lease}, Param{}};
+    std::string partitions;
+    std::string epochs;
+    if (request.partitions) {
+      if (request.partitions->empty()) return {};
+      std::vector<int> numbers;
+      std::vector<std::int64_t> lease_epochs;
+      for (const auto& held : *request.partitions) {
+        numbers.push_back(held.partition);
+        lease_epochs.push_back(held.epoch);
+      }
+      partitions = NumberArray(numbers);
+      epochs = NumberArray(lease_epochs);
+      params[1] = Param{partitions};
+      params[4] = Param{epochs};
+    }
+    const auto result = Exec(Ready(), "claim", sql_.claim, params, /*binary_results=*/true);
     const PGresult* rows = result.get();
     std::vector<Envelope> batch;
     batch.reserve(static_cast<std::size_t>(PQntuples(rows)));

@@ -24,7 +24,6 @@ const std::string kClaimableIds =
     "SELECT m.position FROM outbox_messages m"
     " WHERE m.status IN ('pending', 'failed') AND m.available_at <= " +
     kNow +
-    "  AND (?1 IS NULL OR m.partition IN (SELECT value FROM json_each(?1)))"
     "  AND (m.stream_key IS NULL OR NOT EXISTS ("
     "   SELECT 1 FROM outbox_messages e WHERE e.stream_key = m.stream_key"
     "    AND e.position < m.position AND e.status IN ('processing', 'failed')"
@@ -80,6 +79,11 @@ class SqliteStore final : public Store {
     if (request.lease_duration.count() < 1) {
       throw std::invalid_argument("claim: lease_duration must be positive");
     }
+    if (request.partitions) {
+      // One relay owns an embedded database; partition leases live in PostgreSQL only.
+      throw std::invalid_argument(
+          "claim: the SQLite store serves a single relay and has no partition leases");
+    }
     return InWriteTransaction(db_.get(), [&] {
       Statement claim{
           db_.get(),
@@ -92,11 +96,6 @@ class SqliteStore final : public Store {
               ")"
               " RETURNING id, topic, stream_key, stream_seq, partition, target, type,"
               " payload, content_type, headers, attempts, created_at, lease_epoch, position"};
-      if (request.partitions.empty()) {
-        claim.BindNull(1);
-      } else {
-        claim.Bind(1, nlohmann::json(request.partitions).dump());
-      }
       claim.Bind(2, request.owner)
           .Bind(3, std::int64_t{request.max_messages})
           .Bind(4, static_cast<std::int64_t>(request.lease_duration.count()));

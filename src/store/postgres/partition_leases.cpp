@@ -1,0 +1,90 @@
+// PartitionLeases on PostgreSQL: each call is one statement running a function of the schema
+// (relay_heartbeat, relay_leave in sql/003_partitions.sql), so that a heartbeat is one round trip
+// and one transaction on the database's clock.
+
+#include <stdexcept>
+
+#include "connection.h"
+#include "migrations.h"
+#include "outbox/core/error.h"
+#include "outbox/store/postgres.h"
+
+namespace outbox::postgres {
+namespace {
+
+class PostgresPartitionLeases final : public PartitionLeases {
+ public:
+  PostgresPartitionLeases(const std::string& conninfo, const std::string& schema)
+      : connection_(conninfo),
+        heartbeat_sql_(
+            "SELECT owned, epochs, surplus, live_instances, fair_share, partition_count,"
+            " acquired, taken_over, released, next_heartbeat_ms FROM " +
+            QuoteSchema(schema) + ".relay_heartbeat($1, $2, $3::integer[])"),
+        leave_sql_("SELECT " + QuoteSchema(schema) + ".relay_leave($1)") {
+    RequireSchemaVersion(Ready(), schema, connection_.description());
+  }
+
+  Membership Heartbeat(std::string_view owner, std::chrono::milliseconds lease,
+                       std::span<const int> release) override {
+    if (owner.empty()) throw std::invalid_argument("heartbeat: owner must not be empty");
+    if (lease.count() < 1) throw std::invalid_argument("heartbeat: lease must be positive");
+    const std::string owner_text{owner};
+    const std::string lease_text = std::to_string(lease.count());
+    const std::string release_text = NumberArray(release);
+    const auto result = Exec(Ready(), "partition heartbeat", heartbeat_sql_,
+                             {Param{owner_text}, Param{lease_text}, Param{release_text}});
+    const PGresult* row = result.get();
+    const auto number = [row](int column) { return std::stoll(PQgetvalue(row, 0, column)); };
+    const auto partitions = ParseNumberArray(Column(row, 0, 0), "partition heartbeat: owned");
+    const auto epochs = ParseNumberArray(Column(row, 0, 1), "partition heartbeat: epochs");
+    if (partitions.size() != epochs.size()) {
+      throw PgError(FailureKind::kPermanent, "partition heartbeat: owned and epochs differ", "");
+    }
+    Membership membership;
+    for (std::size_t i = 0; i < partitions.size(); ++i) {
+      membership.owned.push_back({static_cast<int>(partitions[i]), epochs[i]});
+    }
+    for (const auto partition :
+         ParseNumberArray(Column(row, 0, 2), "partition heartbeat: surplus")) {
+      membership.surplus.push_back(static_cast<int>(partition));
+    }
+    membership.live_instances = static_cast<int>(number(3));
+    membership.fair_share = static_cast<int>(number(4));
+    membership.partition_count = static_cast<int>(number(5));
+    membership.acquired = static_cast<int>(number(6));
+    membership.taken_over = static_cast<int>(number(7));
+    membership.released = static_cast<int>(number(8));
+    membership.next_heartbeat = std::chrono::milliseconds{number(9)};
+    return membership;
+  }
+
+  void Leave(std::string_view owner) override {
+    if (owner.empty()) throw std::invalid_argument("leave: owner must not be empty");
+    const std::string owner_text{owner};
+    Exec(Ready(), "leave partitions", leave_sql_, {Param{owner_text}});
+  }
+
+ private:
+  PGconn* Ready() {
+    connection_.EnsureConnected();
+    return connection_.get();
+  }
+
+  Connection connection_;
+  std::string heartbeat_sql_;
+  std::string leave_sql_;
+};
+
+}  // namespace
+
+std::unique_ptr<PartitionLeases> OpenPartitionLeases(const std::string& conninfo,
+                                                     const std::string& schema) {
+  try {
+    QuoteSchema(schema);
+  } catch (const std::invalid_argument& error) {
+    throw ConfigError("schema", error.what());
+  }
+  return std::make_unique<PostgresPartitionLeases>(conninfo, schema);
+}
+
+}  // namespace outbox::postgres
