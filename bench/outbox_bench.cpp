@@ -7,7 +7,7 @@
 //   outbox-bench drain    [--messages 100000,1000000] [--payload 256,1024] [--streams 1000]
 //   outbox-bench steady   [--rate 1000] [--seconds 60] [--payload 256] [--streams 1000]
 //   outbox-bench backlog  [--rows 10000000] [--measure 200000]
-//   outbox-bench bloat    [--rate 5000] [--seconds 600]     (steady load, old snapshot held open)
+//   outbox-bench bloat    [--rate 2000] [--seconds 600]     (steady load, old snapshot held open)
 //   outbox-bench enqueue  [--messages 20000]                (writers: the store's enqueue rates)
 //   outbox-bench sink     [--messages 100000]               (the RabbitMQ sink, classic and quorum)
 //
@@ -893,6 +893,7 @@ void Steady(Env& env, const SteadyOptions& o) {
   std::atomic<bool> failed{false};
   std::atomic<std::int64_t> max_late_us{0};
   const auto start = Clock::now();
+  const auto deadline = start + std::chrono::seconds{o.seconds};
   std::vector<std::thread> writers;
   for (int w = 0; w < o.writers; ++w) {
     writers.emplace_back([&, w] {
@@ -905,6 +906,7 @@ void Steady(Env& env, const SteadyOptions& o) {
               start + std::chrono::duration_cast<Clock::duration>(
                           std::chrono::duration<double>(static_cast<double>(j) / tx_rate));
           std::this_thread::sleep_until(due);
+          if (Clock::now() >= deadline) break;  // behind schedule: the run still ends on time
           const auto late =
               std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - due);
           if (late.count() > max_late_us) max_late_us = late.count();
@@ -971,8 +973,9 @@ void Steady(Env& env, const SteadyOptions& o) {
   if (o.report_every > 0 && write_seconds - intervals.back().t >= 1.0)
     sample_interval(write_seconds);
   if (failed) throw std::runtime_error("a writer failed");
+  const std::int64_t done = committed;
   const bool caught_up =
-      receiver.WaitFor(static_cast<std::size_t>(messages), std::chrono::seconds{120});
+      receiver.WaitFor(static_cast<std::size_t>(done), std::chrono::seconds{120});
   const double catch_up = Seconds(Clock::now() - start) - write_seconds;
   const auto after = relay.Sample();
   const double statement_count = statements.Total();
@@ -984,6 +987,7 @@ void Steady(Env& env, const SteadyOptions& o) {
   latencies.reserve(static_cast<std::size_t>(messages));
   std::size_t missing = 0;
   for (std::size_t i = 0; i < committed_at.size(); ++i) {
+    if (committed_at[i] == 0) continue;  // not written: the writers fell behind schedule
     if (receiver.received_at(i) == 0) {
       ++missing;
       continue;
@@ -991,10 +995,11 @@ void Steady(Env& env, const SteadyOptions& o) {
     latencies.push_back(static_cast<double>(receiver.received_at(i) - committed_at[i]) / 1e6);
   }
   std::printf(
-      "writers: %s messages in %.1f s = %s msg/s achieved (latest start behind schedule: "
-      "%.1f ms)\n",
+      "writers: %s of %s scheduled messages in %.1f s = %s msg/s achieved (latest start behind "
+      "schedule: %.1f ms)\n",
+      Thousands(static_cast<double>(done)).c_str(),
       Thousands(static_cast<double>(messages)).c_str(), write_seconds,
-      Thousands(static_cast<double>(messages) / write_seconds).c_str(),
+      Thousands(static_cast<double>(done) / write_seconds).c_str(),
       static_cast<double>(max_late_us.load()) / 1000.0);
   std::printf("latency: %s\n", Describe(Summarize(latencies)).c_str());
   std::printf(
@@ -1007,8 +1012,8 @@ void Steady(Env& env, const SteadyOptions& o) {
       "relay: %.4f statements/message (by statement below), outboxd CPU %.2f s per 100k messages "
       "(%.0f %% of "
       "one core), peak RSS %s\n",
-      statement_count / static_cast<double>(messages),
-      (after.cpu_seconds - before.cpu_seconds) / static_cast<double>(messages) * 1e5,
+      statement_count / static_cast<double>(done),
+      (after.cpu_seconds - before.cpu_seconds) / static_cast<double>(done) * 1e5,
       100.0 * (after.cpu_seconds - before.cpu_seconds) / (write_seconds + catch_up),
       Mib(after.hwm_kib).c_str());
   for (const auto& [query, calls] : statements.Top(6)) {
@@ -1268,14 +1273,19 @@ void SinkBench(Env& env, std::int64_t messages, std::int64_t naive_messages, std
 }
 
 void PrintConditions(Env& env) {
+  std::ifstream loadavg("/proc/loadavg");
+  std::string one, five, fifteen;
+  loadavg >> one >> five >> fifteen;
   std::printf(
       "conditions: %u cores shared by PostgreSQL, RabbitMQ, outboxd and this benchmark; "
-      "%s; fsync=%s synchronous_commit=%s shared_buffers=%s; database %s\n",
+      "%s; fsync=%s synchronous_commit=%s shared_buffers=%s; database %s; load average %s %s "
+      "%s\n",
       std::thread::hardware_concurrency(),
       Scalar(env.monitor.get(), "SELECT split_part(version(), ' on ', 1)").c_str(),
       Scalar(env.monitor.get(), "SHOW fsync").c_str(),
       Scalar(env.monitor.get(), "SHOW synchronous_commit").c_str(),
-      Scalar(env.monitor.get(), "SHOW shared_buffers").c_str(), env.database.c_str());
+      Scalar(env.monitor.get(), "SHOW shared_buffers").c_str(), env.database.c_str(), one.c_str(),
+      five.c_str(), fifteen.c_str());
   Flush();
 }
 
@@ -1335,7 +1345,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 3600));
 
   SteadyOptions bloat_options{
-      .rate = 5000, .seconds = 600, .report_every = 60, .hold_snapshot = true};
+      .rate = 2000, .seconds = 600, .report_every = 60, .hold_snapshot = true};
   auto* bloat = app.add_subcommand("bloat", "steady load while an old snapshot blocks vacuum");
   bloat->add_option("--rate", bloat_options.rate)->check(CLI::Range(1.0, 1e6));
   bloat->add_option("--seconds", bloat_options.seconds)->check(CLI::Range(1, 86400));
