@@ -172,6 +172,8 @@ int Status(const std::string& db, const std::string& schema, bool json) {
               << (stats.oldest_pending_age ? std::to_string(stats.oldest_pending_age->count())
                                            : "null")
               << ",\"active_leases\":" << stats.active_leases
+              << ",\"live_relays\":" << stats.live_relays
+              << ",\"unowned_partitions\":" << stats.unowned_partitions
               << ",\"counts_estimated\":" << (stats.counts_estimated ? "true" : "false") << "}\n";
     return 0;
   }
@@ -181,7 +183,9 @@ int Status(const std::string& db, const std::string& schema, bool json) {
             << "abandoned   " << approx << stats.abandoned << "\n"
             << "published   " << approx << stats.published << " (retained)\n"
             << "oldest pending  " << Age(stats.oldest_pending_age) << "\n"
-            << "relays holding leases  " << stats.active_leases << "\n";
+            << "relays holding leases  " << stats.active_leases << "\n"
+            << "relays live  " << stats.live_relays
+            << " (partitions without one: " << stats.unowned_partitions << ")\n";
   if (stats.counts_estimated) std::cout << "(~ : estimated by the planner; the count is large)\n";
   return 0;
 }

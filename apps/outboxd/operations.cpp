@@ -308,6 +308,12 @@ class Operations::Impl {
                                               "pending), on the database's clock.")),
         lease_owners_(registry.AddGauge(
             "outbox_lease_owners", "Relays (lease owners) holding unexpired leases right now.")),
+        live_relays_(
+            registry.AddGauge("outbox_relays_live",
+                              "Relays heartbeating on this database (sharing its partitions).")),
+        unowned_partitions_(registry.AddGauge(
+            "outbox_partitions_unowned",
+            "Partitions no live relay holds: nobody publishes them until one takes them.")),
         by_topic_skipped_(registry.AddGauge(
             "outbox_messages_by_topic_skipped",
             "1 when outbox_messages_by_topic is empty because the backlog is above the exact-count "
@@ -633,6 +639,8 @@ class Operations::Impl {
                                   ? std::chrono::duration<double>(*stats.oldest_pending_age).count()
                                   : 0.0);
       lease_owners_.Set(static_cast<double>(stats.active_leases));
+      live_relays_.Set(static_cast<double>(stats.live_relays));
+      unowned_partitions_.Set(static_cast<double>(stats.unowned_partitions));
       read = stats;
     } catch (const std::exception& failure) {
       // Error texts of the store name the database without its password; mask anyway.
@@ -778,6 +786,8 @@ class Operations::Impl {
   observe::Gauge& estimated_;
   observe::Gauge& oldest_pending_age_;
   observe::Gauge& lease_owners_;
+  observe::Gauge& live_relays_;
+  observe::Gauge& unowned_partitions_;
   observe::Gauge& by_topic_skipped_;
   std::vector<observe::Gauge*> by_status_;
   std::vector<Probe> probes_;

@@ -235,6 +235,25 @@ TEST_F(PgPartitionTest, ADeadRelaysLeaseExpiryBringsTheNextHeartbeatForward) {
   EXPECT_GT(membership.next_heartbeat, milliseconds{500});
 }
 
+TEST_F(PgPartitionTest, StatsCountLiveRelaysAndPartitionsNobodyHolds) {
+  auto store = OpenStore();
+  auto a = Open();
+  auto b = Open();
+  EXPECT_EQ(store->Stats().live_relays, 0);
+  EXPECT_EQ(store->Stats().unowned_partitions, 0) << "no relay shares partitions: none is missed";
+  a->Heartbeat("a/1", kLease, {});
+  b->Heartbeat("b/1", kLease, {});
+  auto stats = store->Stats();
+  EXPECT_EQ(stats.live_relays, 2);
+  EXPECT_EQ(stats.unowned_partitions, 0);
+  a->Leave("a/1");
+  stats = store->Stats();
+  EXPECT_EQ(stats.live_relays, 1);
+  EXPECT_EQ(stats.unowned_partitions, 64) << "b has not taken a's partitions yet";
+  b->Heartbeat("b/1", kLease, {});
+  EXPECT_EQ(store->Stats().unowned_partitions, 0);
+}
+
 TEST_F(PgPartitionTest, BadInputIsRefusedWithAClearError) {
   auto leases = Open();
   EXPECT_THROW(leases->Heartbeat("", kLease, {}), std::invalid_argument);

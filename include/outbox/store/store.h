@@ -95,6 +95,10 @@ struct StoreStats {
   std::int64_t published = 0;  // retained published rows
   std::optional<std::chrono::milliseconds> oldest_pending_age;
   std::int64_t active_leases = 0;  // distinct lease owners with unexpired leases
+  // Relays sharing the database's partitions (store/partitions.h): how many heartbeat, and how
+  // many partitions no live relay holds (nobody publishes those; 0 with no relay sharing).
+  std::int64_t live_relays = 0;
+  std::int64_t unowned_partitions = 0;
   // True when a count was too large to take exactly and is the database's estimate.
   bool counts_estimated = false;
 };

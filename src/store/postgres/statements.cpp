@@ -117,7 +117,11 @@ SELECT
   (SELECT rows FROM estimate WHERE status = 'processing'),
   (SELECT rows FROM estimate WHERE status = 'failed'),
   (SELECT rows FROM estimate WHERE status = 'abandoned'),
-  (SELECT rows FROM estimate WHERE status = 'published'))";
+  (SELECT rows FROM estimate WHERE status = 'published'),
+  (SELECT count(*) FROM __SCHEMA__.relay_instances WHERE expires_at > now()),
+  (SELECT CASE WHEN EXISTS (SELECT 1 FROM __SCHEMA__.relay_instances WHERE expires_at > now())
+          THEN count(*) ELSE 0 END
+   FROM __SCHEMA__.partition_leases WHERE owner IS NULL OR lease_until <= now()))";
 
 }  // namespace
 

@@ -172,6 +172,8 @@ class PostgresStore final : public Store {
       stats.oldest_pending_age = std::chrono::milliseconds{std::max<std::int64_t>(0, number(5))};
     }
     stats.active_leases = number(6);
+    stats.live_relays = number(12);
+    stats.unowned_partitions = number(13);
     // A capped count is replaced by the planner's estimate of the table's rows in that state.
     const auto limit = options_.exact_count_limit;
     std::int64_t* counts[] = {&stats.pending, &stats.processing, &stats.failed, &stats.abandoned,
