@@ -7,6 +7,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <unordered_map>
 
 #include "outbox/core/error.h"
@@ -146,6 +147,10 @@ class Relay::Engine {
 
   void Run() {
     Log(LogLevel::kInfo, "relay started; leases are held as " + owner_);
+    // Heartbeats run on a thread (and connection) of their own, so that a slow batch never lets
+    // a live relay's partition leases expire.
+    std::thread heartbeats;
+    if (options_.partition_leases != nullptr) heartbeats = std::thread([this] { HeartbeatLoop(); });
     std::vector<Envelope> current;
     while (!stopping()) {
       Housekeeping();
@@ -183,6 +188,7 @@ class Relay::Engine {
       }
       current = std::move(next);
     }
+    if (heartbeats.joinable()) heartbeats.join();  // it ends on Stop
     Release(current);
     LeavePartitions();
     Log(LogLevel::kInfo, "relay " + owner_ + " stopped: " + std::to_string(counters_.published) +
@@ -195,6 +201,10 @@ class Relay::Engine {
       stop_ = true;
     }
     stop_changed_.notify_all();
+    {
+      std::lock_guard lock(membership_mutex_);  // the heartbeat thread checks stop_ under it
+    }
+    membership_changed_.notify_all();
     wakeup_->Interrupt();
   }
 
@@ -233,8 +243,11 @@ class Relay::Engine {
       request.max_messages = options_.batch_size;
       request.lease_duration = options_.lease;
       if (options_.partition_leases != nullptr) {
-        if (claimable_.empty()) return {};  // no partition held (yet): nothing to claim
-        request.partitions = claimable_;
+        {
+          std::lock_guard lock(membership_mutex_);
+          request.partitions = claimable_;
+        }
+        if (request.partitions->empty()) return {};  // no partition held (yet)
       }
       auto batch = store_->Claim(request);
       counters_.claimed += batch.size();
@@ -275,7 +288,6 @@ class Relay::Engine {
       }
     }
     auto until = SteadyClock::now() + options_.sweep_interval;
-    if (options_.partition_leases != nullptr) until = std::min(until, next_heartbeat_);
     if (wakeup_->Wait(until)) {
       idle_announced_ = false;  // notified (the mark was cleared), interrupted or reconnected
     }
@@ -286,38 +298,60 @@ class Relay::Engine {
     return {};
   }
 
-  // With partition leases: heartbeats when due; stops publishing from partitions that were taken
-  // over (their messages in `current` are dropped: their leases are void) and hands surplus
-  // partitions back, giving their messages in `current` back first. `current` is the one batch
-  // claimed and not yet published; everything claimed before it is settled.
+  // With partition leases, at the top of the loop (`current` is the one batch claimed and not
+  // yet published; everything claimed before it is settled): drops the messages of partitions
+  // found taken over (their leases are void; the new owner publishes them) and, when the
+  // heartbeat found surplus partitions, gives their messages in `current` back and asks the
+  // heartbeat thread to hand them over. Claims made after the surplus was known exclude it.
   void KeepPartitions(std::vector<Envelope>& current) {
     if (options_.partition_leases == nullptr) return;
-    if (SteadyClock::now() >= next_heartbeat_) Drop(current, Heartbeat({}));
-    if (surplus_.empty()) return;
+    std::set<int> lost;
+    std::set<int> surplus;
+    {
+      std::lock_guard lock(membership_mutex_);
+      lost.swap(lost_);
+      if (release_.empty()) surplus = surplus_;
+    }
+    if (!lost.empty()) {
+      const auto dropped = std::erase_if(
+          current, [&](const Envelope& envelope) { return lost.contains(envelope.partition); });
+      counters_.lease_lost += dropped;
+      metrics_.lease_lost.Increment(dropped);
+      LeasesHeld(0, dropped);
+    }
+    if (surplus.empty()) return;
     std::vector<Envelope> handed_back;
     std::erase_if(current, [&](Envelope& envelope) {
-      if (!surplus_.contains(envelope.partition)) return false;
+      if (!surplus.contains(envelope.partition)) return false;
       handed_back.push_back(std::move(envelope));
       return true;
     });
     Release(handed_back);
-    const std::vector<int> release(surplus_.begin(), surplus_.end());
-    Drop(current, Heartbeat(release));
+    {
+      std::lock_guard lock(membership_mutex_);
+      release_.assign(surplus.begin(), surplus.end());
+    }
+    membership_changed_.notify_all();
   }
 
-  // Messages of partitions taken over are not published: their leases are void, the new owner
-  // publishes them.
-  void Drop(std::vector<Envelope>& current, const std::set<int>& lost) {
-    if (lost.empty()) return;
-    const auto dropped = std::erase_if(
-        current, [&](const Envelope& envelope) { return lost.contains(envelope.partition); });
-    counters_.lease_lost += dropped;
-    metrics_.lease_lost.Increment(dropped);
-    LeasesHeld(0, dropped);
+  void HeartbeatLoop() {
+    std::unique_lock lock(membership_mutex_);
+    auto next = SteadyClock::now();
+    while (!stopping()) {
+      membership_changed_.wait_until(lock, next, [&] {
+        return stopping() || !release_.empty() || SteadyClock::now() >= next;
+      });
+      if (stopping()) return;
+      const std::vector<int> release = release_;
+      lock.unlock();
+      next = Heartbeat(release);
+      lock.lock();
+      release_.clear();
+    }
   }
 
-  // Returns the partitions found taken over by another relay.
-  std::set<int> Heartbeat(std::span<const int> release) {
+  // One heartbeat (on the heartbeat thread); returns when the next is due.
+  SteadyClock::time_point Heartbeat(const std::vector<int>& release) {
     const auto now = SteadyClock::now();
     Membership membership;
     try {
@@ -325,15 +359,27 @@ class Relay::Engine {
     } catch (const StoreError& error) {
       StoreFailed(error);
       Log(LogLevel::kWarn, "partition heartbeat failed: " + Describe(error));
-      next_heartbeat_ = now + std::min(options_.sweep_interval, options_.max_backoff);
-      return {};  // the claim checks the leases itself: stale ones claim nothing
+      // The claims check the leases themselves: expired ones claim nothing.
+      return now + std::min(options_.sweep_interval, options_.max_backoff);
     }
     std::set<int> now_owned;
     for (const auto& held : membership.owned) now_owned.insert(held.partition);
     std::set<int> lost;
-    for (const int partition : owned_) {
-      const bool released = std::find(release.begin(), release.end(), partition) != release.end();
-      if (!released && !now_owned.contains(partition)) lost.insert(partition);
+    bool gained = false;
+    {
+      std::lock_guard lock(membership_mutex_);
+      for (const int partition : owned_) {
+        const bool released = std::find(release.begin(), release.end(), partition) != release.end();
+        if (!released && !now_owned.contains(partition)) lost.insert(partition);
+      }
+      for (const int partition : now_owned) gained = gained || !owned_.contains(partition);
+      lost_.insert(lost.begin(), lost.end());
+      owned_ = std::move(now_owned);
+      surplus_ = {membership.surplus.begin(), membership.surplus.end()};
+      claimable_.clear();
+      for (const auto& held : membership.owned) {
+        if (!surplus_.contains(held.partition)) claimable_.push_back(held);
+      }
     }
     if (!lost.empty()) {
       Log(LogLevel::kWarn, std::to_string(lost.size()) +
@@ -341,20 +387,15 @@ class Relay::Engine {
                                "lease expired: it stalled or lost the database); first " +
                                std::to_string(*lost.begin()));
     }
-    owned_ = std::move(now_owned);
-    surplus_ = {membership.surplus.begin(), membership.surplus.end()};
-    claimable_.clear();
-    for (const auto& held : membership.owned) {
-      if (!surplus_.contains(held.partition)) claimable_.push_back(held);
-    }
     const int rebalanced = membership.acquired - membership.taken_over + membership.released;
     if (rebalanced > 0) metrics_.rebalances.Increment(static_cast<std::uint64_t>(rebalanced));
     if (membership.taken_over > 0) {
       counters_.takeovers += static_cast<std::uint64_t>(membership.taken_over);
       metrics_.takeovers.Increment(static_cast<std::uint64_t>(membership.taken_over));
     }
+    const auto held = membership.owned.size();
     if (membership.acquired > 0 || membership.released > 0 || !lost.empty()) {
-      Log(LogLevel::kInfo, "partitions: " + std::to_string(owned_.size()) + " of " +
+      Log(LogLevel::kInfo, "partitions: " + std::to_string(held) + " of " +
                                std::to_string(membership.partition_count) + " held (fair share " +
                                std::to_string(membership.fair_share) + ", " +
                                std::to_string(membership.live_instances) + " live relays; took " +
@@ -363,16 +404,16 @@ class Relay::Engine {
                                " from expired leases; handed back " +
                                std::to_string(membership.released) + ")");
     }
-    counters_.partitions_owned = static_cast<int>(owned_.size());
-    metrics_.partitions_owned.Set(static_cast<double>(owned_.size()));
+    counters_.partitions_owned = static_cast<int>(held);
+    metrics_.partitions_owned.Set(static_cast<double>(held));
     metrics_.live_instances.Set(static_cast<double>(membership.live_instances));
+    if (gained || !lost.empty()) wakeup_->Interrupt();  // an idle relay claims at once
     // Below its share, a relay looks again soon: others are handing partitions back.
-    auto next = membership.next_heartbeat;
-    if (static_cast<int>(owned_.size()) < membership.fair_share) {
-      next = std::min(next, options_.sweep_interval);
+    auto wait = membership.next_heartbeat;
+    if (static_cast<int>(held) < membership.fair_share) {
+      wait = std::min(wait, options_.sweep_interval);
     }
-    next_heartbeat_ = now + next;
-    return lost;
+    return now + wait;
   }
 
   void LeavePartitions() {
@@ -396,7 +437,11 @@ class Relay::Engine {
         now + std::max(options_.sweep_interval,
                        std::chrono::duration_cast<std::chrono::milliseconds>(options_.lease / 4));
     try {
-      if (const auto reclaimed = store_->ReclaimExpired(); reclaimed > 0) {
+      // Sharing partitions, a message lease ends with its partition's: a takeover voids it.
+      // Reclaiming by the message lease alone would take a live relay's slow batch from it.
+      const std::int64_t reclaimed =
+          options_.partition_leases == nullptr ? store_->ReclaimExpired() : 0;
+      if (reclaimed > 0) {
         Log(LogLevel::kWarn, std::to_string(reclaimed) +
                                  " messages had expired leases (a relay stopped or stalled); "
                                  "they will be published again");
@@ -613,12 +658,15 @@ class Relay::Engine {
   RelayCounters& counters_;
   std::string owner_;  // lease owner: instance name plus a per-run suffix
   std::chrono::milliseconds backoff_;
-  // Partition leases (when options_.partition_leases is set).
-  std::set<int> owned_;                       // held as of the last heartbeat
-  std::set<int> surplus_;                     // held beyond the fair share: to hand back
-  std::vector<PartitionLease> claimable_;     // owned minus surplus, with epochs
-  SteadyClock::time_point next_heartbeat_{};  // due at once: no partition is held before it
-  bool idle_announced_ = false;  // the idle mark is set and no writer can have missed it
+  // Partition leases (when options_.partition_leases is set), shared with the heartbeat thread.
+  std::mutex membership_mutex_;
+  std::condition_variable membership_changed_;
+  std::set<int> owned_;                    // held as of the last heartbeat
+  std::set<int> surplus_;                  // held beyond the fair share: to hand back
+  std::vector<PartitionLease> claimable_;  // owned minus surplus, with epochs
+  std::set<int> lost_;                     // taken over; not yet dropped from the batch
+  std::vector<int> release_;               // to hand back at the next heartbeat (now)
+  bool idle_announced_ = false;            // the idle mark is set and no writer can have missed it
   SteadyClock::time_point next_sweep_{};
   SteadyClock::time_point next_purge_{};
   mutable std::mutex stop_mutex_;
