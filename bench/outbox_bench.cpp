@@ -298,6 +298,7 @@ class Receiver {
   std::size_t distinct() const { return distinct_; }
   std::size_t duplicates() const { return duplicates_; }
   std::size_t strays() const { return strays_; }
+  int reconnects() const { return reconnects_; }
 
   // Waits (bounded) until `count` distinct messages arrived; false on time-out.
   bool WaitFor(std::size_t count, std::chrono::seconds limit) const {
@@ -325,12 +326,25 @@ class Receiver {
   }
 
  private:
+  // Consumes until Stop(); when the broker goes away (the tests restart the shared broker), it
+  // reconnects and says so: unacked deliveries come again and count as duplicates.
   void Loop() {
-    auto conn = outbox::testing::AmqpConnect();
+    while (!stop_) {
+      if (Consume()) return;
+      ++reconnects_;
+      std::fprintf(stderr, "receiver: connection to RabbitMQ lost, reconnecting\n");
+      std::this_thread::sleep_for(std::chrono::milliseconds{100});
+    }
+  }
+
+  // True when stopped, false when the connection was lost.
+  bool Consume() {
+    auto conn = outbox::testing::AmqpTryConnect();
+    if (!conn) return false;
     amqp_basic_qos(conn.get(), 1, 0, 1000, 0);
     amqp_basic_consume(conn.get(), 1, amqp_cstring_bytes(queue_.c_str()), amqp_empty_bytes, 0, 0, 0,
                        amqp_empty_table);
-    outbox::testing::CheckReply(amqp_get_rpc_reply(conn.get()), "basic.consume");
+    if (amqp_get_rpc_reply(conn.get()).reply_type != AMQP_RESPONSE_NORMAL) return false;
     std::uint64_t unacked_tag = 0;
     int unacked = 0;
     while (!stop_) {
@@ -344,10 +358,7 @@ class Receiver {
         unacked = 0;
         continue;
       }
-      if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
-        std::fprintf(stderr, "receiver: connection lost\n");
-        return;
-      }
+      if (reply.reply_type != AMQP_RESPONSE_NORMAL) return false;
       Record(envelope.message.body);
       unacked_tag = envelope.delivery_tag;
       if (++unacked >= 250) {
@@ -357,6 +368,7 @@ class Receiver {
       amqp_destroy_envelope(&envelope);
     }
     if (unacked > 0) amqp_basic_ack(conn.get(), 1, unacked_tag, 1);
+    return true;
   }
 
   void Record(amqp_bytes_t body) {
@@ -384,6 +396,7 @@ class Receiver {
   std::atomic<std::size_t> distinct_{0};
   std::atomic<std::size_t> duplicates_{0};
   std::atomic<std::size_t> strays_{0};
+  std::atomic<int> reconnects_{0};
   std::thread thread_;
 };
 
@@ -1004,10 +1017,11 @@ void Steady(Env& env, const SteadyOptions& o) {
   std::printf("latency: %s\n", Describe(Summarize(latencies)).c_str());
   std::printf(
       "lag: mean %.0f, max %s messages; after the last commit the relay needed %.2f s "
-      "more%s; not received: %zu, duplicates: %zu\n",
+      "more%s; not received: %zu, duplicates: %zu, consumer reconnects: %d\n",
       lag_samples > 0 ? lag_sum / static_cast<double>(lag_samples) : 0.0,
       Thousands(static_cast<double>(lag_max)).c_str(), catch_up,
-      caught_up ? "" : " (gave up after 120 s)", missing, receiver.duplicates());
+      caught_up ? "" : " (gave up after 120 s)", missing, receiver.duplicates(),
+      receiver.reconnects());
   std::printf(
       "relay: %.4f statements/message (by statement below), outboxd CPU %.2f s per 100k messages "
       "(%.0f %% of "
