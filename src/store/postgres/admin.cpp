@@ -239,7 +239,7 @@ class Admin::Impl {
  public:
   Impl(const std::string& conninfo, const std::string& schema)
       : schema_(schema), table_(QuoteSchema(schema) + ".messages"), connection_(conninfo) {
-    RequireSchemaVersion(Ready(), schema_, connection_.description());
+    RequireSchemaVersion(connection_.Ready(), schema_, connection_.description());
     list_ = Build(kList);
     show_ = Build(kShow);
     replay_ = Build(ReplaceAll(ReplaceAll(kChangeChunkSql, "__SET__", kReplaySet), "__ELIGIBLE__",
@@ -262,7 +262,7 @@ class Admin::Impl {
     const std::string limit_text = std::to_string(limit + 1);  // one more: are there more?
     params.push_back(after ? Param{after_text} : Param{});
     params.push_back(Param{limit_text});
-    const auto result = Exec(Ready(), "list", list_, params, /*binary_results=*/true);
+    const auto result = Exec(connection_.Ready(), "list", list_, params, /*binary_results=*/true);
     const PGresult* rows = result.get();
     MessagePage page;
     for (int row = 0; row < PQntuples(rows); ++row) {
@@ -279,7 +279,7 @@ class Admin::Impl {
 
   std::optional<MessageDetail> Show(const MessageId& id) {
     const std::string id_text = id.ToString();
-    const auto result = Exec(Ready(), "show", show_, {Param{id_text}}, /*binary_results=*/true);
+    const auto result = Exec(connection_.Ready(), "show", show_, {Param{id_text}}, /*binary_results=*/true);
     const PGresult* rows = result.get();
     if (PQntuples(rows) == 0) return std::nullopt;
     MessageDetail detail;
@@ -319,7 +319,7 @@ class Admin::Impl {
     std::int64_t total = 0;
     for (;;) {
       // Each chunk is a statement, and a transaction, of its own.
-      const auto result = Exec(Ready(), "purge", statements.purge,
+      const auto result = Exec(connection_.Ready(), "purge", statements.purge,
                                {Param{published}, Param{abandoned}, Param{chunk_text}});
       const std::int64_t deleted = std::stoll(PQcmdTuples(result.get()));
       total += deleted;
@@ -347,7 +347,7 @@ class Admin::Impl {
       params.push_back(after ? Param{std::string_view{*after}} : Param{});
       params.push_back(Param{chunk_text});
       if (reason) params.push_back(Param{std::string_view{*reason}});
-      const auto result = Exec(Ready(), what, sql, params);
+      const auto result = Exec(connection_.Ready(), what, sql, params);
       const PGresult* row = result.get();
       const std::int64_t candidates = std::stoll(PQgetvalue(row, 0, 0));
       for (const auto& id : ParseUuidArray(Column(row, 0, 2))) outcome.ids.push_back(id);
@@ -356,11 +356,6 @@ class Admin::Impl {
     }
     outcome.count = static_cast<std::int64_t>(outcome.ids.size());
     return outcome;
-  }
-
-  PGconn* Ready() {
-    connection_.EnsureConnected();
-    return connection_.get();
   }
 
   std::string schema_;

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "outbox/core/error.h"
+
 namespace outbox::postgres {
 namespace {
 
@@ -126,6 +128,14 @@ std::string UuidArray(const std::vector<MessageId>& ids) {
     literal += ids[i].ToString();
   }
   return literal + '}';
+}
+
+void CheckSchemaOption(const std::string& name) {
+  try {
+    QuoteSchema(name);
+  } catch (const std::invalid_argument& error) {
+    throw ConfigError("schema", error.what());
+  }
 }
 
 namespace {

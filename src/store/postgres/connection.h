@@ -67,6 +67,9 @@ ResultPtr Exec(PGconn* conn, std::string_view what, const std::string& sql,
 // ([a-z_][a-z0-9_]*, at most 63 bytes); throws std::invalid_argument otherwise.
 std::string QuoteSchema(const std::string& name);
 
+// QuoteSchema's check as the Open* functions report it: ConfigError naming "schema".
+void CheckSchemaOption(const std::string& name);
+
 // `text` with every occurrence of `from` replaced by `to`.
 std::string ReplaceAll(std::string text, std::string_view from, std::string_view to);
 
@@ -115,6 +118,12 @@ class Connection {
 
   // Reconnects if the connection was lost; throws PgError(kUnavailable) if that fails.
   void EnsureConnected();
+
+  // The connection, reconnected first if it was lost (what every call of a store begins with).
+  PGconn* Ready() {
+    EnsureConnected();
+    return get();
+  }
 
   // Closes the connection; reports nothing (libpq's PQfinish cannot fail).
   void Close() { conn_.reset(); }

@@ -6,7 +6,6 @@
 
 #include "connection.h"
 #include "migrations.h"
-#include "outbox/core/error.h"
 #include "outbox/store/postgres.h"
 
 namespace outbox::postgres {
@@ -21,7 +20,7 @@ class PostgresPartitionLeases final : public PartitionLeases {
             " acquired, taken_over, released, next_heartbeat_ms FROM " +
             QuoteSchema(schema) + ".relay_heartbeat($1, $2, $3::integer[])"),
         leave_sql_("SELECT " + QuoteSchema(schema) + ".relay_leave($1)") {
-    RequireSchemaVersion(Ready(), schema, connection_.description());
+    RequireSchemaVersion(connection_.Ready(), schema, connection_.description());
   }
 
   Membership Heartbeat(std::string_view owner, std::chrono::milliseconds lease,
@@ -31,7 +30,7 @@ class PostgresPartitionLeases final : public PartitionLeases {
     const std::string owner_text{owner};
     const std::string lease_text = std::to_string(lease.count());
     const std::string release_text = NumberArray(release);
-    const auto result = Exec(Ready(), "partition heartbeat", heartbeat_sql_,
+    const auto result = Exec(connection_.Ready(), "partition heartbeat", heartbeat_sql_,
                              {Param{owner_text}, Param{lease_text}, Param{release_text}});
     const PGresult* row = result.get();
     const auto number = [row](int column) { return std::stoll(PQgetvalue(row, 0, column)); };
@@ -61,15 +60,10 @@ class PostgresPartitionLeases final : public PartitionLeases {
   void Leave(std::string_view owner) override {
     if (owner.empty()) throw std::invalid_argument("leave: owner must not be empty");
     const std::string owner_text{owner};
-    Exec(Ready(), "leave partitions", leave_sql_, {Param{owner_text}});
+    Exec(connection_.Ready(), "leave partitions", leave_sql_, {Param{owner_text}});
   }
 
  private:
-  PGconn* Ready() {
-    connection_.EnsureConnected();
-    return connection_.get();
-  }
-
   Connection connection_;
   std::string heartbeat_sql_;
   std::string leave_sql_;
@@ -79,11 +73,7 @@ class PostgresPartitionLeases final : public PartitionLeases {
 
 std::unique_ptr<PartitionLeases> OpenPartitionLeases(const std::string& conninfo,
                                                      const std::string& schema) {
-  try {
-    QuoteSchema(schema);
-  } catch (const std::invalid_argument& error) {
-    throw ConfigError("schema", error.what());
-  }
+  CheckSchemaOption(schema);
   return std::make_unique<PostgresPartitionLeases>(conninfo, schema);
 }
 

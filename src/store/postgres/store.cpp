@@ -30,11 +30,11 @@ class PostgresStore final : public Store {
         writer_(options_.schema),
         sql_(options_.schema, options_.retention.published.count() > 0) {
     if (!options_.random) options_.random = DefaultRandom();
-    RequireSchemaVersion(Ready(), options_.schema, connection_.description());
+    RequireSchemaVersion(connection_.Ready(), options_.schema, connection_.description());
   }
 
   std::vector<MessageId> Enqueue(std::span<const NewMessage> messages) override {
-    PGconn* conn = Ready();
+    PGconn* conn = connection_.Ready();
     Exec(conn, "enqueue: begin", "BEGIN");
     try {
       auto ids = writer_.Enqueue(conn, messages);
@@ -70,7 +70,7 @@ class PostgresStore final : public Store {
       params[1] = Param{partitions};
       params[4] = Param{epochs};
     }
-    const auto result = Exec(Ready(), "claim", sql_.claim, params, /*binary_results=*/true);
+    const auto result = Exec(connection_.Ready(), "claim", sql_.claim, params, /*binary_results=*/true);
     const PGresult* rows = result.get();
     std::vector<Envelope> batch;
     batch.reserve(static_cast<std::size_t>(PQntuples(rows)));
@@ -134,7 +134,7 @@ class PostgresStore final : public Store {
     SettleResult outcome;
     if (ids.empty()) return outcome;
     const std::string owner_text{owner};
-    const auto result = Exec(Ready(), "fail", sql_.fail,
+    const auto result = Exec(connection_.Ready(), "fail", sql_.fail,
                              {Param{owner_text}, Param{UuidArray(ids)}, Param{NumberArray(epochs)},
                               Param{BoolArray(abandon)}, Param{BoolArray(spend)},
                               Param{NumberArray(delays)}, Param{TextArray(errors)}});
@@ -142,14 +142,14 @@ class PostgresStore final : public Store {
   }
 
   std::int64_t ReclaimExpired() override {
-    const auto result = Exec(Ready(), "reclaim expired leases", sql_.reclaim_expired);
+    const auto result = Exec(connection_.Ready(), "reclaim expired leases", sql_.reclaim_expired);
     return std::stoll(PQcmdTuples(result.get()));
   }
 
   std::int64_t Purge(const RetentionPolicy& retention, int max_rows) override {
     if (max_rows < 1) throw std::invalid_argument("purge: max_rows must be >= 1");
     const auto result =
-        Exec(Ready(), "purge", sql_.purge,
+        Exec(connection_.Ready(), "purge", sql_.purge,
              {Param{std::to_string(retention.published.count())},
               Param{std::to_string(retention.abandoned.count())}, Param{std::to_string(max_rows)}});
     return std::stoll(PQcmdTuples(result.get()));
@@ -157,7 +157,7 @@ class PostgresStore final : public Store {
 
   StoreStats Stats() override {
     const auto result =
-        Exec(Ready(), "stats", sql_.stats, {Param{std::to_string(options_.exact_count_limit)}});
+        Exec(connection_.Ready(), "stats", sql_.stats, {Param{std::to_string(options_.exact_count_limit)}});
     const PGresult* row = result.get();
     const auto number = [row](int column) -> std::int64_t {
       return PQgetisnull(row, 0, column) != 0 ? 0 : std::stoll(PQgetvalue(row, 0, column));
@@ -187,11 +187,6 @@ class PostgresStore final : public Store {
     return stats;
   }
 
-  PGconn* Ready() {
-    connection_.EnsureConnected();
-    return connection_.get();
-  }
-
   // Runs a fenced statement over (ids, epochs) and reports which rows it touched.
   SettleResult Settle(const std::string& sql, std::string_view what, std::string_view owner,
                       std::span<const LeasedId> messages, const std::vector<std::string>& extra) {
@@ -209,7 +204,7 @@ class PostgresStore final : public Store {
     const std::string epoch_array = NumberArray(epochs);
     std::vector<Param> params{Param{owner_text}, Param{id_array}, Param{epoch_array}};
     for (const auto& value : extra) params.push_back(Param{value});
-    const auto result = Exec(Ready(), what, sql, params);
+    const auto result = Exec(connection_.Ready(), what, sql, params);
     return Tally(result.get(), ids);
   }
 
@@ -244,11 +239,7 @@ std::unique_ptr<Store> OpenStore(StoreOptions options) {
     throw ConfigError("retention.abandoned", "must not be negative");
   }
   if (options.exact_count_limit < 1) throw ConfigError("exact_count_limit", "must be >= 1");
-  try {
-    QuoteSchema(options.schema);
-  } catch (const std::invalid_argument& error) {
-    throw ConfigError("schema", error.what());
-  }
+  CheckSchemaOption(options.schema);
   return std::make_unique<PostgresStore>(std::move(options));
 }
 
