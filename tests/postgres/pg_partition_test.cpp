@@ -7,6 +7,7 @@
 #include <set>
 #include <thread>
 
+#include "connection.h"
 #include "outbox/core/error.h"
 #include "pg_test_support.h"
 
@@ -293,6 +294,29 @@ TEST_F(PgPartitionTest, ThePartitionCountChangesOnlyWhileNothingDependsOnIt) {
   EXPECT_NE(RunExpectingError(schema_.conn(), "UPDATE " + settings + " SET partition_count = 16")
                 .find("no relay is running (it is 8, asked 16)"),
             std::string::npos);
+}
+
+// The heartbeat's arrays come back as text; anything but a flat integer array is refused loudly.
+TEST(PgNumberArrayTest, IntegerArraysParseAndAnythingElseIsAClearError) {
+  using postgres::ParseNumberArray;
+  EXPECT_EQ(ParseNumberArray("{}", "t"), std::vector<std::int64_t>{});
+  EXPECT_EQ(ParseNumberArray("{7}", "t"), std::vector<std::int64_t>{7});
+  EXPECT_EQ(ParseNumberArray("{0,-3,9000000000}", "t"),
+            (std::vector<std::int64_t>{0, -3, 9000000000}));
+  for (const char* bad : {"", "{", "1,2", "{1,,2}", "{1,}", "{,1}", "{a}", "{NULL}", "{1 ,2}",
+                          "{{1}}", "{99999999999999999999}"}) {
+    try {
+      ParseNumberArray(bad, "heartbeat: owned");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const StoreError& error) {
+      EXPECT_EQ(error.kind(), FailureKind::kPermanent);
+      EXPECT_NE(std::string{error.what()}.find("heartbeat: owned: expected an integer array"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  EXPECT_EQ(postgres::NumberArray(std::vector<int>{1, 2}), "{1,2}");
+  EXPECT_EQ(postgres::NumberArray(std::vector<std::int64_t>{}), "{}");
 }
 
 }  // namespace
