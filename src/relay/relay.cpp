@@ -149,8 +149,19 @@ class Relay::Engine {
     Log(LogLevel::kInfo, "relay started; leases are held as " + owner_);
     // Heartbeats run on a thread (and connection) of their own, so that a slow batch never lets
     // a live relay's partition leases expire.
-    std::thread heartbeats;
-    if (options_.partition_leases != nullptr) heartbeats = std::thread([this] { HeartbeatLoop(); });
+    // On a way out by exception (a bug) it is stopped and joined too, not left to terminate.
+    struct Joined {
+      Engine& engine;
+      std::thread thread;
+      ~Joined() {
+        if (!thread.joinable()) return;
+        engine.Stop();
+        thread.join();
+      }
+    } heartbeats{*this, {}};
+    if (options_.partition_leases != nullptr) {
+      heartbeats.thread = std::thread([this] { HeartbeatLoop(); });
+    }
     std::vector<Envelope> current;
     while (!stopping()) {
       Housekeeping();
@@ -188,7 +199,7 @@ class Relay::Engine {
       }
       current = std::move(next);
     }
-    if (heartbeats.joinable()) heartbeats.join();  // it ends on Stop
+    if (heartbeats.thread.joinable()) heartbeats.thread.join();  // it ends on Stop
     Release(current);
     LeavePartitions();
     Log(LogLevel::kInfo, "relay " + owner_ + " stopped: " + std::to_string(counters_.published) +
