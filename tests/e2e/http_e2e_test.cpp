@@ -25,6 +25,7 @@
 #include "../postgres/pg_test_support.h"
 #include "amqp_test_client.h"
 #include "child_process.h"
+#include "../support/free_port.h"
 
 namespace outbox::testing {
 namespace {
@@ -32,17 +33,6 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-  socklen_t size = sizeof address;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
 
 // Sends `bytes` on a raw connection; the reply's first line ("" when the server just closed).
 std::string RawRequest(int port, const std::string& bytes) {

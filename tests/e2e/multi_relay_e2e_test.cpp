@@ -11,13 +11,9 @@
 // Each outboxd runs as `/usr/bin/env PGAPPNAME=<name> outboxd --config ...`, so that
 // pg_stat_activity and pg_locks tell its backends apart.
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -37,6 +33,7 @@
 #include <vector>
 
 #include "../postgres/pg_test_support.h"
+#include "../support/free_port.h"
 #include "amqp_test_client.h"
 #include "child_process.h"
 
@@ -65,18 +62,6 @@ constexpr int kWriters = 4;
 constexpr char kToken[] = "multi-relay-e2e-token";
 
 double Secs(Clock::duration duration) { return std::chrono::duration<double>(duration).count(); }
-
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-  socklen_t size = sizeof address;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
 
 // The value of the sample `series` in Prometheus text; -1 when absent.
 double Sample(const std::string& metrics, const std::string& series) {
@@ -310,6 +295,23 @@ class MultiRelayE2eTest : public ::testing::Test {
     std::string logs = "relay logs (kept):\n";
     for (const auto& relay : relays_) logs += relay->LogTail();
     return logs;
+  }
+
+  // relay-a, relay-b and relay-c (relays_[0..2]) at their fair shares, `writers` running
+  // (`per_transaction` messages over 1,000 streams every `pause`) and `warm` messages delivered,
+  // so that a relay has work in hand when it is killed or frozen.
+  void StartThreeUnderLoad(Consumer& consumer, std::optional<Writers>& writers, int per_transaction,
+                           milliseconds pause, std::size_t warm) {
+    const auto started = Clock::now();
+    const Relay& a = Start("relay-a");
+    const Relay& b = Start("relay-b");
+    const Relay& c = Start("relay-c");
+    ASSERT_TRUE(WaitForFair({&a, &b, &c}, started, kConverge)) << OwnershipText() << "\n" << Logs();
+    writers.emplace(schema_.name(), queue_, 1000, 10'000'000, per_transaction, pause);
+    for (int i = 0; i < 300 && consumer.count() < warm; ++i) {
+      std::this_thread::sleep_for(milliseconds{50});
+    }
+    ASSERT_GE(consumer.count(), warm) << Logs();
   }
 
   std::int64_t Count(const std::string& where) {
@@ -617,17 +619,12 @@ TEST_F(MultiRelayE2eTest, ARelayJoiningAndOneLeavingCleanlyRebalanceToTheFairSha
 
 TEST_F(MultiRelayE2eTest, TheSurvivorsTakeOverTheKilledRelaysPartitionsWhenItsLeaseExpires) {
   Consumer consumer(queue_);
-  const auto started = Clock::now();
-  Relay& a = Start("relay-a");
-  Relay& b = Start("relay-b");
-  Relay& c = Start("relay-c");
-  ASSERT_TRUE(WaitForFair({&a, &b, &c}, started, kConverge)) << OwnershipText() << "\n" << Logs();
-
-  Writers writers(schema_.name(), queue_, 1000, 10'000'000, 50, milliseconds{50});
-  for (int i = 0; i < 300 && consumer.count() < 5000; ++i) {
-    std::this_thread::sleep_for(milliseconds{50});
-  }
-  ASSERT_GE(consumer.count(), 5000U) << Logs();
+  std::optional<Writers> running;
+  ASSERT_NO_FATAL_FAILURE(StartThreeUnderLoad(consumer, running, 50, milliseconds{50}, 5000));
+  Writers& writers = *running;
+  Relay& a = *relays_[0];
+  Relay& b = *relays_[1];
+  Relay& c = *relays_[2];
   const double takeovers_before =
       a.Metric("outbox_relay_takeovers_total") + c.Metric("outbox_relay_takeovers_total");
   const std::string victims = "SELECT array_agg(partition) FROM " + schema_.name() +
@@ -696,18 +693,13 @@ TEST_F(MultiRelayE2eTest, TheSurvivorsTakeOverTheKilledRelaysPartitionsWhenItsLe
 
 TEST_F(MultiRelayE2eTest, AFrozenRelayIsFencedHoldsNoLocksAndRejoinsWhenItWakes) {
   Consumer consumer(queue_);
-  const auto started = Clock::now();
-  Relay& a = Start("relay-a");
-  Relay& b = Start("relay-b");
-  Relay& c = Start("relay-c");
-  ASSERT_TRUE(WaitForFair({&a, &b, &c}, started, kConverge)) << OwnershipText() << "\n" << Logs();
-
+  std::optional<Writers> running;
   // Faster than in the other tests, so that the relays always have a batch in hand.
-  Writers writers(schema_.name(), queue_, 1000, 10'000'000, 100, milliseconds{20});
-  for (int i = 0; i < 300 && consumer.count() < 3000; ++i) {
-    std::this_thread::sleep_for(milliseconds{50});
-  }
-  ASSERT_GE(consumer.count(), 3000U) << Logs();
+  ASSERT_NO_FATAL_FAILURE(StartThreeUnderLoad(consumer, running, 100, milliseconds{20}, 3000));
+  Writers& writers = *running;
+  Relay& a = *relays_[0];
+  Relay& b = *relays_[1];
+  Relay& c = *relays_[2];
   const double lease_lost_before = b.Metric("outbox_relay_lease_lost_total");
   ASSERT_GE(lease_lost_before, 0) << "relay-b's /metrics does not answer";
 

@@ -14,23 +14,14 @@
 #include <string>
 #include <thread>
 
+#include "../support/free_port.h"
+
 namespace outbox::outboxd {
 namespace {
 
 using std::chrono::milliseconds;
 
-// A loopback port nobody listens on right now.
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-  socklen_t size = sizeof address;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
+using outbox::testing::FreePort;
 
 TEST(OperationsTest, AmqpHostPortReadsTheBrokerAddress) {
   using Address = std::optional<std::pair<std::string, int>>;
