@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <initializer_list>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <sstream>
@@ -705,27 +706,10 @@ void ParseSinks(const Section& root, const GetenvFn& getenv, Config& config) {
 
 // ---- Rendering (Describe) ----
 
-// A TOML basic string.
+// A TOML basic string: a JSON string literal is one (TOML's basic-string escapes are JSON's).
 std::string TomlString(std::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (byte < 0x20 || byte == 0x7f) {
-      std::array<char, 8> escape{};
-      std::snprintf(escape.data(), escape.size(), "\\u%04X", static_cast<unsigned>(byte));
-      out += escape.data();
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
+  return nlohmann::json(std::string{text})
+      .dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string TomlFloat(double value) {

@@ -670,7 +670,7 @@ TEST(ConfigTest, ErrorsNeverShowAPassword) {
 TEST(ConfigTest, DescribeParsesBackToTheSameConfiguration) {
   const std::string text = std::string{kMinimal} + R"(
 [relay]
-instance = "relay \"one\""
+instance = "relay \"one\" \\ é"
 lease = "90s"
 publish_timeout = "1500ms"
 [retry]
@@ -691,7 +691,7 @@ heartbeat = "0s"
   EXPECT_NE(described.find("publish_timeout = \"1500ms\""), std::string::npos) << described;
   EXPECT_NE(described.find("multiplier = 1.1\n"), std::string::npos) << described;
   EXPECT_NE(described.find("jitter = 0.0\n"), std::string::npos) << described;
-  EXPECT_NE(described.find("instance = \"relay \\\"one\\\"\""), std::string::npos) << described;
+  EXPECT_NE(described.find(R"(instance = "relay \"one\" \\ é")"), std::string::npos) << described;
 }
 
 }  // namespace
