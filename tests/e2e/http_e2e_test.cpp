@@ -23,16 +23,15 @@
 #include <thread>
 
 #include "../postgres/pg_test_support.h"
+#include "../support/free_port.h"
 #include "amqp_test_client.h"
 #include "child_process.h"
-#include "../support/free_port.h"
 
 namespace outbox::testing {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
 
 // Sends `bytes` on a raw connection; the reply's first line ("" when the server just closed).
 std::string RawRequest(int port, const std::string& bytes) {

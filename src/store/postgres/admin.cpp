@@ -279,7 +279,8 @@ class Admin::Impl {
 
   std::optional<MessageDetail> Show(const MessageId& id) {
     const std::string id_text = id.ToString();
-    const auto result = Exec(connection_.Ready(), "show", show_, {Param{id_text}}, /*binary_results=*/true);
+    const auto result =
+        Exec(connection_.Ready(), "show", show_, {Param{id_text}}, /*binary_results=*/true);
     const PGresult* rows = result.get();
     if (PQntuples(rows) == 0) return std::nullopt;
     MessageDetail detail;

@@ -126,12 +126,13 @@ SELECT
 }  // namespace
 
 Statements::Statements(const std::string& schema, bool keep_published) {
-  const std::string table = QuoteSchema(schema) + ".messages";
+  const std::string quoted = QuoteSchema(schema);
+  const std::string table = quoted + ".messages";
   const auto build = [&](const char* sql) {
     return ReplaceAll(
         ReplaceAll(ReplaceAll(ReplaceAll(sql, "__FENCED__", kFenced), "__TABLE__", table),
                    "__SCHEMA_NAME__", schema),
-        "__SCHEMA__", QuoteSchema(schema));
+        "__SCHEMA__", quoted);
   };
   claim = build(kClaim);
   complete = build(keep_published ? kMarkPublished : kDelete);

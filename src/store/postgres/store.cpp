@@ -70,7 +70,8 @@ class PostgresStore final : public Store {
       params[1] = Param{partitions};
       params[4] = Param{epochs};
     }
-    const auto result = Exec(connection_.Ready(), "claim", sql_.claim, params, /*binary_results=*/true);
+    const auto result =
+        Exec(connection_.Ready(), "claim", sql_.claim, params, /*binary_results=*/true);
     const PGresult* rows = result.get();
     std::vector<Envelope> batch;
     batch.reserve(static_cast<std::size_t>(PQntuples(rows)));
@@ -156,8 +157,8 @@ class PostgresStore final : public Store {
   }
 
   StoreStats Stats() override {
-    const auto result =
-        Exec(connection_.Ready(), "stats", sql_.stats, {Param{std::to_string(options_.exact_count_limit)}});
+    const auto result = Exec(connection_.Ready(), "stats", sql_.stats,
+                             {Param{std::to_string(options_.exact_count_limit)}});
     const PGresult* row = result.get();
     const auto number = [row](int column) -> std::int64_t {
       return PQgetisnull(row, 0, column) != 0 ? 0 : std::stoll(PQgetvalue(row, 0, column));
