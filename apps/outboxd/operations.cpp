@@ -733,14 +733,15 @@ class Operations::Impl {
     if (quoted == nullptr) throw std::runtime_error(::PQerrorMessage(connection.get()));
     const std::string table = std::string{quoted} + ".messages";
     ::PQfreemem(quoted);
-    // One arm per partial index, so that published rows are never read.
+    // One arm per partial index (sql/001 and 004), so that published rows are never read.
+    const std::string arm = " UNION ALL SELECT status, target, topic FROM " + table + " WHERE ";
     topic_sql_ =
         "WITH grouped AS ("
         "  SELECT status, target, topic, count(*) AS n FROM (" +
         ("SELECT status, target, topic FROM " + table +
-         " WHERE status IN ('pending', 'failed') UNION ALL SELECT status, target, topic FROM " +
-         table + " WHERE status = 'processing' UNION ALL SELECT status, target, topic FROM " +
-         table + " WHERE status = 'abandoned'") +
+         " WHERE status = 'pending' AND lease_epoch = 0" + arm +
+         "status IN ('pending', 'failed') AND lease_epoch > 0" + arm + "status = 'processing'" +
+         arm + "status = 'abandoned'") +
         ") unpublished GROUP BY status, target, topic), "
         "ranked AS (SELECT grouped.*, row_number() OVER (ORDER BY n DESC, status, target, topic) "
         "AS rank FROM grouped) "

@@ -21,18 +21,9 @@ class PgStoreTest : public ::testing::Test {
   TestSchema schema_;
   postgres::Writer writer_{schema_.name()};
 
-  std::unique_ptr<Store> OpenStore() {
-    postgres::StoreOptions options;
-    options.conninfo = PgUrl();
-    options.schema = schema_.name();
-    return postgres::OpenStore(std::move(options));
-  }
+  std::unique_ptr<Store> OpenStore() { return OpenTestStore(schema_); }
   static NewMessage Message(std::string topic, std::optional<std::string> key = std::nullopt) {
-    NewMessage message;
-    message.topic = std::move(topic);
-    message.stream_key = std::move(key);
-    message.payload = R"({"ok":true})";
-    return message;
+    return TestMessage(std::move(topic), std::move(key));
   }
   static ClaimRequest Request(std::string owner, int max) {
     ClaimRequest request;

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -83,5 +84,22 @@ class TestSchema {
   PgConn conn_;
   std::string name_;
 };
+
+// The relay-side store on `schema`, default options.
+inline std::unique_ptr<Store> OpenTestStore(const TestSchema& schema) {
+  postgres::StoreOptions options;
+  options.conninfo = PgUrl();
+  options.schema = schema.name();
+  return postgres::OpenStore(std::move(options));
+}
+
+// A small JSON message on `topic`, keyed when `key` is given.
+inline NewMessage TestMessage(std::string topic, std::optional<std::string> key = std::nullopt) {
+  NewMessage message;
+  message.topic = std::move(topic);
+  message.stream_key = std::move(key);
+  message.payload = R"({"ok":true})";
+  return message;
+}
 
 }  // namespace outbox::testing

@@ -82,10 +82,11 @@ SELECT (SELECT count(*) FROM candidates),
 
 constexpr const char* kReplayEligible = "'abandoned', 'failed'";
 // The old error is kept after the note; a second replay before any new attempt keeps the note as
-// it is rather than nesting it.
+// it is rather than nesting it. The epoch moves on so that the message counts as returned, never
+// as fresh, even if it was abandoned before its first claim (sql/004_claim_cursor.sql).
 constexpr const char* kReplaySet = R"(
   status = 'pending', attempts = 0, available_at = now(), abandoned_at = NULL,
-  lease_owner = NULL, lease_until = NULL,
+  lease_owner = NULL, lease_until = NULL, lease_epoch = m.lease_epoch + 1,
   last_error = CASE
     WHEN m.last_error IS NULL THEN 'replayed by operator'
     WHEN m.last_error LIKE 'replayed by operator%' THEN m.last_error

@@ -15,14 +15,35 @@ constexpr const char* kFenced = R"(
 // statement's transaction start, which can precede the start (= available_at) of a writer that
 // still committed in time to be visible, so the stream's message would be skipped while its
 // successor, written by a transaction that began earlier, was claimed (seen under load).
-// Oldest first; SKIP LOCKED lets claimers pass each other; a keyed message waits while an earlier
-// message of its stream is leased by another owner or waits for its retry (head-of-line per
-// stream). Behind the caller's own leases it may be claimed: the caller publishes its batches in
-// order and holds back what follows a failure (see Relay), which keeps a busy stream pipelined.
+// Oldest first, from two indexes (see sql/004_claim_cursor.sql): fresh messages from the cursor
+// $6 on (see claim_cursor.h), returned ones whole. SKIP LOCKED lets claimers pass each other.
+// A keyed message waits while an earlier message of its stream waits for its retry, or (without
+// partition leases) is leased by another owner: head-of-line per stream. On leased partitions no
+// other owner's lease can be there: a partition's messages were given back or voided when it
+// changed hands. Behind the caller's own leases a message may be claimed: the caller publishes its
+// batches in order and holds back what follows a failure (see Relay), which keeps a busy stream
+// pipelined. A returned message sorts before its stream's later fresh ones, so both branches,
+// merged by id, keep a stream in order.
 // With partition leases ($2 partitions, $5 their epochs), only partitions still held by the caller
 // under those epochs: FOR KEY SHARE conflicts with the FOR UPDATE a takeover takes first, so the
 // claim either commits before the takeover (which then voids its leases) or waits and, rechecking
 // the lease row, finds it taken and claims nothing there. Without ($2 null) every partition.
+// One row comes back even when nothing is claimed: its last four columns tell the cursor where
+// the next claim may start (the first fresh message at or after $6, the transaction's start, the
+// oldest running transaction id, this transaction's id).
+constexpr const char* kHeadOfLine = R"(
+    AND (m.stream_key IS NULL OR NOT EXISTS (
+      SELECT 1 FROM __TABLE__ e
+      WHERE e.stream_key = m.stream_key AND e.id < m.id AND e.status = 'failed'
+        AND e.available_at > clock_timestamp()))
+    AND (m.stream_key IS NULL OR $2::integer[] IS NOT NULL OR NOT EXISTS (
+      SELECT 1 FROM __TABLE__ e
+      WHERE e.stream_key = m.stream_key AND e.id < m.id AND e.status = 'processing'
+        AND e.lease_owner <> $3)))";
+
+constexpr const char* kInHeld = R"(
+    AND ($2::integer[] IS NULL OR m.partition IN (SELECT partition FROM held)))";
+
 constexpr const char* kClaim = R"(
 WITH held AS (
   SELECT p.partition FROM __SCHEMA__.partition_leases p
@@ -30,26 +51,42 @@ WITH held AS (
     ON p.partition = h.partition AND p.epoch = h.epoch
   WHERE p.owner = $3 AND p.lease_until > clock_timestamp()
   FOR KEY SHARE OF p),
+frontier AS (
+  SELECT m.id FROM __TABLE__ m
+  WHERE m.status = 'pending' AND m.lease_epoch = 0 AND m.id >= $6::uuid __IN_HELD__
+  ORDER BY m.id
+  LIMIT 1),
+fresh AS (
+  SELECT m.id FROM __TABLE__ m
+  WHERE m.status = 'pending' AND m.lease_epoch = 0 AND m.id >= $6::uuid
+    AND m.available_at <= clock_timestamp() __IN_HELD__ __HEAD_OF_LINE__
+  ORDER BY m.id
+  LIMIT $1::integer),
+returned AS (
+  SELECT m.id FROM __TABLE__ m
+  WHERE m.status IN ('pending', 'failed') AND m.lease_epoch > 0
+    AND m.available_at <= clock_timestamp() __IN_HELD__ __HEAD_OF_LINE__
+  ORDER BY m.id
+  LIMIT $1::integer),
 claimable AS (
   SELECT m.id FROM __TABLE__ m
-  WHERE m.status IN ('pending', 'failed') AND m.available_at <= clock_timestamp()
-    AND ($2::integer[] IS NULL OR m.partition IN (SELECT partition FROM held))
-    AND (m.stream_key IS NULL OR NOT EXISTS (
-      SELECT 1 FROM __TABLE__ e
-      WHERE e.stream_key = m.stream_key AND e.id < m.id
-        AND e.status IN ('processing', 'failed')
-        AND ((e.status = 'processing' AND e.lease_owner <> $3) OR
-             (e.status = 'failed' AND e.available_at > clock_timestamp()))))
-  ORDER BY m.id
-  LIMIT $1::integer
-  FOR UPDATE SKIP LOCKED)
-UPDATE __TABLE__ m
-SET status = 'processing', lease_owner = $3,
-    lease_until = now() + $4::bigint * interval '1 millisecond',
-    lease_epoch = m.lease_epoch + 1
-FROM claimable WHERE m.id = claimable.id
-RETURNING m.id, m.topic, m.stream_key, m.stream_seq, m.partition, m.target, m.type, m.payload,
-          m.content_type, m.headers, m.attempts, m.created_at, m.lease_epoch)";
+  WHERE m.id IN (SELECT c.id FROM (SELECT id FROM fresh UNION ALL SELECT id FROM returned) c
+                 ORDER BY c.id LIMIT $1::integer)
+    AND m.status IN ('pending', 'failed')
+  FOR UPDATE SKIP LOCKED),
+claimed AS (
+  UPDATE __TABLE__ m
+  SET status = 'processing', lease_owner = $3,
+      lease_until = now() + $4::bigint * interval '1 millisecond',
+      lease_epoch = m.lease_epoch + 1
+  FROM claimable WHERE m.id = claimable.id
+  RETURNING m.id, m.topic, m.stream_key, m.stream_seq, m.partition, m.target, m.type, m.payload,
+            m.content_type, m.headers, m.attempts, m.created_at, m.lease_epoch)
+SELECT c.id, c.topic, c.stream_key, c.stream_seq, c.partition, c.target, c.type, c.payload,
+       c.content_type, c.headers, c.attempts, c.created_at, c.lease_epoch,
+       (SELECT id FROM frontier), now(), pg_snapshot_xmin(pg_current_snapshot()),
+       pg_current_xact_id_if_assigned()
+FROM (VALUES (1)) AS one(row) LEFT JOIN claimed c ON true)";
 
 constexpr const char* kDelete = R"(
 DELETE FROM __TABLE__ m USING unnest($2::uuid[], $3::bigint[]) __FENCED__ RETURNING m.id)";
@@ -104,13 +141,19 @@ WITH estimate AS (
   WHERE c.oid = '__TABLE__'::regclass AND s.schemaname = '__SCHEMA_NAME__'
     AND s.tablename = 'messages' AND s.attname = 'status')
 SELECT
-  (SELECT count(*) FROM (SELECT 1 FROM __TABLE__ WHERE status = 'pending' LIMIT $1) x),
+  least($1, (SELECT count(*) FROM (SELECT 1 FROM __TABLE__
+                                    WHERE status = 'pending' AND lease_epoch = 0 LIMIT $1) x) +
+            (SELECT count(*) FROM (SELECT 1 FROM __TABLE__
+                                    WHERE status = 'pending' AND lease_epoch > 0 LIMIT $1) x)),
   (SELECT count(*) FROM (SELECT 1 FROM __TABLE__ WHERE status = 'processing' LIMIT $1) x),
   (SELECT count(*) FROM (SELECT 1 FROM __TABLE__ WHERE status = 'failed' LIMIT $1) x),
   (SELECT count(*) FROM (SELECT 1 FROM __TABLE__ WHERE status = 'abandoned' LIMIT $1) x),
   (SELECT count(*) FROM (SELECT 1 FROM __TABLE__ WHERE status = 'published' LIMIT $1) x),
   (SELECT (extract(epoch FROM now() - created_at) * 1000)::bigint FROM __TABLE__
-    WHERE status IN ('pending', 'failed') ORDER BY id LIMIT 1),
+    WHERE id = least(
+      (SELECT id FROM __TABLE__ WHERE status = 'pending' AND lease_epoch = 0 ORDER BY id LIMIT 1),
+      (SELECT id FROM __TABLE__ WHERE status IN ('pending', 'failed') AND lease_epoch > 0
+        ORDER BY id LIMIT 1))),
   (SELECT count(DISTINCT lease_owner) FROM __TABLE__
     WHERE status = 'processing' AND lease_until > now()),
   (SELECT rows FROM estimate WHERE status = 'pending'),
@@ -129,10 +172,14 @@ Statements::Statements(const std::string& schema, bool keep_published) {
   const std::string quoted = QuoteSchema(schema);
   const std::string table = quoted + ".messages";
   const auto build = [&](const char* sql) {
-    return ReplaceAll(
-        ReplaceAll(ReplaceAll(ReplaceAll(sql, "__FENCED__", kFenced), "__TABLE__", table),
-                   "__SCHEMA_NAME__", schema),
-        "__SCHEMA__", quoted);
+    std::string text = sql;
+    for (const auto& [from, to] :
+         {std::pair{"__FENCED__", kFenced}, std::pair{"__IN_HELD__", kInHeld},
+          std::pair{"__HEAD_OF_LINE__", kHeadOfLine}}) {
+      text = ReplaceAll(text, from, to);
+    }
+    return ReplaceAll(ReplaceAll(ReplaceAll(text, "__TABLE__", table), "__SCHEMA_NAME__", schema),
+                      "__SCHEMA__", quoted);
   };
   claim = build(kClaim);
   complete = build(keep_published ? kMarkPublished : kDelete);

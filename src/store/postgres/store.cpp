@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <unordered_set>
 
+#include "claim_cursor.h"
 #include "connection.h"
 #include "migrations.h"
 #include "outbox/core/error.h"
@@ -54,7 +55,8 @@ class PostgresStore final : public Store {
     }
     const std::string limit = std::to_string(request.max_messages);
     const std::string lease = std::to_string(request.lease_duration.count());
-    std::vector<Param> params{Param{limit}, Param{}, Param{request.owner}, Param{lease}, Param{}};
+    std::vector<Param> params{Param{limit}, Param{}, Param{request.owner},
+                              Param{lease}, Param{}, Param{}};
     std::string partitions;
     std::string epochs;
     if (request.partitions) {
@@ -70,12 +72,23 @@ class PostgresStore final : public Store {
       params[1] = Param{partitions};
       params[4] = Param{epochs};
     }
+    const std::string cursor =
+        cursor_.Next(request.partitions, std::chrono::steady_clock::now()).ToString();
+    params[5] = Param{cursor};
     const auto result =
         Exec(connection_.Ready(), "claim", sql_.claim, params, /*binary_results=*/true);
     const PGresult* rows = result.get();
+    if (PQntuples(rows) < 1 || PQnfields(rows) != kClaimColumns) {
+      throw StoreError(FailureKind::kUnavailable,
+                       "claim: the database returned " + std::to_string(PQntuples(rows)) +
+                           " rows of " + std::to_string(PQnfields(rows)) + " columns, expected " +
+                           std::to_string(kClaimColumns) + " columns");
+    }
+    cursor_.Observe(ReadClaimObservation(rows));
     std::vector<Envelope> batch;
     batch.reserve(static_cast<std::size_t>(PQntuples(rows)));
     for (int row = 0; row < PQntuples(rows); ++row) {
+      if (PQgetisnull(rows, row, 0) != 0) continue;  // the row that only carries the cursor
       Envelope envelope;
       envelope.id = ReadUuid(PQgetvalue(rows, row, 0));
       envelope.topic = Column(rows, row, 1);
@@ -223,10 +236,25 @@ class PostgresStore final : public Store {
     return outcome;
   }
 
+  // The claim's 13 message columns, then frontier, now(), oldest running xid, own xid.
+  static constexpr int kClaimColumns = 17;
+
+  static ClaimObservation ReadClaimObservation(const PGresult* rows) {
+    ClaimObservation observation;
+    if (PQgetisnull(rows, 0, 13) == 0) observation.frontier = ReadUuid(PQgetvalue(rows, 0, 13));
+    observation.database_now = ReadTimestamp(PQgetvalue(rows, 0, 14));
+    observation.oldest_running_xid = static_cast<std::uint64_t>(ReadInt64(PQgetvalue(rows, 0, 15)));
+    if (PQgetisnull(rows, 0, 16) == 0) {
+      observation.own_xid = static_cast<std::uint64_t>(ReadInt64(PQgetvalue(rows, 0, 16)));
+    }
+    return observation;
+  }
+
   StoreOptions options_;
   Connection connection_;
   Writer writer_;
   Statements sql_;
+  ClaimCursor cursor_;
 };
 
 }  // namespace

@@ -1,0 +1,61 @@
+#include "claim_cursor.h"
+
+#include <algorithm>
+
+namespace outbox::postgres {
+
+Uuid ClaimCursor::Floor(TimePoint time) {
+  const auto millis =
+      std::chrono::duration_cast<std::chrono::milliseconds>(time.time_since_epoch()).count();
+  Uuid::Bytes bytes{};
+  const auto unsigned_millis = static_cast<std::uint64_t>(std::max<std::int64_t>(0, millis));
+  for (int i = 0; i < 6; ++i) {
+    bytes[static_cast<std::size_t>(i)] =
+        static_cast<std::uint8_t>(unsigned_millis >> (8 * (5 - i)));
+  }
+  return Uuid{bytes};
+}
+
+bool ClaimCursor::Gained(const Partitions& partitions) const {
+  if (!partitions) return partitions_.has_value();
+  if (!partitions_) return true;
+  return std::any_of(partitions->begin(), partitions->end(), [&](const PartitionLease& held) {
+    return std::find(partitions_->begin(), partitions_->end(), held) == partitions_->end();
+  });
+}
+
+Uuid ClaimCursor::Next(const Partitions& partitions, std::chrono::steady_clock::time_point now) {
+  if (first_ || Gained(partitions) || now - last_full_walk_ >= kFullWalkInterval) {
+    cursor_ = Uuid{};
+    last_full_walk_ = now;
+    first_ = false;
+  }
+  partitions_ = partitions;
+  return cursor_;
+}
+
+void ClaimCursor::Observe(const ClaimObservation& observation) {
+  if (last_database_now_ && observation.database_now < *last_database_now_) {
+    // The database clock went back: ids written from now on may sort before the horizon.
+    horizon_.reset();
+    waiting_.clear();
+  }
+  last_database_now_ = observation.database_now;
+  while (!waiting_.empty() && waiting_.front().xid < observation.oldest_running_xid) {
+    horizon_ = waiting_.front().time;
+    waiting_.pop_front();
+  }
+  if (observation.own_xid) {
+    // Full: the newest entry is replaced by this later one, which only makes it more cautious.
+    if (waiting_.size() >= kMaxWaiting) waiting_.pop_back();
+    waiting_.push_back({observation.database_now, *observation.own_xid});
+  }
+  if (!horizon_) {
+    cursor_ = Uuid{};
+    return;
+  }
+  const Uuid horizon = Floor(*horizon_);
+  cursor_ = observation.frontier ? std::min(*observation.frontier, horizon) : horizon;
+}
+
+}  // namespace outbox::postgres
