@@ -245,6 +245,11 @@ void Connection::EnsureConnected() {
     throw PgError(FailureKind::kUnavailable,
                   "cannot connect to PostgreSQL (" + description_ + "): " + reason, "");
   }
+  // Every statement of the store is short; with JIT on, the claim's plan (its cost estimate is
+  // over jit_above_cost once the table is large) spent 30-60 ms compiling to save microseconds
+  // (measured: a claim of 500 from 200k rows, 68 ms with JIT, 13.6 ms without). A server without
+  // the setting (before PostgreSQL 11) refuses it, which changes nothing.
+  ResultPtr no_jit{PQexec(conn_.get(), "SET jit = off")};
 }
 
 }  // namespace outbox::postgres
