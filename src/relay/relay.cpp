@@ -4,7 +4,9 @@
 #include <array>
 #include <condition_variable>
 #include <future>
+#include <iterator>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -164,7 +166,13 @@ class Relay::Engine {
     }
     std::vector<Envelope> current;
     while (!stopping()) {
-      Housekeeping();
+      // Outcomes not yet recorded come first: a message of a stream left leased here must be back
+      // before the stream's later messages can be claimed behind it.
+      if (const auto error = RecordUnrecorded()) {
+        Backoff("recording outcomes failed: " + *error);
+        continue;
+      }
+      Housekeeping(current);
       KeepPartitions(current);
       if (current.empty()) {
         current = Claim();
@@ -201,6 +209,7 @@ class Relay::Engine {
     }
     if (heartbeats.thread.joinable()) heartbeats.thread.join();  // it ends on Stop
     Release(current);
+    RecordUnrecorded();  // a last try; what is left comes back when its lease expires
     LeavePartitions();
     Log(LogLevel::kInfo, "relay " + owner_ + " stopped: " + std::to_string(counters_.published) +
                              " published, " + std::to_string(counters_.lease_lost) + " lease lost");
@@ -233,6 +242,11 @@ class Relay::Engine {
     ++counters_.store_errors;
     metrics_.store_errors.Increment();
     metrics_.registry.RecordError("store", Describe(error));
+  }
+
+  void LeaseLost(const SettleResult& result) {
+    counters_.lease_lost += result.lease_lost.size();
+    metrics_.lease_lost.Increment(result.lease_lost.size());
   }
 
   void LeasesHeld(std::size_t claimed, std::size_t settled) {
@@ -440,7 +454,7 @@ class Relay::Engine {
     }
   }
 
-  void Housekeeping() {
+  void Housekeeping(const std::vector<Envelope>& in_flight) {
     const auto now = SteadyClock::now();
     if (now < next_sweep_) return;
     // Expired leases matter on the scale of the lease, not of the sweep.
@@ -448,14 +462,20 @@ class Relay::Engine {
         now + std::max(options_.sweep_interval,
                        std::chrono::duration_cast<std::chrono::milliseconds>(options_.lease / 4));
     try {
-      // Sharing partitions, a message lease ends with its partition's: a takeover voids it.
-      // Reclaiming by the message lease alone would take a live relay's slow batch from it.
-      const std::int64_t reclaimed =
-          options_.partition_leases == nullptr ? store_->ReclaimExpired() : 0;
+      // Never this relay's own batch in flight, and sharing partitions only in those it holds
+      // (another relay's slow batch is its own; a takeover voids a dead relay's leases).
+      ReclaimRequest reclaim;
+      reclaim.owner = owner_;
+      for (const auto& envelope : in_flight) reclaim.in_flight.push_back(envelope.id);
+      if (options_.partition_leases != nullptr) {
+        std::lock_guard lock(membership_mutex_);
+        reclaim.partitions = claimable_;
+      }
+      const std::int64_t reclaimed = store_->ReclaimExpired(reclaim);
       if (reclaimed > 0) {
         Log(LogLevel::kWarn, std::to_string(reclaimed) +
-                                 " messages had expired leases (a relay stopped or stalled); "
-                                 "they will be published again");
+                                 " messages had expired leases (a relay stopped or stalled, or "
+                                 "a claim's reply was lost); they will be published again");
       }
       if (now >= next_purge_) {
         next_purge_ = now + options_.purge_interval;
@@ -587,36 +607,11 @@ class Relay::Engine {
       failed.push_back(FailedMessage::Of(envelope, failure));
       if (envelope.stream_key) broken_streams.insert(*envelope.stream_key);
     }
-    // The outcomes are known; keep trying to record them while the database is away (the leases
-    // may expire meanwhile, and then the messages are simply published again).
-    const auto give_up_at = SteadyClock::now() + options_.lease;
-    for (;;) {
-      try {
-        if (!done.empty()) {
-          const auto result = store_->Complete(owner_, done);
-          counters_.published += static_cast<std::uint64_t>(result.settled);
-          counters_.lease_lost += result.lease_lost.size();
-          metrics_.published.Increment(static_cast<std::uint64_t>(result.settled));
-          metrics_.lease_lost.Increment(result.lease_lost.size());
-          done.clear();
-        }
-        if (!failed.empty()) {
-          const auto result = store_->Fail(owner_, failed);
-          counters_.lease_lost += result.lease_lost.size();
-          metrics_.lease_lost.Increment(result.lease_lost.size());
-          failed.clear();
-        }
-        return broken_streams;
-      } catch (const StoreError& error) {
-        StoreFailed(error);
-        if (SteadyClock::now() > give_up_at) {
-          Log(LogLevel::kError, "could not record outcomes before the leases expired: " +
-                                    Describe(error) + "; the messages will be published again");
-          return broken_streams;
-        }
-        Backoff("recording outcomes failed: " + Describe(error));
-      }
-    }
+    // The outcomes are known. If the database is away, they are kept and recorded before anything
+    // more is claimed (see Run).
+    Unrecorded(std::move(done), std::move(failed), {});
+    RecordUnrecorded();
+    return broken_streams;
   }
 
   // The next batch was claimed while this one was in flight; messages in it that follow a
@@ -640,8 +635,10 @@ class Relay::Engine {
       store_->Fail(owner_, held);
     } catch (const StoreError& error) {
       StoreFailed(error);
-      Log(LogLevel::kWarn, "holding back " + std::to_string(held.size()) +
-                               " messages failed (their leases will expire): " + Describe(error));
+      Log(LogLevel::kWarn,
+          "holding back " + std::to_string(held.size()) +
+              " messages failed (tried again before the next claim): " + Describe(error));
+      Unrecorded({}, std::move(held), {});
     }
   }
 
@@ -654,8 +651,45 @@ class Relay::Engine {
       store_->Release(owner_, leases);
     } catch (const StoreError& error) {
       StoreFailed(error);
-      Log(LogLevel::kWarn, "releasing " + std::to_string(batch.size()) +
-                               " messages failed (their leases will expire): " + Describe(error));
+      Log(LogLevel::kWarn,
+          "releasing " + std::to_string(batch.size()) +
+              " messages failed (tried again before the next claim): " + Describe(error));
+      Unrecorded({}, {}, std::move(leases));
+    }
+  }
+
+  // Outcomes the store could not take: kept, and recorded before anything more is claimed. Each
+  // is fenced by its lease, so one that no longer holds (taken over) is simply refused.
+  void Unrecorded(std::vector<LeasedId> done, std::vector<FailedMessage> failed,
+                  std::vector<LeasedId> released) {
+    std::move(done.begin(), done.end(), std::back_inserter(unrecorded_.done));
+    std::move(failed.begin(), failed.end(), std::back_inserter(unrecorded_.failed));
+    std::move(released.begin(), released.end(), std::back_inserter(unrecorded_.released));
+  }
+
+  // Records what Unrecorded kept; the error when some of it is still left.
+  std::optional<std::string> RecordUnrecorded() {
+    auto& [done, failed, released] = unrecorded_;
+    try {
+      if (!done.empty()) {
+        const auto result = store_->Complete(owner_, done);
+        counters_.published += static_cast<std::uint64_t>(result.settled);
+        metrics_.published.Increment(static_cast<std::uint64_t>(result.settled));
+        LeaseLost(result);
+        done.clear();
+      }
+      if (!failed.empty()) {
+        LeaseLost(store_->Fail(owner_, failed));
+        failed.clear();
+      }
+      if (!released.empty()) {
+        LeaseLost(store_->Release(owner_, released));
+        released.clear();
+      }
+      return std::nullopt;
+    } catch (const StoreError& error) {
+      StoreFailed(error);
+      return Describe(error);
     }
   }
 
@@ -677,7 +711,12 @@ class Relay::Engine {
   std::vector<PartitionLease> claimable_;  // owned minus surplus, with epochs
   std::set<int> lost_;                     // taken over; not yet dropped from the batch
   std::vector<int> release_;               // to hand back at the next heartbeat (now)
-  bool idle_announced_ = false;            // the idle mark is set and no writer can have missed it
+  struct {
+    std::vector<LeasedId> done;
+    std::vector<FailedMessage> failed;
+    std::vector<LeasedId> released;
+  } unrecorded_;                 // outcomes the store could not take yet (see Unrecorded)
+  bool idle_announced_ = false;  // the idle mark is set and no writer can have missed it
   SteadyClock::time_point next_sweep_{};
   SteadyClock::time_point next_purge_{};
   mutable std::mutex stop_mutex_;

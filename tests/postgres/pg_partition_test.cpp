@@ -25,12 +25,7 @@ class PgPartitionTest : public ::testing::Test {
   std::unique_ptr<PartitionLeases> Open() {
     return postgres::OpenPartitionLeases(PgUrl(), schema_.name());
   }
-  std::unique_ptr<Store> OpenStore() {
-    postgres::StoreOptions options;
-    options.conninfo = PgUrl();
-    options.schema = schema_.name();
-    return postgres::OpenStore(std::move(options));
-  }
+  std::unique_ptr<Store> OpenStore() { return OpenTestStore(schema_); }
   // `count` messages, each on a stream of its own.
   void Enqueue(Store& store, int count) {
     std::vector<NewMessage> messages(static_cast<std::size_t>(count));
@@ -61,6 +56,42 @@ class PgPartitionTest : public ::testing::Test {
     return partitions;
   }
 };
+
+// A relay reclaims expired message leases (its own, lost track of) only in partitions it still
+// holds, and never what it has in flight.
+TEST_F(PgPartitionTest, ExpiredLeasesAreReclaimedOnlyInHeldPartitionsAndNotInFlight) {
+  auto leases = Open();
+  auto store = OpenStore();
+  const auto membership = leases->Heartbeat("a/1", kLease, {});
+  Enqueue(*store, 200);
+  auto request = Request("a/1", membership);
+  request.lease_duration = milliseconds{50};
+  const auto batch = store->Claim(request);
+  ASSERT_EQ(batch.size(), 200U);
+  std::this_thread::sleep_for(milliseconds{120});
+  const int half = 32;  // partitions 0..31
+  const auto in_half = [&](const Envelope& e) { return e.partition < half; };
+  const auto expected = std::count_if(batch.begin(), batch.end(), in_half);
+  ASSERT_GT(expected, 1);
+  ReclaimRequest reclaim;
+  reclaim.owner = "a/1";
+  reclaim.partitions =
+      std::vector<PartitionLease>(membership.owned.begin(), membership.owned.begin() + half);
+  const auto kept = std::find_if(batch.begin(), batch.end(), in_half);
+  reclaim.in_flight = {kept->id};
+  auto stale = reclaim;
+  for (auto& held : *stale.partitions) ++held.epoch;
+  EXPECT_EQ(store->ReclaimExpired(stale), 0) << "under epochs no longer held";
+  auto other_owner = reclaim;
+  other_owner.owner = "b/1";
+  EXPECT_EQ(store->ReclaimExpired(other_owner), 0) << "partitions b does not hold";
+  EXPECT_EQ(store->ReclaimExpired(reclaim), expected - 1);
+  EXPECT_EQ(Scalar(schema_.conn(), "SELECT count(*) FROM " + schema_.name() +
+                                       ".messages WHERE status = 'processing' AND partition < 32"),
+            "1");
+  reclaim.partitions = std::vector<PartitionLease>{};
+  EXPECT_EQ(store->ReclaimExpired(reclaim), 0) << "no partition: nothing";
+}
 
 TEST_F(PgPartitionTest, TheFirstRelayTakesEveryPartitionUnderEpochOne) {
   auto leases = Open();
@@ -313,6 +344,17 @@ TEST(PgNumberArrayTest, IntegerArraysParseAndAnythingElseIsAClearError) {
       EXPECT_NE(std::string{error.what()}.find("heartbeat: owned: expected an integer array"),
                 std::string::npos)
           << error.what();
+    }
+  }
+  // The heartbeat's scalar columns likewise: a StoreError, never a bare std::invalid_argument.
+  EXPECT_EQ(postgres::ParseInt64("-42", "t"), -42);
+  for (const char* bad : {"", "x", "1.5", " 1", "99999999999999999999"}) {
+    try {
+      postgres::ParseInt64(bad, "heartbeat");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const StoreError& error) {
+      EXPECT_NE(std::string{error.what()}.find("heartbeat: expected an integer"),
+                std::string::npos);
     }
   }
   EXPECT_EQ(postgres::NumberArray(std::vector<int>{1, 2}), "{1,2}");

@@ -152,9 +152,9 @@ TEST_P(StoreContractTest, ExpiredLeaseIsReclaimedAndOldOwnerIsFenced) {
   store->Enqueue(std::span{&message, 1});
   const auto first = store->Claim(Request("relay-a", 10, milliseconds{50}));
   ASSERT_EQ(first.size(), 1U);
-  EXPECT_EQ(store->ReclaimExpired(), 0);  // not expired yet
+  EXPECT_EQ(store->ReclaimExpired({}), 0);  // not expired yet
   std::this_thread::sleep_for(milliseconds{120});
-  EXPECT_EQ(store->ReclaimExpired(), 1);
+  EXPECT_EQ(store->ReclaimExpired({}), 1);
   const auto second = store->Claim(Request("relay-b"));
   ASSERT_EQ(second.size(), 1U);
   EXPECT_EQ(second[0].id, first[0].id);
@@ -170,6 +170,22 @@ TEST_P(StoreContractTest, ExpiredLeaseIsReclaimedAndOldOwnerIsFenced) {
   EXPECT_EQ(store->Complete("relay-b", Leases(second)).settled, 1);
 }
 
+TEST_P(StoreContractTest, AnExpiredLeaseStillInFlightIsNotReclaimed) {
+  auto store = OpenFresh(GetParam());
+  std::vector<NewMessage> messages{Message("t"), Message("t")};
+  store->Enqueue(messages);
+  const auto batch = store->Claim(Request("relay", 10, milliseconds{50}));
+  ASSERT_EQ(batch.size(), 2U);
+  std::this_thread::sleep_for(milliseconds{120});
+  ReclaimRequest request;
+  request.owner = "relay";
+  request.in_flight = {batch[0].id};  // the relay is still publishing this one
+  EXPECT_EQ(store->ReclaimExpired(request), 1);
+  EXPECT_EQ(store->ReclaimExpired(request), 0);
+  EXPECT_EQ(store->Complete("relay", Leases({batch[0]})).settled, 1);
+  EXPECT_EQ(store->Complete("relay", Leases({batch[1]})).lease_lost.size(), 1U);
+}
+
 TEST_P(StoreContractTest, RenewKeepsTheLease) {
   auto store = OpenFresh(GetParam());
   NewMessage message = Message("t");
@@ -178,7 +194,7 @@ TEST_P(StoreContractTest, RenewKeepsTheLease) {
   ASSERT_EQ(batch.size(), 1U);
   EXPECT_EQ(store->Renew("relay", Leases(batch), milliseconds{60000}).settled, 1);
   std::this_thread::sleep_for(milliseconds{200});
-  EXPECT_EQ(store->ReclaimExpired(), 0);
+  EXPECT_EQ(store->ReclaimExpired({}), 0);
   EXPECT_EQ(store->Complete("relay", Leases(batch)).settled, 1);
 }
 

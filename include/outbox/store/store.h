@@ -56,6 +56,17 @@ struct ClaimRequest {
   std::optional<std::vector<PartitionLease>> partitions;
 };
 
+// Which expired message leases to give back. A relay passes what it still has in flight, whose
+// leases may have run out while it waited for the broker: those it settles itself. Partitions as
+// in ClaimRequest: sharing a database, a relay reclaims only in partitions it holds, where an
+// expired lease is one it lost track of (recording an outcome failed, a claim's reply was lost),
+// never another relay's slow batch.
+struct ReclaimRequest {
+  std::string owner;
+  std::optional<std::vector<PartitionLease>> partitions;
+  std::vector<MessageId> in_flight;
+};
+
 // A message identified together with the lease epoch it was claimed under.
 struct LeasedId {
   MessageId id;
@@ -137,8 +148,9 @@ class Store {
   // attempt spent.
   virtual SettleResult Release(std::string_view owner, std::span<const LeasedId> messages) = 0;
 
-  // Makes messages whose lease expired claimable again; returns how many. Cheap when none are.
-  virtual std::int64_t ReclaimExpired() = 0;
+  // Makes messages whose lease expired claimable again, except the request's in-flight ones;
+  // returns how many. Cheap when none are. With partitions, only in those the caller still holds.
+  virtual std::int64_t ReclaimExpired(const ReclaimRequest& request) = 0;
 
   // Deletes published and abandoned rows older than their retention, at most `max_rows` per
   // call so that each call is a short transaction; returns how many were deleted.

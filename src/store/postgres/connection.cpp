@@ -153,6 +153,23 @@ std::string JoinNumbers(std::span<const T> values) {
 std::string NumberArray(std::span<const std::int64_t> values) { return JoinNumbers(values); }
 std::string NumberArray(std::span<const int> values) { return JoinNumbers(values); }
 
+namespace {
+std::optional<std::int64_t> ToInt64(std::string_view text) {
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc{} || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+}  // namespace
+
+std::int64_t ParseInt64(std::string_view text, std::string_view what) {
+  if (const auto value = ToInt64(text)) return *value;
+  throw PgError(
+      FailureKind::kPermanent,
+      std::string{what} + ": expected an integer, got '" + std::string{text.substr(0, 64)} + "'",
+      "");
+}
+
 std::vector<std::int64_t> ParseNumberArray(std::string_view literal, std::string_view what) {
   const auto bad = [&] {
     return PgError(FailureKind::kPermanent,
@@ -166,11 +183,9 @@ std::vector<std::int64_t> ParseNumberArray(std::string_view literal, std::string
   std::size_t start = 0;
   while (start < body.size()) {
     const std::size_t comma = std::min(body.find(',', start), body.size());
-    const std::string_view item = body.substr(start, comma - start);
-    std::int64_t value = 0;
-    const auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), value);
-    if (item.empty() || error != std::errc{} || end != item.data() + item.size()) throw bad();
-    values.push_back(value);
+    const auto value = ToInt64(body.substr(start, comma - start));
+    if (!value) throw bad();
+    values.push_back(*value);
     start = comma + 1;
     if (comma + 1 == body.size()) throw bad();  // a trailing comma
   }

@@ -83,6 +83,9 @@ std::string UuidArray(const std::vector<MessageId>& ids);
 std::string NumberArray(std::span<const std::int64_t> values);
 std::string NumberArray(std::span<const int> values);
 
+// A text-format integer column; throws PgError (kPermanent) for anything else, naming `what`.
+std::int64_t ParseInt64(std::string_view text, std::string_view what);
+
 // The elements of a text-format one-dimensional integer array ("{1,2}"); throws PgError
 // (kPermanent) for anything else, naming `what`.
 std::vector<std::int64_t> ParseNumberArray(std::string_view literal, std::string_view what);

@@ -33,7 +33,12 @@ class PostgresPartitionLeases final : public PartitionLeases {
     const auto result = Exec(connection_.Ready(), "partition heartbeat", heartbeat_sql_,
                              {Param{owner_text}, Param{lease_text}, Param{release_text}});
     const PGresult* row = result.get();
-    const auto number = [row](int column) { return std::stoll(PQgetvalue(row, 0, column)); };
+    if (PQntuples(row) != 1) {
+      throw PgError(FailureKind::kPermanent, "partition heartbeat: expected one row", "");
+    }
+    const auto number = [row](int column) {
+      return ParseInt64(Column(row, 0, column), "partition heartbeat");
+    };
     const auto partitions = ParseNumberArray(Column(row, 0, 0), "partition heartbeat: owned");
     const auto epochs = ParseNumberArray(Column(row, 0, 1), "partition heartbeat: epochs");
     if (partitions.size() != epochs.size()) {

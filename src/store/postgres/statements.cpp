@@ -44,13 +44,18 @@ constexpr const char* kHeadOfLine = R"(
 constexpr const char* kInHeld = R"(
     AND ($2::integer[] IS NULL OR m.partition IN (SELECT partition FROM held)))";
 
-constexpr const char* kClaim = R"(
-WITH held AS (
+// The partitions $2 (with epochs __EPOCHS__) that owner $3 still holds under those epochs, their
+// lease rows share-locked until the statement ends (see kClaim).
+constexpr const char* kHeld = R"(
+held AS (
   SELECT p.partition FROM __SCHEMA__.partition_leases p
-  JOIN unnest($2::integer[], $5::bigint[]) AS h(partition, epoch)
+  JOIN unnest($2::integer[], __EPOCHS__::bigint[]) AS h(partition, epoch)
     ON p.partition = h.partition AND p.epoch = h.epoch
   WHERE p.owner = $3 AND p.lease_until > clock_timestamp()
-  FOR KEY SHARE OF p),
+  FOR KEY SHARE OF p))";
+
+constexpr const char* kClaim = R"(
+WITH __HELD__,
 frontier AS (
   SELECT m.id FROM __TABLE__ m
   WHERE m.status = 'pending' AND m.lease_epoch = 0 AND m.id >= $6::uuid __IN_HELD__
@@ -117,9 +122,14 @@ WHERE m.id = c.id AND m.lease_epoch = c.epoch AND m.lease_owner = $1
   AND m.status = 'processing'
 RETURNING m.id)";
 
+// Expired message leases back to pending, except the ids $1 (the caller's batches in flight).
+// With partitions ($2, epochs $4, owner $3) only in those the caller still holds: there a lease
+// can only be the caller's own, left behind when recording an outcome failed or a claim's reply
+// was lost; another relay's partitions are not touched, however slow its batches.
 constexpr const char* kReclaimExpired = R"(
-UPDATE __TABLE__ SET status = 'pending', lease_owner = NULL, lease_until = NULL
-WHERE status = 'processing' AND lease_until < now())";
+WITH __HELD__
+UPDATE __TABLE__ m SET status = 'pending', lease_owner = NULL, lease_until = NULL
+WHERE m.status = 'processing' AND m.lease_until < now() AND m.id <> ALL ($1::uuid[]) __IN_HELD__)";
 
 constexpr const char* kPurge = R"(
 DELETE FROM __TABLE__ WHERE id IN (
@@ -174,19 +184,19 @@ Statements::Statements(const std::string& schema, bool keep_published) {
   const auto build = [&](const char* sql) {
     std::string text = sql;
     for (const auto& [from, to] :
-         {std::pair{"__FENCED__", kFenced}, std::pair{"__IN_HELD__", kInHeld},
-          std::pair{"__HEAD_OF_LINE__", kHeadOfLine}}) {
+         {std::pair{"__FENCED__", kFenced}, std::pair{"__HELD__", kHeld},
+          std::pair{"__IN_HELD__", kInHeld}, std::pair{"__HEAD_OF_LINE__", kHeadOfLine}}) {
       text = ReplaceAll(text, from, to);
     }
     return ReplaceAll(ReplaceAll(ReplaceAll(text, "__TABLE__", table), "__SCHEMA_NAME__", schema),
                       "__SCHEMA__", quoted);
   };
-  claim = build(kClaim);
+  claim = ReplaceAll(build(kClaim), "__EPOCHS__", "$5");
   complete = build(keep_published ? kMarkPublished : kDelete);
   renew = build(kRenew);
   release = build(kRelease);
   fail = build(kFail);
-  reclaim_expired = build(kReclaimExpired);
+  reclaim_expired = ReplaceAll(build(kReclaimExpired), "__EPOCHS__", "$4");
   purge = build(kPurge);
   stats = build(kStats);
 }

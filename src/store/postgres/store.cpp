@@ -23,6 +23,33 @@ std::string BoolArray(const std::vector<bool>& values) {
   return literal + '}';
 }
 
+// The (partition, epoch) pairs of a request as the integer[] and bigint[] parameters of the
+// statements' `held` CTE; both NULL for every partition. `none`: an empty set, nothing to do.
+struct HeldParams {
+  explicit HeldParams(const std::optional<std::vector<PartitionLease>>& leases) {
+    if (!leases) return;
+    none = leases->empty();
+    std::vector<int> numbers;
+    std::vector<std::int64_t> lease_epochs;
+    for (const auto& held : *leases) {
+      numbers.push_back(held.partition);
+      lease_epochs.push_back(held.epoch);
+    }
+    partition_text = NumberArray(numbers);
+    epoch_text = NumberArray(lease_epochs);
+    partitions = Param{partition_text};
+    epochs = Param{epoch_text};
+  }
+  HeldParams(const HeldParams&) = delete;  // the Params view the strings
+  HeldParams& operator=(const HeldParams&) = delete;
+
+  bool none = false;
+  std::string partition_text;
+  std::string epoch_text;
+  Param partitions;
+  Param epochs;
+};
+
 class PostgresStore final : public Store {
  public:
   explicit PostgresStore(StoreOptions options)
@@ -55,26 +82,12 @@ class PostgresStore final : public Store {
     }
     const std::string limit = std::to_string(request.max_messages);
     const std::string lease = std::to_string(request.lease_duration.count());
-    std::vector<Param> params{Param{limit}, Param{}, Param{request.owner},
-                              Param{lease}, Param{}, Param{}};
-    std::string partitions;
-    std::string epochs;
-    if (request.partitions) {
-      if (request.partitions->empty()) return {};
-      std::vector<int> numbers;
-      std::vector<std::int64_t> lease_epochs;
-      for (const auto& held : *request.partitions) {
-        numbers.push_back(held.partition);
-        lease_epochs.push_back(held.epoch);
-      }
-      partitions = NumberArray(numbers);
-      epochs = NumberArray(lease_epochs);
-      params[1] = Param{partitions};
-      params[4] = Param{epochs};
-    }
+    const HeldParams held{request.partitions};
+    if (held.none) return {};
     const std::string cursor =
         cursor_.Next(request.partitions, std::chrono::steady_clock::now()).ToString();
-    params[5] = Param{cursor};
+    const std::vector<Param> params{Param{limit}, held.partitions, Param{request.owner},
+                                    Param{lease}, held.epochs,     Param{cursor}};
     const auto result =
         Exec(connection_.Ready(), "claim", sql_.claim, params, /*binary_results=*/true);
     const PGresult* rows = result.get();
@@ -155,8 +168,13 @@ class PostgresStore final : public Store {
     return Tally(result.get(), ids);
   }
 
-  std::int64_t ReclaimExpired() override {
-    const auto result = Exec(connection_.Ready(), "reclaim expired leases", sql_.reclaim_expired);
+  std::int64_t ReclaimExpired(const ReclaimRequest& request) override {
+    const HeldParams held{request.partitions};
+    if (held.none) return 0;
+    const std::string in_flight = UuidArray(request.in_flight);
+    const auto result =
+        Exec(connection_.Ready(), "reclaim expired leases", sql_.reclaim_expired,
+             {Param{in_flight}, held.partitions, Param{request.owner}, held.epochs});
     return std::stoll(PQcmdTuples(result.get()));
   }
 

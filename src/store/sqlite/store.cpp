@@ -194,11 +194,19 @@ class SqliteStore final : public Store {
     });
   }
 
-  std::int64_t ReclaimExpired() override {
+  std::int64_t ReclaimExpired(const ReclaimRequest& request) override {
+    if (request.partitions) {
+      throw std::invalid_argument(
+          "reclaim: the SQLite store serves a single relay and has no partition leases");
+    }
+    nlohmann::json in_flight = nlohmann::json::array();
+    for (const auto& id : request.in_flight) in_flight.push_back(id.ToString());
     Statement reclaim{db_.get(),
                       "UPDATE outbox_messages SET status = 'pending', lease_owner = NULL,"
                       " lease_until = NULL WHERE status = 'processing' AND lease_until < " +
-                          kNow};
+                          kNow + " AND id NOT IN (SELECT value FROM json_each(?1))"};
+    const std::string in_flight_text = in_flight.dump();
+    reclaim.Bind(1, in_flight_text);
     reclaim.Step();
     return reclaim.Changes();
   }
