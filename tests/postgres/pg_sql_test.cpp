@@ -31,6 +31,18 @@ TEST_F(PgSqlTest, MigrationIsIdempotentAndVersioned) {
             std::to_string(postgres::LatestSchemaVersion()));
 }
 
+// The claim cursor's horizon relies on it (sql/005_id_after_xid.sql): a message id is read from
+// the clock only after its transaction has a transaction id.
+TEST_F(PgSqlTest, AnIdIsTakenOnlyOnceTheTransactionHasAnId) {
+  Sql(conn(), "BEGIN");
+  EXPECT_EQ(Scalar(conn(), "SELECT pg_current_xact_id_if_assigned() IS NULL"), "t");
+  Scalar(conn(), "SELECT " + S() + ".uuid_v7()");
+  EXPECT_EQ(Scalar(conn(), "SELECT pg_current_xact_id_if_assigned() IS NULL"), "f");
+  Sql(conn(), "ROLLBACK");
+  // Ids still follow the clock: one taken later sorts later.
+  EXPECT_EQ(Scalar(conn(), "SELECT " + S() + ".uuid_v7() < " + S() + ".uuid_v7()"), "t");
+}
+
 TEST_F(PgSqlTest, ConcurrentMigrationsOfANewSchemaSerialize) {
   const std::string name = S() + "_c";
   std::vector<std::thread> threads;

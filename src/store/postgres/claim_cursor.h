@@ -11,7 +11,9 @@
 //   database clock at insert) older than messages already claimed. The cursor therefore never
 //   passes the horizon: the time T of an earlier claim once every transaction that could have
 //   been running at that claim has ended (the database's oldest running transaction id is past
-//   that claim's own); every message written before T is then visible.
+//   that claim's own); every message written before T is then visible. That needs a writer to
+//   hold its transaction id before it reads the clock for a message id (sql/005_id_after_xid.sql):
+//   otherwise a transaction id newer than the claim's could carry an id older than T.
 // - a message in a partition this relay did not hold: when a partition is gained, the walk starts
 //   from the oldest id again.
 // Messages given back after a claim (released, retried, voided, replayed) are "returned" and are
