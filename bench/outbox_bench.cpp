@@ -21,7 +21,6 @@
 #include <libpq-fe.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -35,7 +34,6 @@
 #include <fstream>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <span>
 #include <sstream>
 #include <stdexcept>
@@ -45,6 +43,8 @@
 
 #include "../tests/e2e/amqp_test_client.h"
 #include "../tests/e2e/child_process.h"
+#include "../tests/postgres/pg_test_support.h"
+#include "../tests/support/free_port.h"
 #include "connection.h"  // the store's RAII over libpq
 #include "outbox/core/uuid.h"
 #include "outbox/sink/rabbitmq.h"
@@ -85,24 +85,9 @@ void Flush() { std::fflush(stdout); }
 
 // --- PostgreSQL -------------------------------------------------------------------------------
 
-ConnPtr Connect(const std::string& conninfo) {
-  ConnPtr conn{PQconnectdb(conninfo.c_str())};
-  if (PQstatus(conn.get()) != CONNECTION_OK) {
-    throw std::runtime_error("cannot connect to PostgreSQL (start it with scripts/services): " +
-                             std::string{PQerrorMessage(conn.get())});
-  }
-  ResultPtr quiet{PQexec(conn.get(), "SET client_min_messages = warning")};
-  return conn;
-}
-
-ResultPtr Sql(PGconn* conn, const std::string& sql) {
-  ResultPtr result{PQexec(conn, sql.c_str())};
-  const auto status = PQresultStatus(result.get());
-  if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
-    throw std::runtime_error(sql.substr(0, 200) + ": " + PQerrorMessage(conn));
-  }
-  return result;
-}
+using outbox::testing::Connect;
+using outbox::testing::FreePort;
+using outbox::testing::Sql;
 
 // A tagged statement of the benchmark's own: left out of the relay's statement counts.
 ResultPtr Own(PGconn* conn, const std::string& sql) { return Sql(conn, std::string{kTag} + sql); }
@@ -490,22 +475,6 @@ double RawPublish(const std::string& queue, std::int64_t first, std::int64_t cou
 // --- outboxd as a child process ---------------------------------------------------------------
 
 // A free TCP port on 127.0.0.1 for outboxd's HTTP listener.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  int port = 0;
-  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  if (fd >= 0) close(fd);
-  if (port == 0) throw std::runtime_error("no free port on 127.0.0.1");
-  return port;
-}
-
 struct ProcSample {
   double cpu_seconds = 0;  // user + system, all threads
   double hwm_kib = 0;      // VmHWM: peak resident set
@@ -539,35 +508,9 @@ ProcSample SampleProcess(pid_t pid) {
   return sample;
 }
 
-// The child of this process named `comm`, waited for (bounded) until it has exec'd.
-pid_t FindChild(const std::string& comm) {
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-      const std::string name = entry.path().filename();
-      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-      std::ifstream stat(entry.path() / "stat");
-      std::string line;
-      if (!std::getline(stat, line)) continue;
-      const auto open = line.find('(');
-      const auto close_paren = line.rfind(')');
-      if (open == std::string::npos || close_paren == std::string::npos) continue;
-      std::istringstream rest(line.substr(close_paren + 2));
-      std::string state;
-      long ppid = 0;
-      rest >> state >> ppid;
-      if (ppid == getpid() && line.substr(open + 1, close_paren - open - 1) == comm) {
-        return static_cast<pid_t>(std::stol(name));
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds{10});
-  }
-  throw std::runtime_error("outboxd did not start");
-}
-
 // Writes outboxd's config: its defaults (batch 500, confirm window 1000, sweep 1 s, lease 30 s,
 // HTTP listener with stats every 5 s, published messages deleted at once) plus the servers.
 std::string WriteConfig(Env& env, const std::string& schema) {
-  std::fflush(nullptr);  // the child would flush our buffered output again
   const auto path = env.dir / (schema + ".toml");
   std::ofstream out(path);
   out << "[database]\nurl = \"" << env.bench_url << "\"\nschema = \"" << schema
@@ -582,9 +525,8 @@ class Outboxd {
  public:
   Outboxd(Env& env, const std::string& schema)
       : config_(WriteConfig(env, schema)),
-        process_({env.outboxd, "--config", config_}, config_ + ".log"),
-        pid_(FindChild("outboxd")) {}
-  ProcSample Sample() const { return SampleProcess(pid_); }
+        process_({env.outboxd, "--config", config_}, config_ + ".log") {}
+  ProcSample Sample() const { return SampleProcess(process_.pid()); }
   // SIGTERM; throws if it does not exit cleanly.
   void Stop() {
     const int code = process_.Stop();
@@ -593,12 +535,10 @@ class Outboxd {
                                ".log");
     }
   }
-  const std::string& config() const { return config_; }
 
  private:
   std::string config_;
   outbox::testing::ChildProcess process_;
-  pid_t pid_;
 };
 
 void PrintRelayConditions(const Env& env) {
@@ -729,9 +669,10 @@ DrainResult RelayDrain(Env& env, std::int64_t count, std::size_t payload, int st
   relay.Stop();
   receiver.Stop();
   result.rate = receiver.Rate(static_cast<std::size_t>(count));
-  std::printf("    (%s messages loaded in %.0f s, table %s; duplicates received: %zu)\n",
-              Thousands(static_cast<double>(count)).c_str(), load_seconds, size.c_str(),
-              receiver.duplicates());
+  std::printf(
+      "    (%s messages loaded in %.0f s, table %s; duplicates received: %zu, not ours: %zu)\n",
+      Thousands(static_cast<double>(count)).c_str(), load_seconds, size.c_str(),
+      receiver.duplicates(), receiver.strays());
   return result;
 }
 
@@ -1017,10 +958,10 @@ void Steady(Env& env, const SteadyOptions& o) {
   std::printf("latency: %s\n", Describe(Summarize(latencies)).c_str());
   std::printf(
       "lag: mean %.0f, max %s messages; after the last commit the relay needed %.2f s "
-      "more%s; not received: %zu, duplicates: %zu, consumer reconnects: %d\n",
+      "more%s; not received: %zu, duplicates: %zu, not ours: %zu, consumer reconnects: %d\n",
       lag_samples > 0 ? lag_sum / static_cast<double>(lag_samples) : 0.0,
       Thousands(static_cast<double>(lag_max)).c_str(), catch_up,
-      caught_up ? "" : " (gave up after 120 s)", missing, receiver.duplicates(),
+      caught_up ? "" : " (gave up after 120 s)", missing, receiver.duplicates(), receiver.strays(),
       receiver.reconnects());
   std::printf(
       "relay: %.4f statements/message (by statement below), outboxd CPU %.2f s per 100k messages "
@@ -1042,10 +983,10 @@ void Steady(Env& env, const SteadyOptions& o) {
       const auto& b = intervals[i];
       const double dt = b.t - a.t;
       // Latency of the messages committed in this interval.
-      const auto from = static_cast<std::int64_t>(start.time_since_epoch().count()) +
-                        static_cast<std::int64_t>(a.t * 1e9);
-      const auto to = static_cast<std::int64_t>(start.time_since_epoch().count()) +
-                      static_cast<std::int64_t>(b.t * 1e9);
+      const std::int64_t start_ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(start.time_since_epoch()).count();
+      const auto from = start_ns + static_cast<std::int64_t>(a.t * 1e9);
+      const auto to = start_ns + static_cast<std::int64_t>(b.t * 1e9);
       std::vector<double> in_interval;
       for (std::size_t m = 0; m < committed_at.size(); ++m) {
         if (committed_at[m] >= from && committed_at[m] < to && receiver.received_at(m) != 0) {
@@ -1320,15 +1261,14 @@ int main(int argc, char** argv) {
   env.database = "outbox_bench";
   env.outboxd = OUTBOXD_PATH;
   app.add_option("--pg-url", env.pg_url, "PostgreSQL (default $OUTBOX_TEST_PG_URL)");
-  app.add_option("--amqp-url", env.amqp_url,
-                 "RabbitMQ (default $OUTBOX_TEST_AMQP_URL; the consumer always reads it)");
+  app.add_option("--amqp-url", env.amqp_url, "RabbitMQ (default $OUTBOX_TEST_AMQP_URL)");
   app.add_option("--database", env.database, "database of the benchmark's own, created if missing")
       ->check([](const std::string& name) {
         return name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos
                    ? ""
                    : "a plain lower-case identifier";
       });
-  app.add_option("--outboxd", env.outboxd, "the outboxd binary");
+  app.add_option("--outboxd", env.outboxd, "the outboxd binary")->check(CLI::ExistingFile);
 
   auto* idle = app.add_subcommand("idle", "idle relay: statements/s, then one-at-a-time latency");
   int idle_seconds = 30;
@@ -1383,6 +1323,9 @@ int main(int argc, char** argv) {
   sink->add_option("--messages", sink_messages)->check(CLI::Range(2, 100000000));
   sink->add_option("--naive-messages", naive_messages)->check(CLI::Range(1, 100000000));
   CLI11_PARSE(app, argc, argv);
+  // The consumer, the ceilings and the queue set-up (tests/e2e/amqp_test_client.h) read the
+  // broker from the environment: the same broker outboxd publishes to.
+  setenv("OUTBOX_TEST_AMQP_URL", env.amqp_url.c_str(), 1);
 
   try {
     OpenEnv(env);

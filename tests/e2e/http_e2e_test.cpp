@@ -157,6 +157,12 @@ class HttpE2eTest : public ::testing::Test {
     return client.Get(path.c_str(), headers);
   }
 
+  // The reply's body, or "<no reply: ...>" when there was none (never a null dereference).
+  std::string Body(const std::string& path, const std::string& token) {
+    auto result = Get(path, token);
+    return result ? result->body : "<no reply: " + httplib::to_string(result.error()) + ">";
+  }
+
   int Status(const std::string& path, const std::string& token) {
     auto result = Get(path, token);
     return result ? result->status : -1;
@@ -231,7 +237,7 @@ TEST_F(HttpE2eTest, EndpointsAgreeWithTheDatabaseFollowTheBrokerAndShrugOffGarba
       << json->body;
 
   EXPECT_EQ(Status("/healthz", ""), 200);
-  EXPECT_EQ(Status("/readyz", token), 200) << Get("/readyz", token)->body;
+  EXPECT_EQ(Status("/readyz", token), 200) << Body("/readyz", token);
 
   // Garbage, while messages keep flowing.
   Enqueue(queue_, 200);
@@ -258,12 +264,12 @@ TEST_F(HttpE2eTest, EndpointsAgreeWithTheDatabaseFollowTheBrokerAndShrugOffGarba
   ASSERT_EQ(std::system((ServicesScript() + " rabbitmqctl stop_app >/dev/null").c_str()), 0);
   const bool went_unready = WaitForStatus("/readyz", token, 503, seconds{10});
   const auto unready_after = std::chrono::steady_clock::now() - stopped_at;
-  const std::string report = Get("/readyz", token)->body;
+  const std::string report = Body("/readyz", token);
   ASSERT_EQ(std::system((ServicesScript() + " rabbitmqctl start_app >/dev/null").c_str()), 0);
   EXPECT_TRUE(went_unready) << Log();
   EXPECT_NE(report.find("sink default: broker refuses TCP connections"), std::string::npos)
       << report;
-  EXPECT_TRUE(WaitForStatus("/readyz", token, 200, seconds{30})) << Get("/readyz", token)->body;
+  EXPECT_TRUE(WaitForStatus("/readyz", token, 200, seconds{30})) << Body("/readyz", token);
   std::printf("[ http ] /readyz 503 %.1f s after stop_app:\n%s",
               std::chrono::duration<double>(unready_after).count(), report.c_str());
 
@@ -456,10 +462,9 @@ TEST_F(HttpE2eTest, StatusAgreesEverywhereAndAnAbandonedMessageIsReplayedWithIts
   const Json first = Json::parse(paged->body);
   ASSERT_EQ(first["messages"].size(), 2U) << paged->body;
   EXPECT_EQ(first["more"], true);
-  const Json second = Json::parse(Get("/api/messages?topic=" + queue_ + "_later&limit=2&after=" +
-                                          first["next_after"].get<std::string>(),
-                                      token)
-                                      ->body);
+  const Json second = Json::parse(Body("/api/messages?topic=" + queue_ + "_later&limit=2&after=" +
+                                           first["next_after"].get<std::string>(),
+                                       token));
   EXPECT_EQ(second["messages"].size(), 1U);
   EXPECT_EQ(second["more"], false);
   auto shown = Get("/api/messages/" + abandoned_id, token);
@@ -558,11 +563,11 @@ TEST_F(HttpE2eTest, ReadinessFailsWhenTheDatabaseConnectionIsLostAndComesBack) {
     if (!went_unready) std::this_thread::sleep_for(milliseconds{50});
   }
   const auto unready_after = std::chrono::steady_clock::now() - lost_at;
-  const std::string report = Get("/readyz", token)->body;
+  const std::string report = Body("/readyz", token);
   EXPECT_TRUE(went_unready) << report << Log();
   EXPECT_GE(terminated, 1);
   EXPECT_NE(report.find("database:"), std::string::npos) << report;
-  EXPECT_TRUE(WaitForStatus("/readyz", token, 200, seconds{20})) << Get("/readyz", token)->body;
+  EXPECT_TRUE(WaitForStatus("/readyz", token, 200, seconds{20})) << Body("/readyz", token);
   std::printf("[ http ] /readyz 503 %.1f s after the database connections were terminated:\n%s",
               std::chrono::duration<double>(unready_after).count(), report.c_str());
 

@@ -27,8 +27,8 @@ inline std::string PgUrl() {
 using PgConn = postgres::ConnPtr;
 using PgResult = postgres::ResultPtr;
 
-inline PgConn Connect() {
-  PgConn conn{PQconnectdb(PgUrl().c_str())};
+inline PgConn Connect(const std::string& conninfo = PgUrl()) {
+  PgConn conn{PQconnectdb(conninfo.c_str())};
   if (PQstatus(conn.get()) != CONNECTION_OK) {
     throw std::runtime_error(
         "cannot connect to the test PostgreSQL (start it with "
