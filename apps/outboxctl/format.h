@@ -1,6 +1,6 @@
 #pragma once
-// Parsing and printing for outboxctl: durations and aligned tables (messages are rendered by
-// apps/common/message_json.h, shared with outboxd).
+// Printing for outboxctl: durations and aligned tables (messages are rendered by
+// apps/common/message_json.h and durations parsed by apps/common/duration.h, shared with outboxd).
 
 #include <chrono>
 #include <cstddef>
@@ -12,14 +12,11 @@
 
 namespace outboxctl {
 
-// "30s", "10m", "2h", "30d" (or "0"); throws std::invalid_argument with a message that shows the
-// expected form, and for negative or absurdly large (over 100 years) values.
-std::chrono::seconds ParseDuration(std::string_view text);
-
 // The shortest of "45s", "12m", "5h", "3d" that keeps two significant digits; negative
 // durations get a leading '-'.
 std::string FormatDuration(std::chrono::milliseconds duration);
-// `seconds` the way ParseDuration reads it, in the largest unit that divides it ("30d", "90m").
+// `seconds` the way apps::ParseDuration reads it, in the largest unit that divides it ("30d",
+// "90m").
 std::string FormatRetention(std::chrono::seconds seconds);
 
 // `text` with control characters replaced by spaces and cut to `max_chars` bytes (at a UTF-8

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "duration.h"
 #include "format.h"
 #include "message_json.h"
 #include "outbox/core/utf8.h"
@@ -105,7 +106,7 @@ class FilterOptions {
     filter.target = NonEmpty(target_, target_text_);
     if (older_than_->count() > 0) {
       try {
-        filter.older_than = outboxctl::ParseDuration(older_than_text_);
+        filter.older_than = outbox::apps::ParseDuration(older_than_text_);
       } catch (const std::invalid_argument& error) {
         throw UsageError(std::string{"--older-than: "} + error.what());
       }
@@ -390,7 +391,7 @@ int Purge(Admin& admin, const outbox::RetentionPolicy& retention) {
 
 std::chrono::seconds DurationOption(const std::string& option, const std::string& text) {
   try {
-    return outboxctl::ParseDuration(text);
+    return outbox::apps::ParseDuration(text);
   } catch (const std::invalid_argument& error) {
     throw UsageError(option + ": " + error.what());
   }

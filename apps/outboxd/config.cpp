@@ -706,10 +706,21 @@ void ParseSinks(const Section& root, const GetenvFn& getenv, Config& config) {
 
 // ---- Rendering (Describe) ----
 
-// A TOML basic string: a JSON string literal is one (TOML's basic-string escapes are JSON's).
+// A TOML basic string: a JSON string literal is one (TOML's basic-string escapes are JSON's),
+// once DEL, which JSON leaves as it is and TOML does not allow, is escaped too.
 std::string TomlString(std::string_view text) {
-  return nlohmann::json(std::string{text})
-      .dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
+  const std::string json =
+      nlohmann::json(std::string{text})
+          .dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
+  std::string toml;
+  for (const char c : json) {
+    if (c == '\x7f') {
+      toml += "\\u007F";
+    } else {
+      toml += c;
+    }
+  }
+  return toml;
 }
 
 std::string TomlFloat(double value) {

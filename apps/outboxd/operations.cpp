@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "duration.h"
 #include "message_json.h"
 #include "outbox/core/version.h"
 #include "outbox/store/postgres.h"
@@ -79,29 +80,6 @@ void ErrorReply(httplib::Response& response, int status, const std::string& mess
   JsonReply(response, status, Json{{"error", message}});
 }
 
-// "30s", "10m", "2h", "30d" or a whole number of seconds; throws std::invalid_argument.
-std::chrono::seconds ParseAge(std::string_view text) {
-  std::int64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  const std::string_view unit{end, static_cast<std::size_t>(text.data() + text.size() - end)};
-  std::int64_t scale = 0;
-  if (unit.empty() || unit == "s") {
-    scale = 1;
-  } else if (unit == "m") {
-    scale = 60;
-  } else if (unit == "h") {
-    scale = 3600;
-  } else if (unit == "d") {
-    scale = 86400;
-  }
-  constexpr std::int64_t kMaxSeconds = 100LL * 366 * 86400;
-  if (error != std::errc{} || scale == 0 || value < 0 || value > kMaxSeconds / scale) {
-    throw std::invalid_argument("older_than '" + std::string{text} +
-                                "' is not a duration like 30s, 10m, 2h or 30d");
-  }
-  return std::chrono::seconds{value * scale};
-}
-
 MessageId ParseId(std::string_view text) {
   auto id = MessageId::Parse(text);
   if (!id) throw std::invalid_argument("'" + std::string{text} + "' is not a message id (UUID)");
@@ -119,7 +97,7 @@ bool SetFilter(postgres::MessageFilter& filter, std::string_view key, const std:
   } else if (key == "target") {
     filter.target = value;
   } else if (key == "older_than") {
-    filter.older_than = ParseAge(value);
+    filter.older_than = apps::ParseDuration(value);
   } else {
     return false;
   }
@@ -192,7 +170,8 @@ ChangeRequest ParseChangeRequest(const std::string& body) {
       if (!value.is_string()) throw std::invalid_argument("reason must be a string");
       change.reason = value.get<std::string>();
     } else if (key == "older_than" && value.is_number_unsigned()) {
-      change.filter.older_than = ParseAge(std::to_string(value.get<std::uint64_t>()));
+      change.filter.older_than =
+          apps::ParseDuration(std::to_string(value.get<std::uint64_t>()) + "s");
     } else if (value.is_string()) {
       if (!SetFilter(change.filter, key, value.get<std::string>())) {
         throw std::invalid_argument("unknown field '" + key +
@@ -602,8 +581,14 @@ class Operations::Impl {
   // Every stats_interval: the counts on a connection of our own, then the broker probes.
   void StatsLoop() {
     std::unique_ptr<Store> store;
+    // Without a listener nobody reads the counts: the database is spared their queries (which
+    // walk each status index, and cost seconds under a held snapshot); brokers are still probed
+    // for the log.
+    const bool serving = !config_.http.listen.empty();
     for (;;) {
-      if (const auto stats = ReadStats(store)) ReadTopicCounts(*stats);
+      if (serving) {
+        if (const auto stats = ReadStats(store)) ReadTopicCounts(*stats);
+      }
       ProbeBrokers();
       CheckReadiness();
       std::unique_lock lock(mutex_);

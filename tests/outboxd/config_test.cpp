@@ -694,5 +694,14 @@ heartbeat = "0s"
   EXPECT_NE(described.find(R"(instance = "relay \"one\" \\ é")"), std::string::npos) << described;
 }
 
+// The database URL may come from the environment unchecked; its DEL must come out escaped (TOML
+// forbids it raw, JSON's escaping leaves it), so that the description still parses.
+TEST(ConfigTest, DescribeEscapesDelInTheDatabaseUrl) {
+  const std::string described =
+      Describe(Parse(kMinimal, {{"OUTBOX_DATABASE_URL", "postgresql://db/a\x7f"}}));
+  EXPECT_NE(described.find(R"(url = "postgresql://db/a\u007F")"), std::string::npos) << described;
+  EXPECT_EQ(Parse(described).database_url, "postgresql://db/a\x7f");
+}
+
 }  // namespace
 }  // namespace outbox::outboxd
