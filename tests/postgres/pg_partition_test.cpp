@@ -302,6 +302,16 @@ TEST_F(PgPartitionTest, BadInputIsRefusedWithAClearError) {
   EXPECT_NE(RunExpectingError(schema_.conn(), "SELECT * FROM " + fn + "(NULL, 1000, '{}')")
                 .find("relay must not be empty"),
             std::string::npos);
+  EXPECT_NE(RunExpectingError(schema_.conn(), "SELECT * FROM " + fn + "('a', NULL, '{}')")
+                .find("lease_ms must be positive"),
+            std::string::npos);
+  for (const char* relay : {"''", "NULL"}) {
+    EXPECT_NE(RunExpectingError(schema_.conn(),
+                                "SELECT " + schema_.name() + ".relay_leave(" + relay + "::text)")
+                  .find("relay_leave: relay must not be empty"),
+              std::string::npos)
+        << relay;
+  }
   // Releasing partitions one does not hold changes nothing.
   const auto held = leases->Heartbeat("a/1", kLease, {});
   auto b = Open();
