@@ -181,6 +181,7 @@ class Relay::Engine {
           continue;
         }
       }
+      WithdrawIdle();
       // Publish this batch on another thread while the next one is claimed: the database and
       // the broker work at the same time. Only a full batch suggests there is more to claim.
       auto publishing =
@@ -291,36 +292,41 @@ class Relay::Engine {
 
   // Nothing to do: tell writers, look once more, then sleep until notified or the sweep is due.
   std::vector<Envelope> IdleUntilWork() {
-    // Announce once per idle spell: after a sleep that ended without a notification the mark is
-    // still set (a writer that cleared it would have notified, and a rolled-back one cleared
-    // nothing), so an idle relay costs the database one claim per sweep.
+    // Announce once per idle spell: after a sleep that ended without a notification the mark
+    // still stands, so an idle relay costs the database one claim per sweep.
     if (!idle_announced_) {
-      bool safe = false;
       try {
-        safe = wakeup_->AnnounceIdle();
+        wakeup_->AnnounceIdle();
       } catch (const StoreError& error) {
         StoreFailed(error);
         Backoff("announcing idleness failed: " + Describe(error));
         return {};
       }
+      idle_announced_ = true;
       auto batch = Claim();
       if (!batch.empty() || stopping()) return batch;
-      // Not safe: a writer that may have missed the mark is still to commit; look again soon.
-      idle_announced_ = safe;
-      if (!safe) {
-        wakeup_->Wait(SteadyClock::now() + std::chrono::milliseconds{10});
-        return {};
-      }
     }
-    auto until = SteadyClock::now() + options_.sweep_interval;
-    if (wakeup_->Wait(until)) {
-      idle_announced_ = false;  // notified (the mark was cleared), interrupted or reconnected
+    const auto reason = wakeup_->Wait(SteadyClock::now() + options_.sweep_interval);
+    if (reason == WakeReason::kNotified || reason == WakeReason::kReconnected) {
+      idle_announced_ = false;  // the mark was used up, or may have been missed
     }
     if (options_.hand_off != nullptr) {
       // The ids only woke us; the claim reads the table. Keep the queue from filling up.
       options_.hand_off->Take(SIZE_MAX, std::chrono::milliseconds{0});
     }
     return {};
+  }
+
+  // Work found while the idle mark stands (the sweep, a hand-off, writers that had missed the
+  // mark): take the mark back, or every writer would notify while this relay is busy.
+  void WithdrawIdle() {
+    if (!idle_announced_) return;
+    idle_announced_ = false;
+    try {
+      wakeup_->Withdraw();
+    } catch (const StoreError& error) {
+      StoreFailed(error);  // writers notify more than needed until the next announcement
+    }
   }
 
   // With partition leases, at the top of the loop (`current` is the one batch claimed and not
@@ -716,7 +722,7 @@ class Relay::Engine {
     std::vector<FailedMessage> failed;
     std::vector<LeasedId> released;
   } unrecorded_;                 // outcomes the store could not take yet (see Unrecorded)
-  bool idle_announced_ = false;  // the idle mark is set and no writer can have missed it
+  bool idle_announced_ = false;  // this relay's idle mark stands (see Wakeup)
   SteadyClock::time_point next_sweep_{};
   SteadyClock::time_point next_purge_{};
   mutable std::mutex stop_mutex_;

@@ -276,42 +276,134 @@ TEST_F(PgSqlTest, StreamSeqIsGapFreeAndInIdOrderUnderEightWriters) {
             "0");
 }
 
-TEST_F(PgSqlTest, EnqueueNotifiesOnlyAnIdleRelay) {
+TEST_F(PgSqlTest, EnqueueNotifiesOnlyWhileARelaySleeps) {
   auto relay = Connect();
   const std::string channel = postgres::WakeupChannel(S());
   Sql(relay.get(), "LISTEN \"" + channel + "\"");
+  // The payloads of the notifications received so far (each one an idle generation).
   const auto notifications = [&] {
     PQconsumeInput(relay.get());
-    int count = 0;
+    std::vector<std::string> payloads;
     while (PGnotify* notify = PQnotifies(relay.get())) {
-      ++count;
+      payloads.emplace_back(notify->extra);
       PQfreemem(notify);
     }
-    return count;
+    return payloads;
   };
+  const auto settle = [] { std::this_thread::sleep_for(std::chrono::milliseconds{50}); };
   // Busy relay: no notifications at all.
   Enqueue("'t', '{}'");
   Enqueue("'t', '{}'");
-  std::this_thread::sleep_for(std::chrono::milliseconds{50});
-  EXPECT_EQ(notifications(), 0);
-  // Idle relay: the first committed enqueue notifies once; later ones stay quiet.
-  Sql(relay.get(), "UPDATE " + S() + ".wakeup SET idle = true");
+  settle();
+  EXPECT_TRUE(notifications().empty());
+  // A relay goes to sleep: its idle generation, and no writer in flight.
+  EXPECT_EQ(Scalar(relay.get(), "SELECT writers FROM " + S() + ".relay_idle()"), "{}");
+  const std::string latest =
+      Scalar(relay.get(), "SELECT last_value FROM " + S() + ".wakeup_idle_gen");
   Sql(conn(), "BEGIN");
   Enqueue("'t', '{}'");
-  std::this_thread::sleep_for(std::chrono::milliseconds{50});
-  EXPECT_EQ(notifications(), 0) << "NOTIFY must wait for the commit";
-  Sql(conn(), "COMMIT");
   Enqueue("'t', '{}'");
-  std::this_thread::sleep_for(std::chrono::milliseconds{50});
-  EXPECT_EQ(notifications(), 1);
-  // A rolled-back enqueue wakes nobody and leaves the relay marked idle.
-  Sql(relay.get(), "UPDATE " + S() + ".wakeup SET idle = true");
+  settle();
+  EXPECT_TRUE(notifications().empty()) << "NOTIFY must wait for the commit";
+  Sql(conn(), "COMMIT");
+  settle();
+  EXPECT_EQ(notifications(), std::vector<std::string>{latest}) << "one per transaction";
+  // Until a relay says it is woken, each committing writer notifies; then none does.
+  Enqueue("'t', '{}'");
+  settle();
+  EXPECT_EQ(notifications().size(), 1U);
+  Sql(relay.get(), "SELECT " + S() + ".relay_woken(" + latest + ")");
+  Enqueue("'t', '{}'");
+  settle();
+  EXPECT_TRUE(notifications().empty());
+  // A rolled-back enqueue wakes nobody.
+  Scalar(relay.get(), "SELECT gen FROM " + S() + ".relay_idle()");
   Sql(conn(), "BEGIN");
   Enqueue("'t', '{}'");
   Sql(conn(), "ROLLBACK");
-  std::this_thread::sleep_for(std::chrono::milliseconds{50});
-  EXPECT_EQ(notifications(), 0);
-  EXPECT_EQ(Scalar(conn(), "SELECT idle FROM " + S() + ".wakeup"), "t");
+  settle();
+  EXPECT_TRUE(notifications().empty());
+  // A relay that takes its mark back (it found work) silences writers, and notifies only when an
+  // older generation may still be asleep.
+  const std::string mine = Scalar(relay.get(), "SELECT gen FROM " + S() + ".relay_idle()");
+  Sql(conn(), "SELECT " + S() + ".relay_withdraw(" + mine + ")");
+  settle();
+  EXPECT_EQ(notifications(), std::vector<std::string>{mine}) << "the rolled-back spell's sleeper";
+  Enqueue("'t', '{}'");
+  settle();
+  EXPECT_TRUE(notifications().empty());
+  const std::string next = Scalar(relay.get(), "SELECT gen FROM " + S() + ".relay_idle()");
+  Sql(conn(), "SELECT " + S() + ".relay_withdraw(" + next + ")");
+  settle();
+  EXPECT_TRUE(notifications().empty()) << "no older generation was left asleep";
+}
+
+// The README's promise: writers of different streams never wait for each other, whatever the
+// relay is doing. Before schema v6 the first enqueue after the relay went idle held a row lock
+// that every other writer queued behind until its transaction ended.
+TEST_F(PgSqlTest, AnOpenTransactionDelaysNoWriterOfAnotherStream) {
+  auto relay = Connect();
+  Scalar(relay.get(), "SELECT gen FROM " + S() + ".relay_idle()");  // the relay sleeps
+  auto slow = Connect();
+  Sql(slow.get(), "BEGIN");
+  Sql(slow.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'H')");
+  auto other = Connect();
+  Sql(other.get(), "SET statement_timeout = '2s'");
+  for (int i = 0; i < 20; ++i) {
+    Sql(other.get(), "BEGIN");
+    Sql(other.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'OTHER')");
+    Sql(other.get(), "SELECT " + S() + ".enqueue('t', '{}')");
+    Sql(other.get(), "COMMIT");  // Sql fails the test on a statement timeout
+  }
+  Sql(slow.get(), "COMMIT");
+  EXPECT_EQ(Scalar(conn(), "SELECT count(*) FROM " + S() + ".messages"), "41");
+}
+
+// Two writers that take their streams in sorted order cannot deadlock: T2 no longer waits for T1
+// on a shared row, only T1 waits for T2 on stream b (same stream, by design).
+TEST_F(PgSqlTest, WritersTakingStreamsInOrderDoNotDeadlock) {
+  auto relay = Connect();
+  Scalar(relay.get(), "SELECT gen FROM " + S() + ".relay_idle()");
+  auto t1 = Connect();
+  auto t2 = Connect();
+  Sql(t2.get(), "SET statement_timeout = '5s'");
+  Sql(t1.get(), "BEGIN");
+  Sql(t1.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'a')");
+  Sql(t2.get(), "BEGIN");
+  Sql(t2.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'b')");
+  // T1 now waits for T2's stream b; T2 commits and T1 goes on.
+  ASSERT_EQ(
+      PQsendQuery(t1.get(), ("SELECT " + S() + ".enqueue('t', '{}', stream_key => 'b')").c_str()),
+      1);
+  Sql(t2.get(), "COMMIT");
+  std::vector<PgResult> results;
+  while (PGresult* result = PQgetResult(t1.get())) results.emplace_back(result);
+  ASSERT_EQ(results.size(), 1U);
+  EXPECT_EQ(PQresultStatus(results[0].get()), PGRES_TUPLES_OK)
+      << PQresultErrorMessage(results[0].get());
+  Sql(t1.get(), "COMMIT");
+  EXPECT_EQ(Scalar(conn(), "SELECT string_agg(stream_key || stream_seq, ',' ORDER BY id) FROM " +
+                               S() + ".messages"),
+            "a1,b1,b2");
+}
+
+// relay_idle lists the writers in flight (which may have read the state from before it), and
+// writers_running tells which of them are still running.
+TEST_F(PgSqlTest, ARelayGoingIdleListsTheWritersInFlight) {
+  auto relay = Connect();
+  auto writer = Connect();
+  Sql(writer.get(), "BEGIN");
+  Sql(writer.get(), "SELECT " + S() + ".enqueue('t', '{}')");
+  const std::string vxid = Scalar(writer.get(),
+                                  "SELECT virtualtransaction FROM pg_locks WHERE "
+                                  "pid = pg_backend_pid() AND locktype = 'virtualxid'");
+  const std::string listed = Scalar(relay.get(), "SELECT writers FROM " + S() + ".relay_idle()");
+  EXPECT_EQ(listed, "{" + vxid + "}");
+  EXPECT_EQ(Scalar(relay.get(), "SELECT " + S() + ".writers_running('" + listed + "')"), listed);
+  Sql(writer.get(), "COMMIT");
+  EXPECT_EQ(Scalar(relay.get(), "SELECT " + S() + ".writers_running('" + listed + "')"), "{}");
+  // Bad input: not an array.
+  EXPECT_NE(RunExpectingError(relay.get(), "SELECT " + S() + ".writers_running('x')"), "");
 }
 
 }  // namespace

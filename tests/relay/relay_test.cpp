@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <thread>
@@ -53,6 +54,27 @@ class RelayTest : public ::testing::Test {
       std::this_thread::sleep_for(milliseconds{5});
     }
     return done();
+  }
+
+  // True while a relay's idle mark stands (writers would notify).
+  bool RelayAsleep() {
+    const std::string s = schema_.name();
+    return Scalar(schema_.conn(), "SELECT (SELECT last_value FROM " + s +
+                                      ".wakeup_idle_gen) > (SELECT last_value FROM " + s +
+                                      ".wakeup_woken_gen)") == "t";
+  }
+
+  // Statements the relay (not the test's writers) has sent about this test's schema, counted by
+  // pg_stat_statements (loaded by scripts/services).
+  std::int64_t RelayStatements() {
+    Sql(schema_.conn(), "CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+    return std::stoll(Scalar(
+        schema_.conn(),
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = (SELECT oid FROM "
+        "pg_database WHERE datname = current_database()) AND query LIKE '%" +
+            schema_.name() +
+            "%' AND query NOT LIKE '%enqueue(%' AND query NOT LIKE '%pg_stat_statements%' AND "
+            "query NOT LIKE '%last_value%'"));
   }
 
   std::string Count(const std::string& where) {
@@ -137,8 +159,7 @@ TEST_F(RelayTest, AnIdleRelayWakesOnCommitNotOnTheSweep) {
   options.sweep_interval = seconds{60};
   options.publish_timeout = seconds{5};
   StartRelay(std::move(owned), options);
-  std::this_thread::sleep_for(milliseconds{300});  // let it go idle
-  EXPECT_EQ(Scalar(schema_.conn(), "SELECT idle FROM " + schema_.name() + ".wakeup"), "t");
+  ASSERT_TRUE(WaitFor([&] { return RelayAsleep(); })) << "the relay never announced idleness";
   for (int i = 0; i < 5; ++i) {
     Enqueue("'t', '{}'");
     // With a 60 s sweep, only the NOTIFY can bring it within 10 s.
@@ -147,6 +168,75 @@ TEST_F(RelayTest, AnIdleRelayWakesOnCommitNotOnTheSweep) {
         << "message " << i << " was not published without a sweep";
     std::this_thread::sleep_for(milliseconds{100});
   }
+}
+
+// Issue #13: a writer's transaction held open for 10 s while the relay is idle. It delays no
+// writer of another stream (each commits at once and is published within moments), and the relay
+// does not poll faster than its bound (10 a second) while it waits for that writer to end.
+TEST_F(RelayTest, AWriterHeldOpenDelaysNoOtherWriterAndTheRelayStaysQuiet) {
+  auto owned = std::make_unique<TestSink>();
+  TestSink* sink = owned.get();
+  RelayStatements();  // creates the extension before anything is counted
+  // The slow writer enqueues before the relay starts, so the relay, going idle, finds it in flight
+  // (it may have read the state from before) and must wait for it to end.
+  auto slow = Connect();
+  Sql(slow.get(), "BEGIN");
+  Sql(slow.get(), "SELECT " + schema_.name() + ".enqueue('t', '{}', stream_key => 'H')");
+  const auto slow_started = std::chrono::steady_clock::now();
+  RelayOptions options;
+  options.sweep_interval = seconds{60};  // only the wait for the slow writer can find its message
+  StartRelay(std::move(owned), options);
+  ASSERT_TRUE(WaitFor([&] { return RelayAsleep(); })) << "the relay never announced idleness";
+  std::this_thread::sleep_for(milliseconds{500});  // past the fast first polls
+  const std::int64_t before = RelayStatements();
+  const auto quiet_from = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(seconds{3});
+  const double quiet_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - quiet_from).count();
+  const double per_second = static_cast<double>(RelayStatements() - before) / quiet_seconds;
+  std::printf("relay statements while a writer is open and nothing else happens: %.1f/s\n",
+              per_second);
+  EXPECT_LE(per_second, 12.0) << "at most 10 polls/s for the open writer";
+  EXPECT_GE(per_second, 3.0) << "the relay must still be waiting for the open writer";
+
+  // Writers of other streams meanwhile: each commits at once, and each message is published
+  // within a bound, long before the slow transaction ends.
+  auto other = Connect();
+  Sql(other.get(), "SET statement_timeout = '2s'");
+  double slowest_commit = 0;
+  double slowest_delivery = 0;
+  int written = 0;
+  while (std::chrono::steady_clock::now() - slow_started < seconds{9}) {
+    const auto start = std::chrono::steady_clock::now();
+    Sql(other.get(), "BEGIN");
+    Sql(other.get(), "SELECT " + schema_.name() + ".enqueue('t', '{}', stream_key => 'O" +
+                         std::to_string(written % 7) + "')");
+    Sql(other.get(), "COMMIT");
+    const auto committed = std::chrono::steady_clock::now();
+    ++written;
+    ASSERT_TRUE(WaitFor(
+        [&] { return sink->delivered().size() == static_cast<std::size_t>(written); }, seconds{5}))
+        << "message " << written << " of another stream was not published";
+    slowest_commit =
+        std::max(slowest_commit, std::chrono::duration<double>(committed - start).count());
+    slowest_delivery = std::max(
+        slowest_delivery,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - committed).count());
+    std::this_thread::sleep_for(milliseconds{50});
+  }
+  std::printf("%d writers of other streams: slowest commit %.1f ms, slowest delivery %.1f ms\n",
+              written, slowest_commit * 1000, slowest_delivery * 1000);
+  EXPECT_GE(written, 20);
+  EXPECT_LT(slowest_commit, 1.0);
+  EXPECT_LT(slowest_delivery, 2.0);
+  while (std::chrono::steady_clock::now() - slow_started < seconds{10}) {
+    std::this_thread::sleep_for(milliseconds{50});
+  }
+  Sql(slow.get(), "COMMIT");
+  EXPECT_TRUE(
+      WaitFor([&] { return sink->delivered().size() == static_cast<std::size_t>(written) + 1; },
+              seconds{5}))
+      << "the slow writer's message, once committed";
 }
 
 TEST_F(RelayTest, APoisonMessageIsAbandonedWhileOtherStreamsFlowAndItsOwnWaits) {
@@ -479,38 +569,76 @@ TEST_F(RelayTest, TwoRelaysSharingPartitionsPublishEveryMessageOnceInOrder) {
 namespace outbox::testing {
 namespace {
 
-TEST(PostgresWakeupTest, IdleIsSafeOnlyWhenNoWriterCanHaveMissedIt) {
+TEST(PostgresWakeupTest, AWriterThatMayHaveMissedTheMarkEndsTheWaitWhenItEnds) {
   TestSchema schema;
   auto wakeup = postgres::OpenWakeup(PgUrl(), schema.name());
-  EXPECT_TRUE(wakeup->AnnounceIdle());
-  // A writer in the middle of its transaction: its enqueue may have read "not idle".
+  wakeup->AnnounceIdle();
+  const auto soon = [] { return std::chrono::steady_clock::now() + milliseconds{200}; };
+  EXPECT_EQ(wakeup->Wait(soon()), WakeReason::kTimeout) << "no writer in flight: nothing to wait";
+  wakeup->Withdraw();  // the relay is busy: a writer now reads "not idle" and will not notify
   auto writer = Connect();
   Sql(writer.get(), "BEGIN");
   Sql(writer.get(), "SELECT " + schema.name() + ".enqueue('t', '{}')");
-  EXPECT_FALSE(wakeup->AnnounceIdle()) << "a writer still in flight must make idling unsafe";
-  Sql(writer.get(), "COMMIT");
-  EXPECT_TRUE(wakeup->AnnounceIdle());
+  wakeup->AnnounceIdle();  // the writer is in flight: it may have missed the mark
+  std::thread committer([&] {
+    std::this_thread::sleep_for(milliseconds{300});
+    Sql(writer.get(), "COMMIT");
+  });
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(wakeup->Wait(std::chrono::steady_clock::now() + seconds{10}), WakeReason::kWritersDone);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  committer.join();
+  EXPECT_GE(waited, milliseconds{250}) << "it returned before the writer ended";
+  EXPECT_LT(waited, seconds{5});
+  // Reported once: the next wait sleeps until the deadline.
+  EXPECT_EQ(wakeup->Wait(soon()), WakeReason::kTimeout);
 }
 
 TEST(PostgresWakeupTest, WaitEndsOnNotifyOnInterruptAndOnTheDeadline) {
   TestSchema schema;
   auto wakeup = postgres::OpenWakeup(PgUrl(), schema.name());
   const auto soon = [] { return std::chrono::steady_clock::now() + milliseconds{200}; };
-  EXPECT_FALSE(wakeup->Wait(soon()));  // nothing happened
+  const auto later = [] { return std::chrono::steady_clock::now() + seconds{10}; };
+  EXPECT_EQ(wakeup->Wait(soon()), WakeReason::kTimeout);  // nothing happened
+  Sql(schema.conn(), "SELECT " + schema.name() + ".enqueue('t', '{}')");
+  EXPECT_EQ(wakeup->Wait(soon()), WakeReason::kTimeout) << "not idle: the writer must not notify";
   wakeup->AnnounceIdle();
   Sql(schema.conn(), "SELECT " + schema.name() + ".enqueue('t', '{}')");
-  EXPECT_TRUE(wakeup->Wait(std::chrono::steady_clock::now() + seconds{10}));
+  EXPECT_EQ(wakeup->Wait(later()), WakeReason::kNotified);
+  // Notified means woken: writers are quiet again until the next announcement.
+  Sql(schema.conn(), "SELECT " + schema.name() + ".enqueue('t', '{}')");
+  EXPECT_EQ(wakeup->Wait(soon()), WakeReason::kTimeout);
   wakeup->Interrupt();
-  EXPECT_TRUE(wakeup->Wait(std::chrono::steady_clock::now() + seconds{10}));
-  // A terminated connection is re-established and reported as a wake-up.
-  Sql(schema.conn(),
-      "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE "
-      "'%pg_try_advisory_xact_lock%' AND pid <> pg_backend_pid() AND datname = "
-      "current_database()");
-  EXPECT_TRUE(wakeup->Wait(std::chrono::steady_clock::now() + seconds{10}));
+  EXPECT_EQ(wakeup->Wait(later()), WakeReason::kInterrupted);
+  // A terminated connection is re-established and reported.
+  wakeup->AnnounceIdle();
+  Sql(schema.conn(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%" +
+                         schema.name() +
+                         "%relay_idle%' AND pid <> pg_backend_pid() AND datname = "
+                         "current_database()");
+  EXPECT_EQ(wakeup->Wait(later()), WakeReason::kReconnected);
   wakeup->AnnounceIdle();
   Sql(schema.conn(), "SELECT " + schema.name() + ".enqueue('t', '{}')");
-  EXPECT_TRUE(wakeup->Wait(std::chrono::steady_clock::now() + seconds{10}));
+  EXPECT_EQ(wakeup->Wait(later()), WakeReason::kNotified);
+}
+
+// Two relays asleep on one database: one that wakes without a notification and takes its mark
+// back must not leave the other deaf.
+TEST(PostgresWakeupTest, AWithdrawnMarkLeavesNoOtherRelayDeaf) {
+  TestSchema schema;
+  auto first = postgres::OpenWakeup(PgUrl(), schema.name());
+  auto second = postgres::OpenWakeup(PgUrl(), schema.name());
+  const auto later = [] { return std::chrono::steady_clock::now() + seconds{10}; };
+  first->AnnounceIdle();
+  second->AnnounceIdle();
+  second->Withdraw();  // e.g. woken by its sweep, it found work
+  // The first is told, looks at the table, and announces again; then a writer wakes it.
+  EXPECT_EQ(first->Wait(later()), WakeReason::kNotified);
+  first->AnnounceIdle();
+  Sql(schema.conn(), "SELECT " + schema.name() + ".enqueue('t', '{}')");
+  EXPECT_EQ(first->Wait(later()), WakeReason::kNotified);
+  // The second's own notification did not wake itself; the writer's did.
+  EXPECT_EQ(second->Wait(later()), WakeReason::kNotified);
 }
 
 }  // namespace
@@ -536,9 +664,16 @@ TEST(RelayHandOffTest, AWriterInTheSameProcessWakesTheRelayWithoutNotify) {
   Relay relay(options, postgres::OpenStore(store_options),
               postgres::OpenWakeup(PgUrl(), schema.name()), std::move(sinks));
   std::thread runner([&] { relay.Run(); });
-  std::this_thread::sleep_for(std::chrono::milliseconds{300});  // idle now
-  // Suppress the NOTIFY path: pretend the relay is busy, so only the hand-off can wake it.
-  Sql(schema.conn(), "UPDATE " + schema.name() + ".wakeup SET idle = false");
+  // Idle now; then suppress the NOTIFY path (mark every sleeping relay woken), so that only the
+  // hand-off can wake it.
+  const std::string s = schema.name();
+  for (int i = 0;
+       i < 2000 && Scalar(schema.conn(), "SELECT last_value FROM " + s + ".wakeup_idle_gen") == "1";
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds{5});
+  }
+  Sql(schema.conn(),
+      "SELECT " + s + ".relay_woken((SELECT last_value FROM " + s + ".wakeup_idle_gen))");
   auto app = Connect();
   postgres::Writer writer{schema.name()};
   NewMessage message;

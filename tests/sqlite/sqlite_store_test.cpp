@@ -156,13 +156,16 @@ TEST_F(SqliteWriterTest, BadOptionsAndUnmigratedDatabasesAreRefused) {
 
 TEST(SqliteWakeupTest, WaitEndsOnInterruptOrDeadline) {
   auto wakeup = sqlite::OpenWakeup();
-  EXPECT_TRUE(wakeup->AnnounceIdle());
-  EXPECT_FALSE(wakeup->Wait(std::chrono::steady_clock::now() + std::chrono::milliseconds{50}));
+  wakeup->AnnounceIdle();
+  wakeup->Withdraw();
+  EXPECT_EQ(wakeup->Wait(std::chrono::steady_clock::now() + std::chrono::milliseconds{50}),
+            WakeReason::kTimeout);
   std::thread interrupter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds{50});
     wakeup->Interrupt();
   });
-  EXPECT_TRUE(wakeup->Wait(std::chrono::steady_clock::now() + std::chrono::seconds{10}));
+  EXPECT_EQ(wakeup->Wait(std::chrono::steady_clock::now() + std::chrono::seconds{10}),
+            WakeReason::kInterrupted);
   interrupter.join();
 }
 

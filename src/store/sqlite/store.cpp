@@ -285,12 +285,13 @@ class SqliteStore final : public Store {
 // the relay through the hand-off queue, the others are found by the sweep.
 class LocalWakeup final : public Wakeup {
  public:
-  bool AnnounceIdle() override { return true; }
-  bool Wait(Deadline deadline) override {
+  void AnnounceIdle() override {}
+  void Withdraw() override {}
+  WakeReason Wait(Deadline deadline) override {
     std::unique_lock lock(mutex_);
     const bool woken = changed_.wait_until(lock, deadline, [this] { return interrupted_; });
     interrupted_ = false;
-    return woken;
+    return woken ? WakeReason::kInterrupted : WakeReason::kTimeout;
   }
   void Interrupt() override {
     {
