@@ -47,6 +47,7 @@
 #include "../tests/support/free_port.h"
 #include "connection.h"  // the store's RAII over libpq
 #include "outbox/core/uuid.h"
+#include "outbox/core/wire_names.h"
 #include "outbox/sink/rabbitmq.h"
 #include "outbox/store/postgres.h"
 
@@ -433,15 +434,15 @@ double RawPublish(const std::string& queue, std::int64_t first, std::int64_t cou
   std::string topic_value = queue;
   std::string stream_value;
   amqp_table_entry_t headers[5]{};
-  headers[0].key = amqp_cstring_bytes("outbox-topic");
+  headers[0].key = outbox::testing::AmqpBytes(outbox::wire::kTopicHeader);
   headers[0].value.kind = AMQP_FIELD_KIND_UTF8;
-  headers[1].key = amqp_cstring_bytes("outbox-stream-key");
+  headers[1].key = outbox::testing::AmqpBytes(outbox::wire::kStreamKeyHeader);
   headers[1].value.kind = AMQP_FIELD_KIND_UTF8;
-  headers[2].key = amqp_cstring_bytes("outbox-stream-seq");
+  headers[2].key = outbox::testing::AmqpBytes(outbox::wire::kStreamSeqHeader);
   headers[2].value.kind = AMQP_FIELD_KIND_I64;
-  headers[3].key = amqp_cstring_bytes("outbox-partition");
+  headers[3].key = outbox::testing::AmqpBytes(outbox::wire::kPartitionHeader);
   headers[3].value.kind = AMQP_FIELD_KIND_I32;
-  headers[4].key = amqp_cstring_bytes("outbox-attempts");
+  headers[4].key = outbox::testing::AmqpBytes(outbox::wire::kAttemptsHeader);
   headers[4].value.kind = AMQP_FIELD_KIND_I32;
   headers[4].value.value.i32 = 1;
   p.headers = {.num_entries = 5, .entries = headers};

@@ -56,6 +56,7 @@
 #include <utility>
 #include <vector>
 
+#include "outbox/core/wire_names.h"
 #include "outbox/store/postgres.h"
 #include "outbox/store/sqlite.h"
 
@@ -554,9 +555,10 @@ class QueueConsumer final : public Published {
       for (int i = 0; i < properties.headers.num_entries; ++i) {
         const amqp_table_entry_t& entry = properties.headers.entries[i];
         const std::string key = text(entry.key);
-        if (key == "outbox-stream-key" && entry.value.kind == AMQP_FIELD_KIND_UTF8) {
+        if (key == outbox::wire::kStreamKeyHeader && entry.value.kind == AMQP_FIELD_KIND_UTF8) {
           delivery.stream_key = text(entry.value.value.bytes);
-        } else if (key == "outbox-stream-seq" && entry.value.kind == AMQP_FIELD_KIND_I64) {
+        } else if (key == outbox::wire::kStreamSeqHeader &&
+                   entry.value.kind == AMQP_FIELD_KIND_I64) {
           delivery.stream_seq = entry.value.value.i64;
         }
       }

@@ -5,6 +5,8 @@
 #include <charconv>
 #include <string_view>
 
+#include "outbox/core/wire_names.h"
+
 namespace outbox::inbox {
 namespace {
 
@@ -51,12 +53,13 @@ std::optional<Delivery> FromAmqp(const amqp_basic_properties_t_& properties, std
     for (int i = 0; i < properties.headers.num_entries; ++i) {
       const auto& entry = properties.headers.entries[i];
       const auto key = View(entry.key);
-      if (key == "outbox-stream-key" &&
+      if (key == wire::kStreamKeyHeader &&
           (entry.value.kind == AMQP_FIELD_KIND_UTF8 || entry.value.kind == AMQP_FIELD_KIND_BYTES)) {
         delivery.stream_key = std::string{View(entry.value.value.bytes)};
-      } else if (key == "outbox-stream-seq") {
+      } else if (key == wire::kStreamSeqHeader) {
         delivery.stream_seq = IntegerOf(entry.value);
-        if (!delivery.stream_seq) return fail("header outbox-stream-seq is not an integer");
+        if (!delivery.stream_seq)
+          return fail("header " + std::string{wire::kStreamSeqHeader} + " is not an integer");
       }
     }
   }

@@ -14,14 +14,22 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
+
+#include "outbox/core/wire_names.h"
 
 namespace outbox::testing {
 
 inline std::string AmqpUrl() {
   const char* url = std::getenv("OUTBOX_TEST_AMQP_URL");
   return url != nullptr && url[0] != '\0' ? url : "amqp://guest:guest@127.0.0.1:5672/";
+}
+
+// The bytes of `text`, e.g. a name from wire_names.h (amqp_cstring_bytes needs a C string).
+inline amqp_bytes_t AmqpBytes(std::string_view text) {
+  return {text.size(), const_cast<char*>(text.data())};
 }
 
 struct AmqpConnDeleter {
@@ -165,10 +173,10 @@ class Consumer {
       for (int i = 0; i < props.headers.num_entries; ++i) {
         const auto& entry = props.headers.entries[i];
         const std::string key(static_cast<const char*>(entry.key.bytes), entry.key.len);
-        if (key == "outbox-stream-key" && entry.value.kind == AMQP_FIELD_KIND_UTF8) {
+        if (key == wire::kStreamKeyHeader && entry.value.kind == AMQP_FIELD_KIND_UTF8) {
           delivery.stream_key.assign(static_cast<const char*>(entry.value.value.bytes.bytes),
                                      entry.value.value.bytes.len);
-        } else if (key == "outbox-stream-seq") {
+        } else if (key == wire::kStreamSeqHeader) {
           delivery.stream_seq =
               entry.value.kind == AMQP_FIELD_KIND_I64
                   ? entry.value.value.i64

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "../postgres/pg_test_support.h"
+#include "outbox/core/wire_names.h"
 #include "outbox/inbox/rabbitmq.h"
 
 namespace outbox::testing {
@@ -20,6 +21,8 @@ using inbox::Delivery;
 using inbox::GapPolicy;
 using inbox::Inbox;
 using inbox::Result;
+
+amqp_bytes_t Bytes(std::string_view text) { return {text.size(), const_cast<char*>(text.data())}; }
 
 class InboxTest : public ::testing::Test {
  protected:
@@ -256,10 +259,10 @@ TEST(InboxAmqpTest, ReadsTheDeliveryAndRejectsForeignMessages) {
   const std::string id = NewUuidV7().ToString();
   properties.message_id = amqp_cstring_bytes(id.c_str());
   amqp_table_entry_t entries[2]{};
-  entries[0].key = amqp_cstring_bytes("outbox-stream-key");
+  entries[0].key = Bytes(wire::kStreamKeyHeader);
   entries[0].value.kind = AMQP_FIELD_KIND_UTF8;
   entries[0].value.value.bytes = amqp_cstring_bytes("order-42");
-  entries[1].key = amqp_cstring_bytes("outbox-stream-seq");
+  entries[1].key = Bytes(wire::kStreamSeqHeader);
   entries[1].value.kind = AMQP_FIELD_KIND_I64;
   entries[1].value.value.i64 = 7;
   properties.headers = {2, entries};

@@ -13,6 +13,7 @@
 
 #include "name_template.h"
 #include "outbox/core/error.h"
+#include "outbox/core/wire_names.h"
 #include "outbox/sink/rabbitmq.h"
 #include "rabbit_test_support.h"
 #include "tcp_proxy.h"
@@ -151,8 +152,8 @@ TEST(RabbitSinkTest, PropertiesAndHeadersArrive) {
                       {"traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
                       {"x-custom", "value with spaces"},
                       // Refused by the store; the sink must not let them shadow its own.
-                      {"message_id", "forged"},
-                      {"outbox-partition", "99"}};
+                      {std::string{wire::kMessageId}, "forged"},
+                      {std::string{wire::kPartitionHeader}, "99"}};
   const std::vector<Envelope> batch{envelope};
   ExpectAllPublished(sink->Publish(batch, In(milliseconds{5000})), batch);
 
@@ -176,13 +177,13 @@ TEST(RabbitSinkTest, PropertiesAndHeadersArrive) {
             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
   EXPECT_EQ(message.headers.at("x-custom"), "value with spaces");
   EXPECT_EQ(message.header_kinds.at("x-custom"), 'S');
-  EXPECT_FALSE(message.headers.contains("message_id"));
-  EXPECT_EQ(message.headers.at("outbox-topic"), queue);
-  EXPECT_EQ(message.headers.at("outbox-stream-key"), "order-42");
-  EXPECT_EQ(message.headers.at("outbox-stream-seq"), "7");
-  EXPECT_EQ(message.header_kinds.at("outbox-stream-seq"), 'l');
-  EXPECT_EQ(message.headers.at("outbox-partition"), "3");
-  EXPECT_EQ(message.headers.at("outbox-attempts"), "2");
+  EXPECT_FALSE(message.headers.contains(std::string{wire::kMessageId}));
+  EXPECT_EQ(message.headers.at(std::string{wire::kTopicHeader}), queue);
+  EXPECT_EQ(message.headers.at(std::string{wire::kStreamKeyHeader}), "order-42");
+  EXPECT_EQ(message.headers.at(std::string{wire::kStreamSeqHeader}), "7");
+  EXPECT_EQ(message.header_kinds.at(std::string{wire::kStreamSeqHeader}), 'l');
+  EXPECT_EQ(message.headers.at(std::string{wire::kPartitionHeader}), "3");
+  EXPECT_EQ(message.headers.at(std::string{wire::kAttemptsHeader}), "2");
 }
 
 TEST(RabbitSinkTest, MinimalEnvelopeAndTransientDelivery) {
@@ -205,8 +206,8 @@ TEST(RabbitSinkTest, MinimalEnvelopeAndTransientDelivery) {
   EXPECT_EQ(received[0].flags & (AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_CONTENT_TYPE_FLAG |
                                  AMQP_BASIC_CORRELATION_ID_FLAG),
             0U);
-  EXPECT_FALSE(received[0].headers.contains("outbox-stream-key"));
-  EXPECT_FALSE(received[0].headers.contains("outbox-stream-seq"));
+  EXPECT_FALSE(received[0].headers.contains(std::string{wire::kStreamKeyHeader}));
+  EXPECT_FALSE(received[0].headers.contains(std::string{wire::kStreamSeqHeader}));
 }
 
 TEST(RabbitSinkTest, TenThousandMessagesAllConfirmedAndDeliveredInOrder) {

@@ -10,6 +10,7 @@
 
 #include "outbox/core/clock.h"
 #include "outbox/core/uuid.h"
+#include "outbox/core/wire_names.h"
 
 namespace outbox {
 
@@ -21,9 +22,9 @@ inline constexpr std::string_view kCorrelationIdHeader = "correlation_id";
 inline constexpr std::string_view kCausationIdHeader = "causation_id";
 inline constexpr std::string_view kTenantIdHeader = "tenant_id";
 inline constexpr std::string_view kTraceparentHeader = "traceparent";
-// Names a user may not set: the outbox's own metadata travels under them.
-inline constexpr std::string_view kReservedHeaderPrefix = "outbox-";
-inline constexpr std::string_view kMessageIdHeader = "message_id";
+// Names a user may not set: the outbox's own metadata travels under them (wire_names.h).
+inline constexpr std::string_view kReservedHeaderPrefix = wire::kReservedHeaderPrefix;
+inline constexpr std::string_view kMessageIdHeader = wire::kMessageId;
 
 inline constexpr std::string_view kJsonContentType = "application/json";
 inline constexpr std::string_view kDefaultTarget = "default";

@@ -35,6 +35,7 @@
 #include "connection.h"
 #include "name_template.h"
 #include "outbox/core/error.h"
+#include "outbox/core/wire_names.h"
 #include "outbox/sink/rabbitmq.h"
 
 namespace outbox::rabbitmq {
@@ -58,12 +59,6 @@ constexpr std::size_t kPollEveryBytes = 64 * 1024;
 constexpr std::size_t kPerMessageOverhead = 256;  // frames, properties, headers (roughly)
 // A pending publish whose batch has already been answered.
 constexpr std::size_t kNoIndex = std::numeric_limits<std::size_t>::max();
-
-constexpr std::string_view kTopicHeader = "outbox-topic";
-constexpr std::string_view kStreamKeyHeader = "outbox-stream-key";
-constexpr std::string_view kStreamSeqHeader = "outbox-stream-seq";
-constexpr std::string_view kPartitionHeader = "outbox-partition";
-constexpr std::string_view kAttemptsHeader = "outbox-attempts";
 
 Failure MakeFailure(FailureKind kind, std::string reason) {
   return Failure{.kind = kind, .reason = std::move(reason)};
@@ -443,13 +438,13 @@ std::optional<Failure> RabbitSink::Prepare(const Envelope& envelope, Prepared& o
     }
     out.headers.push_back(StringEntry(name, value));
   }
-  out.headers.push_back(StringEntry(kTopicHeader, envelope.topic));
+  out.headers.push_back(StringEntry(wire::kTopicHeader, envelope.topic));
   if (envelope.stream_key)
-    out.headers.push_back(StringEntry(kStreamKeyHeader, *envelope.stream_key));
+    out.headers.push_back(StringEntry(wire::kStreamKeyHeader, *envelope.stream_key));
   if (envelope.stream_seq)
-    out.headers.push_back(Int64Entry(kStreamSeqHeader, *envelope.stream_seq));
-  out.headers.push_back(Int32Entry(kPartitionHeader, envelope.partition));
-  out.headers.push_back(Int32Entry(kAttemptsHeader, envelope.attempts));
+    out.headers.push_back(Int64Entry(wire::kStreamSeqHeader, *envelope.stream_seq));
+  out.headers.push_back(Int32Entry(wire::kPartitionHeader, envelope.partition));
+  out.headers.push_back(Int32Entry(wire::kAttemptsHeader, envelope.attempts));
 
   amqp_basic_properties_t& p = out.properties;
   p = amqp_basic_properties_t{};

@@ -1,0 +1,28 @@
+#pragma once
+// The names under which the outbox's own metadata travels on the wire, in one place: the sinks
+// that set them, the inbox that reads them, and whatever else (examples, tests, benchmarks) has
+// to spell them. Consumers in other languages rely on them: never rename one.
+//
+// RabbitMQ: the id is the message_id property; the rest are headers (field-table entries):
+//   outbox-topic            string  the message's topic
+//   outbox-stream-key       string  its stream (ordering) key, when it has one
+//   outbox-stream-seq       long    its stream_seq, when its stream is sequenced
+//   outbox-partition        int     its partition
+//   outbox-attempts         int     attempts spent before this one
+
+#include <string_view>
+
+namespace outbox::wire {
+
+// A user header may not be named message_id or start with this prefix: the outbox's own
+// metadata travels under those names.
+inline constexpr std::string_view kReservedHeaderPrefix = "outbox-";
+inline constexpr std::string_view kMessageId = "message_id";
+
+inline constexpr std::string_view kTopicHeader = "outbox-topic";
+inline constexpr std::string_view kStreamKeyHeader = "outbox-stream-key";
+inline constexpr std::string_view kStreamSeqHeader = "outbox-stream-seq";
+inline constexpr std::string_view kPartitionHeader = "outbox-partition";
+inline constexpr std::string_view kAttemptsHeader = "outbox-attempts";
+
+}  // namespace outbox::wire
