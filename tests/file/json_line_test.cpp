@@ -101,6 +101,20 @@ TEST(JsonLineTest, KeysInDocumentedOrderWithNullsForAbsentFields) {
             "\n");
 }
 
+TEST(JsonLineTest, StreamPrevSeqOnlyWhenSet) {
+  Envelope envelope = Sample();
+  envelope.stream_key = "order-42";
+  envelope.stream_seq = 7;
+  EXPECT_FALSE(Render(envelope).contains("stream_prev_seq"));
+  envelope.stream_prev_seq = 4;
+  std::string line;
+  AppendJsonLine(envelope, line);
+  EXPECT_NE(line.find(R"("stream_seq":7,"stream_prev_seq":4,"partition":7,)"), std::string::npos)
+      << line;
+  envelope.stream_prev_seq = 0;  // every earlier message of the stream was abandoned
+  EXPECT_EQ(Render(envelope).at("stream_prev_seq"), 0);
+}
+
 TEST(JsonLineTest, PayloadEmbeddedOnlyWhenItIsExactJson) {
   Envelope envelope = Sample();
   envelope.payload = R"({"b": 1, "a": [true, 2.5]})";

@@ -208,6 +208,40 @@ TEST(RabbitSinkTest, MinimalEnvelopeAndTransientDelivery) {
             0U);
   EXPECT_FALSE(received[0].headers.contains(std::string{wire::kStreamKeyHeader}));
   EXPECT_FALSE(received[0].headers.contains(std::string{wire::kStreamSeqHeader}));
+  EXPECT_FALSE(received[0].headers.contains(std::string{wire::kStreamPrevSeqHeader}));
+}
+
+// outbox-stream-prev-seq travels as a long long, like outbox-stream-seq, and only when set.
+TEST(RabbitSinkTest, StreamPrevSeqHeaderOnlyWhenSet) {
+  Admin admin;
+  const std::string queue = UniqueName("prev-seq");
+  admin.DeclareQueue(queue);
+  auto sink = Open();
+  Envelope after_abandoned = MakeEnvelope(queue, "{}");
+  after_abandoned.stream_key = "order-42";
+  after_abandoned.stream_seq = 5;
+  after_abandoned.stream_prev_seq = 2;
+  Envelope head_abandoned = after_abandoned;
+  head_abandoned.id = NewUuidV7();
+  head_abandoned.stream_key = "order-43";
+  head_abandoned.stream_seq = 3;
+  head_abandoned.stream_prev_seq = 0;
+  Envelope ordinary = after_abandoned;
+  ordinary.id = NewUuidV7();
+  ordinary.stream_seq = 6;
+  ordinary.stream_prev_seq.reset();
+  const std::vector<Envelope> batch{after_abandoned, head_abandoned, ordinary};
+  ExpectAllPublished(sink->Publish(batch, In(milliseconds{5000})), batch);
+
+  const auto received = admin.Consume(queue, 3);
+  ASSERT_EQ(received.size(), 3U);
+  const std::string prev{wire::kStreamPrevSeqHeader};
+  EXPECT_EQ(received[0].headers.at(prev), "2");
+  EXPECT_EQ(received[0].header_kinds.at(prev), 'l');
+  EXPECT_EQ(received[1].headers.at(prev), "0");
+  EXPECT_EQ(received[1].header_kinds.at(prev), 'l');
+  EXPECT_EQ(received[2].headers.at(std::string{wire::kStreamSeqHeader}), "6");
+  EXPECT_FALSE(received[2].headers.contains(prev));
 }
 
 TEST(RabbitSinkTest, TenThousandMessagesAllConfirmedAndDeliveredInOrder) {

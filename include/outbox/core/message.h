@@ -64,6 +64,13 @@ struct Envelope {
   std::string topic;
   std::optional<std::string> stream_key;
   std::optional<std::int64_t> stream_seq;  // set for ordered streams
+  // Set by the claim only when the messages just before this one in its stream were abandoned
+  // (the relay gave up on them, or an operator did): the stream_seq of the latest earlier message
+  // of the stream that was not abandoned, 0 if there is none. A consumer whose stream mark has
+  // reached it knows that the seqs in between will not come (unless an operator replays them),
+  // instead of waiting for them forever. Unset when the predecessor was published, or for
+  // messages without a stream_seq.
+  std::optional<std::int64_t> stream_prev_seq;
   int partition = 0;
   std::string target{kDefaultTarget};
   std::optional<std::string> type;

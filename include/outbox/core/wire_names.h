@@ -7,6 +7,9 @@
 //   outbox-topic            string  the message's topic
 //   outbox-stream-key       string  its stream (ordering) key, when it has one
 //   outbox-stream-seq       long    its stream_seq, when its stream is sequenced
+//   outbox-stream-prev-seq  long    only when the messages just before it in its stream were
+//                                   abandoned: the seq of the latest earlier message of the
+//                                   stream that was not (0 if none); see Envelope
 //   outbox-partition        int     its partition
 //   outbox-attempts         int     attempts spent before this one
 
@@ -22,6 +25,7 @@ inline constexpr std::string_view kMessageId = "message_id";
 inline constexpr std::string_view kTopicHeader = "outbox-topic";
 inline constexpr std::string_view kStreamKeyHeader = "outbox-stream-key";
 inline constexpr std::string_view kStreamSeqHeader = "outbox-stream-seq";
+inline constexpr std::string_view kStreamPrevSeqHeader = "outbox-stream-prev-seq";
 inline constexpr std::string_view kPartitionHeader = "outbox-partition";
 inline constexpr std::string_view kAttemptsHeader = "outbox-attempts";
 

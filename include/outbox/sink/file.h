@@ -3,8 +3,10 @@
 // for development, for piping into other tools, and as an audit trail.
 //
 // Each line is a JSON object with the keys, in this order:
-//   id, topic, stream_key, stream_seq, partition, target, type, content_type, headers, attempts,
-//   created_at (RFC 3339 UTC with milliseconds, e.g. "2024-05-01T12:34:56.789Z"), and then
+//   id, topic, stream_key, stream_seq, stream_prev_seq (only when set: the messages just before
+//   this one in its stream were abandoned, see Envelope), partition, target, type, content_type,
+//   headers, attempts, created_at (RFC 3339 UTC with milliseconds, e.g.
+//   "2024-05-01T12:34:56.789Z"), and then
 //   payload: the payload embedded as JSON when content_type is application/json (parameters
 //            such as "; charset=utf-8" allowed) and the payload parses as JSON; otherwise the
 //            payload as a string when it is valid UTF-8;

@@ -170,6 +170,7 @@ void AppendJsonLine(const Envelope& envelope, std::string& out) {
   line["topic"] = envelope.topic;
   line["stream_key"] = envelope.stream_key ? Json(*envelope.stream_key) : Json(nullptr);
   line["stream_seq"] = envelope.stream_seq ? Json(*envelope.stream_seq) : Json(nullptr);
+  if (envelope.stream_prev_seq) line["stream_prev_seq"] = *envelope.stream_prev_seq;
   line["partition"] = envelope.partition;
   line["target"] = envelope.target;
   line["type"] = envelope.type ? Json(*envelope.type) : Json(nullptr);

@@ -443,6 +443,8 @@ std::optional<Failure> RabbitSink::Prepare(const Envelope& envelope, Prepared& o
     out.headers.push_back(StringEntry(wire::kStreamKeyHeader, *envelope.stream_key));
   if (envelope.stream_seq)
     out.headers.push_back(Int64Entry(wire::kStreamSeqHeader, *envelope.stream_seq));
+  if (envelope.stream_prev_seq)
+    out.headers.push_back(Int64Entry(wire::kStreamPrevSeqHeader, *envelope.stream_prev_seq));
   out.headers.push_back(Int32Entry(wire::kPartitionHeader, envelope.partition));
   out.headers.push_back(Int32Entry(wire::kAttemptsHeader, envelope.attempts));
 
