@@ -35,6 +35,29 @@ auto UnderSavepoint(PGconn* conn, Body&& body) {
 
 }  // namespace
 
+std::string Validate(const Delivery& delivery) {
+  if (!delivery.malformed.empty()) return delivery.malformed;
+  if (delivery.stream_seq && (*delivery.stream_seq < 1 || *delivery.stream_seq > kMaxStreamSeq)) {
+    return "stream_seq " + std::to_string(*delivery.stream_seq) + " is out of range (1 to " +
+           std::to_string(kMaxStreamSeq) + ")";
+  }
+  return {};
+}
+
+std::string_view NameOf(Result result) {
+  switch (result) {
+    case Result::kProcessed:
+      return "processed";
+    case Result::kDuplicate:
+      return "duplicate";
+    case Result::kOutOfOrder:
+      return "out of order";
+    case Result::kInvalid:
+      return "invalid";
+  }
+  return "unknown";
+}
+
 Inbox::Inbox(Options options) : options_(std::move(options)) {
   if (options_.consumer.empty()) throw std::invalid_argument("inbox: consumer must not be empty");
   const std::string schema = postgres::QuoteSchema(options_.schema);
@@ -61,12 +84,9 @@ Inbox::Inbox(Options options) : options_(std::move(options)) {
 Result Inbox::Process(pg_conn* conn, const Delivery& delivery,
                       const std::function<void(pg_conn*)>& handler) const {
   RequireOpenTransaction(conn);
+  if (!Validate(delivery).empty()) return Result::kInvalid;
   const std::string& consumer = options_.consumer;
   if (delivery.stream_key && delivery.stream_seq) {
-    if (*delivery.stream_seq < 1) {
-      throw std::invalid_argument("outbox inbox: stream_seq must be >= 1, got " +
-                                  std::to_string(*delivery.stream_seq));
-    }
     const std::string seq = std::to_string(*delivery.stream_seq);
     return UnderSavepoint(conn, [&] {
       const auto mark = Exec(conn, "inbox: lock stream", lock_stream_sql_,

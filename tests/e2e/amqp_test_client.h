@@ -104,6 +104,47 @@ inline void DeleteQueue(const std::string& name) {
   }
 }
 
+inline void DeleteExchange(const std::string& name) {
+  if (auto conn = AmqpTryConnect()) {
+    amqp_exchange_delete(conn.get(), 1, amqp_cstring_bytes(name.c_str()), 0);
+  }
+}
+
+// Messages ready in `queue` (a passive declare), or nullopt when it does not exist.
+inline std::optional<std::uint32_t> ReadyMessages(const std::string& queue) {
+  auto conn = AmqpConnect();
+  const auto* ok = amqp_queue_declare(conn.get(), 1, amqp_cstring_bytes(queue.c_str()),
+                                      /*passive=*/1, 0, 0, 0, amqp_empty_table);
+  if (ok == nullptr) return std::nullopt;
+  return ok->message_count;
+}
+
+// Publishes `body` with `properties` straight to `queue` (the default exchange), with a
+// publisher confirm: what a producer other than the outbox, or a broken one, might send.
+inline void PublishRaw(const std::string& queue, const amqp_basic_properties_t& properties,
+                       const std::string& body = "{}") {
+  auto conn = AmqpConnect();
+  amqp_confirm_select(conn.get(), 1);
+  CheckReply(amqp_get_rpc_reply(conn.get()), "confirm.select");
+  if (amqp_basic_publish(conn.get(), 1, amqp_empty_bytes, amqp_cstring_bytes(queue.c_str()),
+                         /*mandatory=*/1, 0, &properties, AmqpBytes(body)) != AMQP_STATUS_OK) {
+    throw std::runtime_error("basic.publish failed");
+  }
+  amqp_frame_t frame{};
+  timeval timeout{5, 0};
+  for (;;) {  // a basic.return (unroutable) comes before the ack
+    if (amqp_simple_wait_frame_noblock(conn.get(), &frame, &timeout) != AMQP_STATUS_OK) {
+      throw std::runtime_error("no publisher confirm");
+    }
+    if (frame.frame_type != AMQP_FRAME_METHOD) continue;
+    if (frame.payload.method.id == AMQP_BASIC_RETURN_METHOD) {
+      throw std::runtime_error("unroutable: no queue " + queue);
+    }
+    if (frame.payload.method.id == AMQP_BASIC_ACK_METHOD) return;
+    if (frame.payload.method.id == AMQP_BASIC_NACK_METHOD) throw std::runtime_error("nacked");
+  }
+}
+
 struct Delivery {
   std::string message_id;
   std::string stream_key;

@@ -8,12 +8,15 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <limits>
 #include <random>
 #include <set>
 
 #include "../postgres/pg_test_support.h"
 #include "amqp_test_client.h"
 #include "child_process.h"
+#include "outbox/core/uuid.h"
+#include "outbox/core/wire_names.h"
 
 namespace outbox::testing {
 namespace {
@@ -27,7 +30,8 @@ TEST(InboxE2eTest, TheConsumersTableEqualsTheCommittedSetThroughRestartsAndKills
   const std::string table = schema.name() + ".applied";
   const std::string config = "/tmp/outboxd-" + schema.name() + ".toml";
   const std::string log = config + ".log";
-  DeclareQueue(queue);
+  // As the consumer declares it: dead-lettering to <queue>.dead-letter.
+  DeclareQueue(queue, {{"x-dead-letter-exchange", queue + ".dead-letter"}});
   {
     std::ofstream out(config);
     out << "[database]\nurl = \"" << PgUrl() << "\"\nschema = \"" << schema.name() << "\"\n"
@@ -113,7 +117,142 @@ TEST(InboxE2eTest, TheConsumersTableEqualsTheCommittedSetThroughRestartsAndKills
   std::printf("[ e2e ] inbox: %zu committed, applied exactly once; consumer said: %s\n",
               committed.size(), output.substr(output.rfind("processed")).c_str());
   DeleteQueue(queue);
+  DeleteQueue(queue + ".dead-letter");
+  DeleteExchange(queue + ".dead-letter");
   std::remove(config.c_str());
+  std::remove(log.c_str());
+}
+
+amqp_basic_properties_t Properties(const std::string& id,
+                                   std::vector<amqp_table_entry_t>& headers) {
+  amqp_basic_properties_t properties{};
+  properties._flags = AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG;
+  properties.delivery_mode = AMQP_DELIVERY_PERSISTENT;
+  if (!id.empty()) {
+    properties._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
+    properties.message_id = AmqpBytes(id);
+  }
+  properties.headers = {static_cast<int>(headers.size()), headers.data()};
+  return properties;
+}
+
+amqp_table_entry_t Entry(std::string_view key, std::int64_t value) {
+  amqp_table_entry_t entry{};
+  entry.key = AmqpBytes(key);
+  entry.value.kind = AMQP_FIELD_KIND_I64;
+  entry.value.value.i64 = value;
+  return entry;
+}
+
+amqp_table_entry_t Entry(std::string_view key, std::string_view value) {
+  amqp_table_entry_t entry{};
+  entry.key = AmqpBytes(key);
+  entry.value.kind = AMQP_FIELD_KIND_UTF8;
+  entry.value.value.bytes = AmqpBytes(value);
+  return entry;
+}
+
+// Deliveries the inbox can never process (a seq out of range or unreadable, or no outbox id) are
+// dead-lettered by the example consumer: each lands once in its dead-letter queue, is logged
+// once and never comes back, and a valid message behind them is processed.
+TEST(InboxE2eTest, InvalidDeliveriesAreDeadLetteredOnceAndNotRedelivered) {
+  TestSchema schema;
+  const std::string queue = "inbox_e2e_invalid_" + schema.name();
+  const std::string dead_letter = queue + ".dead-letter";
+  const std::string table = schema.name() + ".applied";
+  const std::string log = "/tmp/inbox-e2e-" + schema.name() + ".log";
+  DeclareQueue(queue, {{"x-dead-letter-exchange", dead_letter}});
+  struct Bad {
+    std::string id;
+    std::vector<amqp_table_entry_t> headers;
+  };
+  std::vector<Bad> bad{
+      {NewUuidV7().ToString(),
+       {Entry(wire::kStreamKeyHeader, "s"), Entry(wire::kStreamSeqHeader, -1)}},
+      {NewUuidV7().ToString(),
+       {Entry(wire::kStreamKeyHeader, "s"),
+        Entry(wire::kStreamSeqHeader, std::numeric_limits<std::int64_t>::max())}},
+      {NewUuidV7().ToString(),
+       {Entry(wire::kStreamKeyHeader, "s"), Entry(wire::kStreamSeqHeader, "7x")}},
+      {"", {Entry(wire::kStreamKeyHeader, "s"), Entry(wire::kStreamSeqHeader, 1)}},  // no id
+  };
+  for (auto& message : bad) PublishRaw(queue, Properties(message.id, message.headers));
+  const std::string good_id = NewUuidV7().ToString();
+  std::vector<amqp_table_entry_t> good{Entry(wire::kStreamKeyHeader, "s"),
+                                       Entry(wire::kStreamSeqHeader, 1)};
+  PublishRaw(queue, Properties(good_id, good), R"({"good":true})");
+
+  auto consumer = std::make_unique<ChildProcess>(
+      std::vector<std::string>{CONSUMER_PATH, "--amqp", AmqpUrl(), "--queue", queue, "--db",
+                               PgUrl(), "--schema", schema.name(), "--table", table},
+      log);
+  const auto applied = [&] {
+    const auto exists = Scalar(schema.conn(), "SELECT to_regclass('" + table + "') IS NOT NULL");
+    return exists == "t" ? Scalar(schema.conn(), "SELECT count(*) FROM " + table) : "0";
+  };
+  for (int i = 0; i < 300 && (applied() != "1" || ReadyMessages(dead_letter) != 4U); ++i) {
+    std::this_thread::sleep_for(milliseconds{100});
+  }
+  // Time for a redelivery loop to show itself, if there were one.
+  std::this_thread::sleep_for(seconds{2});
+  EXPECT_EQ(consumer->Stop(SIGTERM), 0);
+  std::ifstream in(log);
+  const std::string output{std::istreambuf_iterator<char>(in), {}};
+  EXPECT_EQ(Scalar(schema.conn(), "SELECT id FROM " + table), good_id) << output;
+  EXPECT_EQ(ReadyMessages(queue), 0U) << output;
+  Consumer dead(dead_letter);
+  for (int i = 0; i < 50 && dead.count() < 4; ++i) std::this_thread::sleep_for(milliseconds{100});
+  std::this_thread::sleep_for(milliseconds{300});
+  dead.Stop();
+  std::multiset<std::string> dead_ids;
+  for (const auto& delivery : dead.deliveries()) dead_ids.insert(delivery.message_id);
+  EXPECT_EQ(dead_ids, (std::multiset<std::string>{bad[0].id, bad[1].id, bad[2].id, ""})) << output;
+  // Each logged once, as dead-lettered, with the reason.
+  const auto count = [&](const std::string& text) {
+    std::size_t n = 0;
+    for (auto at = output.find(text); at != std::string::npos; at = output.find(text, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("dead-lettering"), 4U) << output;
+  EXPECT_EQ(count("dead-lettering message " + bad[0].id +
+                  ": stream_seq -1 is out of range (1 to 4611686018427387904)"),
+            1U)
+      << output;
+  EXPECT_EQ(count("dead-lettering message " + bad[1].id + ": stream_seq 9223372036854775807"), 1U)
+      << output;
+  EXPECT_EQ(
+      count("dead-lettering message " + bad[2].id + ": header outbox-stream-seq is not an integer"),
+      1U)
+      << output;
+  EXPECT_EQ(count("dead-lettering a message that is not from an outbox"), 1U) << output;
+  EXPECT_EQ(count("processed 1, duplicates 0, requeued out of order 0, dead-lettered 4"), 1U)
+      << output;
+  DeleteQueue(queue);
+  DeleteQueue(dead_letter);
+  DeleteExchange(dead_letter);
+  std::remove(log.c_str());
+}
+
+// The consumer declares its queue with the dead-letter exchange; one declared otherwise makes it
+// stop at once with a clear message, rather than drop invalid deliveries.
+TEST(InboxE2eTest, AQueueWithoutTheDeadLetterExchangeStopsTheConsumer) {
+  TestSchema schema;
+  const std::string queue = "inbox_e2e_plain_" + schema.name();
+  const std::string log = "/tmp/inbox-e2e-" + schema.name() + ".log";
+  DeclareQueue(queue);  // no x-dead-letter-exchange
+  ChildProcess consumer({CONSUMER_PATH, "--amqp", AmqpUrl(), "--queue", queue, "--db", PgUrl(),
+                         "--schema", schema.name(), "--table", schema.name() + ".applied"},
+                        log);
+  const int status = consumer.Wait(seconds{10});
+  std::ifstream in(log);
+  const std::string output{std::istreambuf_iterator<char>(in), {}};
+  EXPECT_EQ(status, 1) << output;
+  EXPECT_NE(output.find("x-dead-letter-exchange = \"" + queue + ".dead-letter\""),
+            std::string::npos)
+      << output;
+  DeleteQueue(queue);
+  DeleteQueue(queue + ".dead-letter");
+  DeleteExchange(queue + ".dead-letter");
   std::remove(log.c_str());
 }
 

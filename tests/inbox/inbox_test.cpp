@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -89,6 +90,9 @@ TEST_F(InboxTest, DuplicatesAndReorderingWithinStreamsApplyEachMessageOnce) {
       case Result::kOutOfOrder:
         ++refused;
         queue.push_back(delivery);  // redelivered later
+        break;
+      case Result::kInvalid:
+        ADD_FAILURE() << "every delivery here is valid";
         break;
     }
   }
@@ -241,10 +245,50 @@ TEST_F(InboxTest, BadInputIsRefused) {
   auto conn = Connect();
   const Delivery delivery{NewUuidV7(), std::nullopt, std::nullopt};
   EXPECT_THROW(inbox.Process(conn.get(), delivery, [](pg_conn*) {}), std::logic_error);
-  Sql(conn.get(), "BEGIN");
-  EXPECT_THROW(inbox.Process(conn.get(), {NewUuidV7(), "s", 0}, [](pg_conn*) {}),
-               std::invalid_argument);
-  Sql(conn.get(), "ROLLBACK");
+}
+
+// Sequence numbers out of range, or unreadable headers: kInvalid, nothing runs, nothing is
+// recorded, nothing is thrown, whatever the gap policy; the transaction stays usable.
+TEST_F(InboxTest, InvalidSequenceNumbersAreRefusedWithoutARecord) {
+  auto conn = Connect();
+  const auto id = NewUuidV7();
+  const std::vector<Delivery> invalid{
+      {id, "s", 0},
+      {id, "s", -1},
+      {id, "s", std::numeric_limits<std::int64_t>::min()},
+      {id, "s", inbox::kMaxStreamSeq + 1},
+      {id, "s", std::numeric_limits<std::int64_t>::max()},
+      {id, std::nullopt, -1},  // a seq without a key is still a bad seq
+      {.id = id, .stream_key = "s", .malformed = "header outbox-stream-seq is not an integer"},
+      {.id = id, .malformed = "header outbox-stream-key is not a string"},
+  };
+  for (const GapPolicy policy : {GapPolicy::kRefuse, GapPolicy::kProcessAnyway}) {
+    const Inbox inbox = MakeInbox("strict", policy);
+    for (const Delivery& delivery : invalid) {
+      EXPECT_NE(inbox::Validate(delivery), "");
+      Sql(conn.get(), "BEGIN");
+      bool ran = false;
+      EXPECT_EQ(inbox.Process(conn.get(), delivery, [&](pg_conn*) { ran = true; }),
+                Result::kInvalid);
+      EXPECT_FALSE(ran);
+      Sql(conn.get(), "COMMIT");
+    }
+  }
+  EXPECT_EQ(inbox::Validate(invalid[1]),
+            "stream_seq -1 is out of range (1 to 4611686018427387904)");
+  EXPECT_EQ(inbox::Validate(invalid[6]), "header outbox-stream-seq is not an integer");
+  EXPECT_EQ(Scalar(schema_.conn(), "SELECT (SELECT count(*) FROM " + schema_.name() +
+                                       ".inbox_streams) + (SELECT count(*) FROM " + schema_.name() +
+                                       ".inbox_messages)"),
+            "0");
+  // The bounds themselves are valid.
+  const Inbox lenient = MakeInbox("lenient", GapPolicy::kProcessAnyway);
+  EXPECT_EQ(ProcessOnce(conn.get(), lenient, {NewUuidV7(), "s", 1}), Result::kProcessed);
+  EXPECT_EQ(ProcessOnce(conn.get(), lenient, {NewUuidV7(), "s", inbox::kMaxStreamSeq}),
+            Result::kProcessed);
+  EXPECT_EQ(ProcessOnce(conn.get(), lenient, {NewUuidV7(), "s", inbox::kMaxStreamSeq}),
+            Result::kDuplicate);
+  EXPECT_EQ(Effects(), "2");
 }
 
 TEST(InboxAmqpTest, ReadsTheDeliveryAndRejectsForeignMessages) {
@@ -272,10 +316,32 @@ TEST(InboxAmqpTest, ReadsTheDeliveryAndRejectsForeignMessages) {
   EXPECT_EQ(delivery->id.ToString(), id);
   EXPECT_EQ(delivery->stream_key, "order-42");
   EXPECT_EQ(delivery->stream_seq, 7);
+  EXPECT_EQ(delivery->malformed, "");
+  // Any integer type, or a decimal string.
+  entries[1].value.kind = AMQP_FIELD_KIND_I32;
+  entries[1].value.value.i32 = -1;
+  EXPECT_EQ(inbox::FromAmqp(properties)->stream_seq, -1);  // readable: Process says kInvalid
   entries[1].value.kind = AMQP_FIELD_KIND_UTF8;
-  entries[1].value.value.bytes = amqp_cstring_bytes("7x");
-  EXPECT_FALSE(inbox::FromAmqp(properties, &error).has_value());
-  EXPECT_EQ(error, "header outbox-stream-seq is not an integer");
+  entries[1].value.value.bytes = amqp_cstring_bytes("8");
+  EXPECT_EQ(inbox::FromAmqp(properties)->stream_seq, 8);
+  // Present but unreadable: a delivery (its id is fine) that is malformed, so kInvalid.
+  for (const char* text : {"7x", "", "9223372036854775808"}) {
+    entries[1].value.value.bytes = amqp_cstring_bytes(text);
+    const auto bad = inbox::FromAmqp(properties);
+    ASSERT_TRUE(bad.has_value()) << text;
+    EXPECT_EQ(bad->malformed, "header outbox-stream-seq is not an integer") << text;
+    EXPECT_EQ(inbox::Validate(*bad), bad->malformed);
+  }
+  entries[1].value.kind = AMQP_FIELD_KIND_U64;
+  entries[1].value.value.u64 = std::uint64_t{1} << 63U;
+  EXPECT_EQ(inbox::FromAmqp(properties)->malformed, "header outbox-stream-seq is not an integer");
+  entries[1].value.kind = AMQP_FIELD_KIND_F64;
+  entries[1].value.value.f64 = 7.0;
+  EXPECT_EQ(inbox::FromAmqp(properties)->malformed, "header outbox-stream-seq is not an integer");
+  entries[1].value.kind = AMQP_FIELD_KIND_I64;
+  entries[0].value.kind = AMQP_FIELD_KIND_I64;
+  entries[0].value.value.i64 = 42;
+  EXPECT_EQ(inbox::FromAmqp(properties)->malformed, "header outbox-stream-key is not a string");
 }
 
 }  // namespace

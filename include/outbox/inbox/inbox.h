@@ -8,11 +8,18 @@
 //   PQexec(conn, "COMMIT");   // then ack the delivery to the broker
 //
 // Two modes, chosen per message:
-//   - a message with a stream_seq: a high-water mark per (consumer, stream). Constant space, no
-//     eviction; seq <= mark is a duplicate. A seq beyond mark + 1 is a gap, handled by GapPolicy.
+//   - a message with a stream_key and a stream_seq: a high-water mark per (consumer, stream).
+//     Constant space, no eviction; seq <= mark is a duplicate. A seq beyond mark + 1 is a gap,
+//     handled by GapPolicy.
 //   - otherwise: the message id is recorded per consumer and kept for a retention window
 //     (Cleanup deletes older records in bounded chunks). A duplicate arriving after the window
 //     would be processed again: choose the window longer than any redelivery can take.
+//
+// Sequence numbers a consumer can act on are 1 <= stream_seq <= kMaxStreamSeq (the outbox assigns
+// 1, 2, 3, ... per stream). A delivery with a stream_seq outside that range, or whose outbox
+// headers could not be read (Delivery::malformed), is kInvalid: nothing runs, nothing is
+// recorded, nothing is thrown. It can never become processable, so it must not be requeued:
+// dead-letter it (see examples/rabbitmq_inbox_consumer.cpp).
 //
 // Concurrency: two consumers processing the same message at once serialize on its inbox row;
 // exactly one runs the handler, the other gets kDuplicate once the first commits (or runs it, if
@@ -26,6 +33,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "outbox/core/uuid.h"
 
@@ -33,18 +41,34 @@ struct pg_conn;  // libpq's PGconn
 
 namespace outbox::inbox {
 
+// The largest stream_seq the inbox accepts: 2^62, far beyond any real stream, and low enough that
+// mark + 1 and the other arithmetic on seqs can never overflow.
+inline constexpr std::int64_t kMaxStreamSeq = std::int64_t{1} << 62;
+
 // What the consumer received; FromAmqp (inbox/rabbitmq.h) reads it from a RabbitMQ delivery.
 struct Delivery {
   MessageId id;
   std::optional<std::string> stream_key;
-  std::optional<std::int64_t> stream_seq;
+  std::optional<std::int64_t> stream_seq;  // 1 .. kMaxStreamSeq
+  // Not empty when an outbox header of the delivery was present but unreadable (e.g.
+  // "header outbox-stream-seq is not an integer"): Process returns kInvalid.
+  std::string malformed;
 };
 
 enum class Result {
   kProcessed,   // new: the handler ran
   kDuplicate,   // already processed by this consumer: the handler did not run; ack it
   kOutOfOrder,  // a gap before it and GapPolicy::kRefuse: nothing ran or was recorded; requeue it
+                // (after a short delay: its predecessor has to get there first)
+  kInvalid,     // its sequence numbers are out of range or unreadable (see Validate): nothing ran
+                // or was recorded, and it will never be processable; dead-letter it, don't requeue
 };
+
+// Empty when Process can act on `delivery`; otherwise why not (Process returns kInvalid), e.g.
+// "stream_seq -1 is out of range (1 to 4611686018427387904)". Needs no database.
+std::string Validate(const Delivery& delivery);
+
+std::string_view NameOf(Result result);  // "processed", "duplicate", "out of order", "invalid"
 
 // What to do with a sequenced message that arrives before its predecessor.
 enum class GapPolicy {
@@ -68,7 +92,8 @@ class Inbox {
   explicit Inbox(Options options);
 
   // Records `delivery` for this consumer and runs `handler` on `conn` if it is new, inside the
-  // caller's open transaction (std::logic_error if there is none); never commits. Both happen
+  // caller's open transaction (std::logic_error if there is none); never commits. An invalid
+  // delivery (see Validate) returns kInvalid without touching the database. Both happen
   // under a savepoint: if the handler throws, its writes and the inbox record are rolled back and
   // the exception propagates, so the message can be processed again. The handler may enqueue
   // outgoing messages on `conn` (postgres::Writer) in the same transaction. Throws StoreError
