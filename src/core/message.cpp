@@ -31,12 +31,20 @@ bool IsReservedHeader(std::string_view name) {
   return folded == kMessageIdHeader || folded.starts_with(kReservedHeaderPrefix);
 }
 
-std::string CheckText(std::string_view field, std::string_view text, std::size_t max_bytes) {
+// "<what> is N bytes, over the limit of M (<limit>)"; without the parenthesis when `limit` is
+// empty (a fixed limit rather than one of MessageLimits).
+std::string SizeError(std::string_view what, std::size_t size, std::size_t max_bytes,
+                      std::string_view limit = {}) {
+  std::string error = std::string{what} + " is " + std::to_string(size) +
+                      " bytes, over the limit of " + std::to_string(max_bytes);
+  if (!limit.empty()) error += " (" + std::string{limit} + ")";
+  return error;
+}
+
+std::string CheckText(std::string_view field, std::string_view text, std::size_t max_bytes,
+                      std::string_view limit = {}) {
   if (text.empty()) return std::string{field} + " must not be empty";
-  if (text.size() > max_bytes) {
-    return std::string{field} + " is " + std::to_string(text.size()) +
-           " bytes, over the limit of " + std::to_string(max_bytes);
-  }
+  if (text.size() > max_bytes) return SizeError(field, text.size(), max_bytes, limit);
   if (const auto at = FindControl(text); at != std::string_view::npos) {
     return ControlError(field, text, at);
   }
@@ -48,10 +56,13 @@ std::string CheckText(std::string_view field, std::string_view text, std::size_t
 std::string ValidateHeaders(const Headers& headers, const MessageLimits& limits) {
   if (headers.size() > limits.max_header_count) {
     return "headers: " + std::to_string(headers.size()) + " headers, over the limit of " +
-           std::to_string(limits.max_header_count);
+           std::to_string(limits.max_header_count) + " (max_header_count)";
   }
+  std::size_t total_bytes = 0;
   for (const auto& [name, value] : headers) {
-    if (auto error = CheckText("header name", name, limits.max_header_bytes); !error.empty()) {
+    if (auto error =
+            CheckText("header name", name, limits.max_header_name_bytes, "max_header_name_bytes");
+        !error.empty()) {
       return error + (name.empty() ? "" : " ('" + name.substr(0, 64) + "')");
     }
     if (IsReservedHeader(name)) {
@@ -59,13 +70,19 @@ std::string ValidateHeaders(const Headers& headers, const MessageLimits& limits)
              std::string{kReservedHeaderPrefix} + "' are set by the outbox)";
     }
     const std::string field = "header '" + name + "': value";
-    if (value.size() > limits.max_header_bytes) {
-      return field + " is " + std::to_string(value.size()) + " bytes, over the limit of " +
-             std::to_string(limits.max_header_bytes);
+    if (value.size() > limits.max_header_value_bytes) {
+      return SizeError(field, value.size(), limits.max_header_value_bytes,
+                       "max_header_value_bytes");
     }
     if (const auto at = FindControl(value); at != std::string_view::npos) {
       return ControlError(field, value, at);
     }
+    total_bytes += name.size() + value.size();
+  }
+  if (total_bytes > limits.max_headers_bytes) {
+    return "headers: " + std::to_string(total_bytes) +
+           " bytes of names and values, over the limit of " +
+           std::to_string(limits.max_headers_bytes) + " (max_headers_bytes)";
   }
   return {};
 }
@@ -81,8 +98,8 @@ std::string ValidateMessage(const NewMessage& message, const MessageLimits& limi
     }
   }
   if (message.payload.size() > limits.max_payload_bytes) {
-    return "payload is " + std::to_string(message.payload.size()) + " bytes, over the limit of " +
-           std::to_string(limits.max_payload_bytes);
+    return SizeError("payload", message.payload.size(), limits.max_payload_bytes,
+                     "max_payload_bytes");
   }
   if (auto error = CheckText("content_type", message.content_type, 255); !error.empty()) {
     return error;

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include "../support/header_limits.h"
 #include "outbox/core/error.h"
 #include "pg_test_support.h"
 
@@ -93,6 +94,31 @@ TEST_F(PgStoreTest, WriterRefusesWithoutATransactionAndRejectsBadMessagesFirst) 
   writer_.Enqueue(app.get(), Message("t"));
   Sql(app.get(), "COMMIT");
   EXPECT_EQ(Scalar(schema_.conn(), "SELECT count(*) FROM " + schema_.name() + ".messages"), "1");
+}
+
+// Headers at the default limits go through and arrive whole; one header more is refused before
+// anything is sent, so the caller's transaction stays usable.
+TEST_F(PgStoreTest, WriterTakesHeadersAtTheLimitsAndRefusesOneMoreBeforeSending) {
+  auto app = Connect();
+  NewMessage message = Message("t");
+  message.headers = HeadersAtTheLimits();
+  NewMessage more = message;
+  more.headers["x-one-more"] = "";
+  Sql(app.get(), "BEGIN");
+  try {
+    writer_.Enqueue(app.get(), more);
+    ADD_FAILURE() << "expected InvalidMessage";
+  } catch (const InvalidMessage& error) {
+    EXPECT_STREQ(error.what(),
+                 "outbox enqueue: message 0: headers: 65 headers, over the limit of 64 "
+                 "(max_header_count)");
+  }
+  EXPECT_EQ(PQtransactionStatus(app.get()), PQTRANS_INTRANS);
+  writer_.Enqueue(app.get(), message);
+  Sql(app.get(), "COMMIT");
+  const auto batch = OpenStore()->Claim(Request("relay", 10));
+  ASSERT_EQ(batch.size(), 1U);
+  EXPECT_EQ(batch[0].headers, message.headers);
 }
 
 TEST_F(PgStoreTest, PayloadOverTheDatabaseLimitIsInvalidMessage) {

@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <limits>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "../support/header_limits.h"
 #include "name_template.h"
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
@@ -438,6 +441,65 @@ TEST(RabbitSinkTest, OversizedMessagesArePermanentAndNeverSent) {
       << outcomes[2].failure->reason;
   EXPECT_EQ(Ids(admin.Consume(queue, 4, milliseconds{500})),
             (std::vector<std::string>{batch[0].id.ToString(), batch[3].id.ToString()}));
+}
+
+// The most that the default header limits let a writer enqueue (MessageLimits, and the same
+// PostgreSQL settings) reaches a consumer whole: 64 headers, a 128-byte name, a 4096-byte value,
+// 8192 bytes of names and values, with the rest of the content header at its maximum too (topic,
+// stream key, type and content type of 255 bytes, correlation_id as a property). One header or
+// byte more is refused at enqueue, so no relay has to abandon it here.
+TEST(RabbitSinkTest, HeadersAtTheDefaultLimitsAreCarriedAndOneMoreIsRefusedAtEnqueue) {
+  Admin admin;
+  std::string queue = UniqueName("header-limits");
+  queue.append(255 - queue.size(), 'q');  // the topic, and the routing key
+  admin.DeclareQueue(queue);
+  auto sink = Open();
+
+  NewMessage message;
+  message.topic = queue;
+  message.payload = R"({"big":"headers"})";
+  message.stream_key = std::string(255, 'k');
+  message.type = std::string(255, 't');
+  message.content_type = "application/x-" + std::string(255 - 14, 'c');
+  message.headers = HeadersAtTheLimits();
+  ASSERT_EQ(ValidateMessage(message), "");
+
+  Envelope envelope = MakeEnvelope(message.topic, message.payload);
+  envelope.stream_key = message.stream_key;
+  envelope.stream_seq = std::numeric_limits<std::int64_t>::max();
+  envelope.type = message.type;
+  envelope.content_type = message.content_type;
+  envelope.headers = message.headers;
+  envelope.partition = 4095;
+  envelope.attempts = 1000;
+  const std::vector<Envelope> batch{envelope};
+  ExpectAllPublished(sink->Publish(batch, In(milliseconds{5000})), batch);
+
+  const auto received = admin.Consume(queue, 2, milliseconds{1000});
+  ASSERT_EQ(received.size(), 1U);
+  EXPECT_EQ(received[0].body, message.payload);
+  EXPECT_EQ(received[0].type, *message.type);
+  EXPECT_EQ(received[0].content_type, message.content_type);
+  EXPECT_EQ(received[0].correlation_id, message.headers.at("correlation_id"));
+  Headers user_headers;
+  for (const auto& [name, value] : received[0].headers) {
+    if (!name.starts_with(kReservedHeaderPrefix)) user_headers.emplace(name, value);
+  }
+  EXPECT_EQ(user_headers, message.headers);
+  // The outbox's own: topic, stream key, stream seq, partition, attempts.
+  EXPECT_EQ(received[0].headers.size(), message.headers.size() + 5);
+
+  NewMessage more = message;
+  more.headers["x-one-more"] = "";
+  EXPECT_NE(ValidateMessage(more).find("(max_header_count)"), std::string::npos);
+  more = message;
+  more.headers.at("x-010") += 'h';
+  EXPECT_NE(ValidateMessage(more).find("(max_headers_bytes)"), std::string::npos);
+  more = message;
+  const std::string longest(128, 'n');
+  more.headers.erase(longest);
+  more.headers[longest + 'n'] = std::string(4095, 'v');
+  EXPECT_NE(ValidateMessage(more).find("(max_header_name_bytes)"), std::string::npos);
 }
 
 TEST(RabbitSinkTest, UnreachableBrokerIsUnavailableQuicklyWithBackoff) {

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "../store/store_contract.h"
+#include "../support/header_limits.h"
 #include "outbox/store/sqlite.h"
 
 namespace outbox::testing {
@@ -106,6 +107,59 @@ TEST_F(SqliteWriterTest, EnqueuesInTheCallersTransactionAndNeverCommits) {
   Exec(db.get(), "BEGIN");
   EXPECT_THROW(writer.Enqueue(db.get(), bad), InvalidMessage);
   Exec(db.get(), "ROLLBACK");
+}
+
+// The writer's MessageLimits (the defaults, or StoreOptions::limits) refuse a message no sink
+// could carry, naming the limit; headers at the limits are stored and claimed intact.
+TEST_F(SqliteWriterTest, HeaderLimitsAreEnforcedAtEnqueue) {
+  auto db = OpenDb(path_);
+  const sqlite::Writer writer;
+  NewMessage message;
+  message.topic = "t";
+  message.headers = HeadersAtTheLimits();
+  const auto refusal = [&](const sqlite::Writer& w, const NewMessage& m) -> std::string {
+    Exec(db.get(), "BEGIN");
+    try {
+      w.Enqueue(db.get(), m);
+      Exec(db.get(), "ROLLBACK");
+      return "";
+    } catch (const InvalidMessage& error) {
+      Exec(db.get(), "ROLLBACK");
+      return error.what();
+    }
+  };
+  NewMessage more = message;
+  more.headers["x-one-more"] = "";
+  EXPECT_EQ(refusal(writer, more),
+            "outbox enqueue: message 0: headers: 65 headers, over the limit of 64 "
+            "(max_header_count)");
+  more = message;
+  more.headers.at("x-010") += 'h';
+  EXPECT_EQ(refusal(writer, more),
+            "outbox enqueue: message 0: headers: 8193 bytes of names and values, over the limit "
+            "of 8192 (max_headers_bytes)");
+  more = message;
+  more.headers = {{std::string(129, 'n'), "v"}};
+  EXPECT_NE(refusal(writer, more)
+                .find("header name is 129 bytes, over the limit of 128 "
+                      "(max_header_name_bytes)"),
+            std::string::npos);
+  more.headers = {{"x", std::string(4097, 'v')}};
+  EXPECT_EQ(refusal(writer, more),
+            "outbox enqueue: message 0: header 'x': value is 4097 bytes, over the limit of 4096 "
+            "(max_header_value_bytes)");
+  // Limits of one's own.
+  EXPECT_NE(refusal(sqlite::Writer{MessageLimits{.max_header_count = 63}}, message)
+                .find("(max_header_count)"),
+            std::string::npos);
+
+  Exec(db.get(), "BEGIN");
+  writer.Enqueue(db.get(), message);
+  Exec(db.get(), "COMMIT");
+  auto store = sqlite::OpenStore({.path = path_});
+  const auto batch = store->Claim({.owner = "r", .max_messages = 10});
+  ASSERT_EQ(batch.size(), 1U);
+  EXPECT_EQ(batch[0].headers, message.headers);
 }
 
 TEST_F(SqliteWriterTest, StreamSeqIsGapFreeAndInCommitOrderUnderFourWriters) {

@@ -2,8 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include "../support/header_limits.h"
+
 namespace outbox {
 namespace {
+
+using testing::HeadersAtTheLimits;
 
 NewMessage Valid() {
   NewMessage message;
@@ -80,6 +84,56 @@ TEST(MessageTest, RejectsBadHeaders) {
   limits.max_header_count = 1;
   message.headers = {{"a", "1"}, {"b", "2"}};
   ExpectError(message, "headers: 2 headers, over the limit of 1", limits);
+}
+
+// The PostgreSQL settings have the same defaults (tests/postgres/pg_sql_test.cpp); the reasons
+// are in the README, "Writing messages".
+TEST(MessageTest, HeaderLimitsDefaultToWhatEverySinkCarries) {
+  const MessageLimits limits;
+  EXPECT_EQ(limits.max_header_count, 64U);
+  EXPECT_EQ(limits.max_header_name_bytes, 128U);
+  EXPECT_EQ(limits.max_header_value_bytes, 4096U);
+  EXPECT_EQ(limits.max_headers_bytes, 8192U);
+}
+
+TEST(MessageTest, HeadersAtTheLimitsPassAndOneMoreIsRefusedNamingTheLimit) {
+  auto message = Valid();
+  message.headers = HeadersAtTheLimits();
+  ASSERT_EQ(message.headers.size(), 64U);
+  EXPECT_EQ(ValidateMessage(message), "");
+  const std::string longest(128, 'n');
+  ASSERT_EQ(message.headers.at(longest).size(), 4096U);
+
+  auto more = message;
+  more.headers["x-one-more"] = "";
+  ExpectError(more, "headers: 65 headers, over the limit of 64 (max_header_count)");
+  more = message;
+  more.headers.at("x-010") += 'h';
+  ExpectError(more,
+              "headers: 8193 bytes of names and values, over the limit of 8192 "
+              "(max_headers_bytes)");
+  // A name or a value one byte over, the total kept.
+  more = message;
+  more.headers.erase(longest);
+  more.headers[longest + 'n'] = std::string(4095, 'v');
+  ExpectError(more, "header name is 129 bytes, over the limit of 128 (max_header_name_bytes)");
+  more = message;
+  more.headers.at(longest) += 'v';
+  more.headers.at("x-010").pop_back();
+  ExpectError(more, "': value is 4097 bytes, over the limit of 4096 (max_header_value_bytes)");
+}
+
+TEST(MessageTest, HeaderLimitsCanBeChanged) {
+  const MessageLimits limits{.max_header_count = 3,
+                             .max_header_name_bytes = 16,
+                             .max_header_value_bytes = 20,
+                             .max_headers_bytes = 60};
+  auto message = Valid();
+  message.headers = HeadersAtTheLimits(limits);
+  EXPECT_EQ(ValidateMessage(message, limits), "");
+  message.headers.begin()->second += 'x';
+  ExpectError(message, "(max_headers_bytes)", limits);
+  EXPECT_EQ(ValidateMessage(message), "");
 }
 
 TEST(MessageTest, HeaderValuesMayBeEmptyAndUnicode) {

@@ -43,17 +43,24 @@ struct NewMessage {
   std::optional<bool> sequenced;
 };
 
-// Limits a store enforces on enqueue.
+// Limits a store enforces on enqueue. The header limits default to what every planned sink
+// carries with its own defaults, with room for the outbox's own metadata (README, "Writing
+// messages"); the PostgreSQL store's settings have the same names and defaults
+// (sql/007_enqueue_input.sql), and a test keeps them equal.
 struct MessageLimits {
   std::size_t max_topic_bytes = 255;
   std::size_t max_stream_key_bytes = 255;
   std::size_t max_payload_bytes = 1024 * 1024;
-  std::size_t max_header_count = 64;
-  std::size_t max_header_bytes = 4096;  // per name or value
+  std::size_t max_header_count = 64;        // an HTTP server takes 100 header fields (Apache)
+  std::size_t max_header_name_bytes = 128;  // AMQP 0-9-1 field names: at most 128
+  std::size_t max_header_value_bytes = 4096;
+  // Names and values of all headers together: an HTTP server takes 16 KiB of headers (Node.js).
+  std::size_t max_headers_bytes = 8192;
 };
 
-// Empty when `message` is valid; otherwise what is wrong, naming the field, e.g.
-// "header 'x-a': value contains a control character (0x0a)".
+// Empty when `message` is valid; otherwise what is wrong, naming the field and the limit it
+// breaks, e.g. "header 'x-a': value contains a control character (0x0a)", "headers: 8200 bytes
+// of names and values, over the limit of 8192 (max_headers_bytes)".
 std::string ValidateMessage(const NewMessage& message, const MessageLimits& limits = {});
 // The header part of ValidateMessage.
 std::string ValidateHeaders(const Headers& headers, const MessageLimits& limits = {});

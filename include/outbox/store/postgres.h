@@ -46,20 +46,24 @@ std::string WakeupLockName(const std::string& schema);
 // messages become visible to relays when the caller commits and vanish if it rolls back.
 class Writer {
  public:
-  explicit Writer(std::string schema = std::string{kDefaultSchema});
+  // `limits` are checked before anything is sent (all but max_payload_bytes, which is left to
+  // the database); the database checks its own settings too, whose defaults are the same. If you
+  // raise a header limit in outbox.settings, raise it here as well.
+  explicit Writer(std::string schema = std::string{kDefaultSchema}, MessageLimits limits = {});
 
   // Enqueues `messages` on `conn`, which must be inside an open transaction block (after BEGIN);
   // otherwise throws std::logic_error and writes nothing. One round trip for the whole batch
   // (libpq pipeline mode). Returns the new ids in order.
   // Throws InvalidMessage for a message that breaks the limits — before anything is sent when the
-  // message itself is invalid, or after PostgreSQL refused it (payload over settings'
-  // max_payload_bytes), in which case the caller's transaction is aborted and must be rolled
-  // back. Throws StoreError when the connection fails.
+  // writer's `limits` refuse it, or after PostgreSQL refused it (payload over settings'
+  // max_payload_bytes, or a setting lower than the writer's limit), in which case the caller's
+  // transaction is aborted and must be rolled back. Throws StoreError when the connection fails.
   std::vector<MessageId> Enqueue(pg_conn* conn, std::span<const NewMessage> messages) const;
   MessageId Enqueue(pg_conn* conn, const NewMessage& message) const;
 
  private:
   std::string sql_;
+  MessageLimits limits_;
 };
 
 struct StoreOptions {

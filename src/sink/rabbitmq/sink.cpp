@@ -52,6 +52,8 @@ constexpr milliseconds kCloseTimeout{2000};
 // keys.
 constexpr std::size_t kShortStringMax = 255;
 constexpr std::size_t kFieldNameMax = 128;
+// Stores refuse longer header names by default (core/message.h), so that none is abandoned here.
+static_assert(MessageLimits{}.max_header_name_bytes <= kFieldNameMax);
 // The socket is polled (for the broker's frames, and for room to write) at least every this
 // many messages or bytes.
 constexpr std::size_t kPollEveryMessages = 16;

@@ -78,7 +78,8 @@ struct EnqueueParams {
 
 }  // namespace
 
-Writer::Writer(std::string schema) {
+Writer::Writer(std::string schema, MessageLimits limits) : limits_(limits) {
+  limits_.max_payload_bytes = SIZE_MAX;  // settings.max_payload_bytes decides
   const std::string quoted = QuoteSchema(schema);
   sql_ = "SELECT " + quoted + ".enqueue_message($1, $2, $3, $4, $5, " + quoted +
          ".build_headers($6::jsonb, NULL, NULL), $7, $8::boolean)";
@@ -91,11 +92,9 @@ MessageId Writer::Enqueue(pg_conn* conn, const NewMessage& message) const {
 std::vector<MessageId> Writer::Enqueue(pg_conn* conn, std::span<const NewMessage> messages) const {
   RequireOpenTransaction(conn);
   // Check what can be checked here first, so a bad message does not abort the caller's
-  // transaction. The payload limit is the database's (settings.max_payload_bytes).
-  MessageLimits limits;
-  limits.max_payload_bytes = SIZE_MAX;
+  // transaction.
   for (std::size_t i = 0; i < messages.size(); ++i) {
-    if (auto error = ValidateMessage(messages[i], limits); !error.empty()) {
+    if (auto error = ValidateMessage(messages[i], limits_); !error.empty()) {
       throw InvalidMessage("outbox enqueue: message " + std::to_string(i) + ": " + error);
     }
   }
