@@ -260,11 +260,19 @@ TEST_F(PgPartitionTest, LeavingFreesPartitionsAndGivesLeasedMessagesBack) {
 TEST_F(PgPartitionTest, ADeadRelaysLeaseExpiryBringsTheNextHeartbeatForward) {
   auto a = Open();
   auto b = Open();
-  a->Heartbeat("a/1", milliseconds{1000}, {});
+  // a's leases end 3 s after its heartbeat: b (a third of its lease is 10 s) should look again
+  // just after that. How long after a's heartbeat b's came is measured, not assumed: on a busy
+  // machine the two can be far apart.
+  constexpr milliseconds kShortLease{3000};
+  const auto before = std::chrono::steady_clock::now();
+  a->Heartbeat("a/1", kShortLease, {});
   const auto membership = b->Heartbeat("b/1", milliseconds{30000}, {});
-  // a's leases end within a second: b should look again then, not in 10 s.
-  EXPECT_LE(membership.next_heartbeat, milliseconds{1100});
-  EXPECT_GT(membership.next_heartbeat, milliseconds{500});
+  const auto apart =
+      std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - before);
+  ASSERT_LT(apart, kShortLease) << "a's leases had ended before b's heartbeat: nothing to check";
+  EXPECT_LE(membership.next_heartbeat, kShortLease + milliseconds{100});
+  EXPECT_GE(membership.next_heartbeat, kShortLease - apart)
+      << "a's leases end " << (kShortLease - apart).count() << " ms or more after b's heartbeat";
 }
 
 TEST_F(PgPartitionTest, StatsCountLiveRelaysAndPartitionsNobodyHolds) {
