@@ -36,6 +36,7 @@
 #include "../support/free_port.h"
 #include "amqp_test_client.h"
 #include "child_process.h"
+#include "frozen_relay.h"
 
 namespace outbox::testing {
 namespace {
@@ -305,10 +306,41 @@ class MultiRelayE2eTest : public ::testing::Test {
     const Relay& c = Start("relay-c");
     ASSERT_TRUE(WaitForFair({&a, &b, &c}, started, kConverge)) << OwnershipText() << "\n" << Logs();
     writers.emplace(schema_.name(), queue_, 1000, 10'000'000, per_transaction, pause);
-    for (int i = 0; i < 300 && consumer.count() < warm; ++i) {
+    for (const auto until = Clock::now() + seconds{60};
+         consumer.count() < warm && Clock::now() < until;) {
       std::this_thread::sleep_for(milliseconds{50});
     }
     ASSERT_GE(consumer.count(), warm) << Logs();
+  }
+
+  // Polls until every relay's outbox_published_total exceeds its value in `before` (same order;
+  // and 0); false after `limit`. How a test knows that relays are publishing, instead of sleeping.
+  bool WaitForPublishing(const std::vector<const Relay*>& relays, const std::vector<double>& before,
+                         milliseconds limit, std::string* report) {
+    const auto until = Clock::now() + limit;
+    while (true) {
+      bool all = true;
+      report->clear();
+      for (std::size_t i = 0; i < relays.size(); ++i) {
+        const double published = relays[i]->Metric("outbox_published_total");
+        *report += relays[i]->instance() + ": published " + std::to_string(published) +
+                   " (before " + std::to_string(before[i]) + "); ";
+        all = all && published > std::max(before[i], 0.0);  // -1: it did not answer then
+      }
+      if (all || Clock::now() > until) return all;
+      std::this_thread::sleep_for(milliseconds{50});
+    }
+  }
+  std::vector<double> Published(const std::vector<const Relay*>& relays) {
+    std::vector<double> published;
+    for (const Relay* relay : relays) published.push_back(relay->Metric("outbox_published_total"));
+    return published;
+  }
+
+  // Freezes `relay` (SIGSTOP) holding claimed messages: see FreezeHoldingAClaim.
+  Freeze FreezeWithAClaim(Relay& relay) {
+    return FreezeHoldingAClaim(relay.process(), schema_.conn(), relay.app_name(),
+                               [&] { return Processing(relay); });
   }
 
   std::int64_t Count(const std::string& where) {
@@ -561,9 +593,12 @@ TEST_F(MultiRelayE2eTest, ARelayJoiningAndOneLeavingCleanlyRebalanceToTheFairSha
   ASSERT_TRUE(two) << OwnershipText() << "\n" << Logs();
   std::printf("[ multi ] 2 relays started: %s after %.2f s\n", OwnershipText().c_str(), Secs(*two));
 
-  // Writing continuously: 4 writers, 50 messages per transaction, a pause of 50 ms after each.
+  // Writing continuously: 4 writers, 50 messages per transaction, a pause of 50 ms after each;
+  // the join comes once both relays are publishing.
   Writers writers(schema_.name(), queue_, 1000, 10'000'000, 50, milliseconds{50});
-  std::this_thread::sleep_for(seconds{2});
+  std::string publishing;
+  ASSERT_TRUE(WaitForPublishing({&a, &b}, {0, 0}, seconds{30}, &publishing)) << publishing << "\n"
+                                                                             << Logs();
 
   // A third joins: the fair share of 3 (22/21/21 of 64) within two lease periods.
   const auto joined_at = Clock::now();
@@ -578,16 +613,28 @@ TEST_F(MultiRelayE2eTest, ARelayJoiningAndOneLeavingCleanlyRebalanceToTheFairSha
   }
   std::string gauges;
   EXPECT_TRUE(WaitForGauges({&a, &b, &c}, &gauges)) << gauges;
-  std::this_thread::sleep_for(seconds{1});
+  // All three publish at the new share before relay-b leaves.
+  EXPECT_TRUE(WaitForPublishing({&a, &b, &c}, Published({&a, &b, &c}), kConverge, &publishing))
+      << publishing << "\n"
+      << Logs();
   const double b_published = b.Metric("outbox_published_total");
   EXPECT_GT(b_published, 0) << b.LogTail();
 
-  // relay-b leaves with SIGTERM: it hands its partitions back as it exits, and the other two
-  // converge to 32/32 within two lease periods.
+  // relay-b leaves with SIGTERM while it holds a claim (the SIGTERM is sent while it is frozen
+  // with processing rows, and handled when it continues): it hands its partitions and what it
+  // claimed back as it exits, and the other two converge to 32/32 within two lease periods.
+  const Freeze freeze = FreezeWithAClaim(b);
+  ASSERT_GT(freeze.claimed, 0) << "relay-b not caught holding a claim in " << freeze.attempts
+                               << " attempts: " << freeze.problem << "\n"
+                               << Logs();
   const auto left_at = Clock::now();
-  EXPECT_EQ(b.process().Stop(SIGTERM, seconds{15}), 0) << b.LogTail();
+  b.process().Signal(SIGTERM);
+  b.process().Signal(SIGCONT);
+  EXPECT_EQ(b.process().Wait(seconds{15}), 0) << b.LogTail();
   const double exit_seconds = Secs(Clock::now() - left_at);
   EXPECT_EQ(Owned(b), 0) << "relay-b exited but still holds live leases: " << OwnershipText();
+  EXPECT_EQ(Processing(b), 0) << "relay-b exited (SIGTERM with " << freeze.claimed
+                              << " messages claimed) but messages are still leased to it";
   const auto back_to_two = WaitForFair({&a, &c}, left_at, kConverge);
   EXPECT_TRUE(back_to_two) << "not the fair share of 2 " << Secs(kConverge)
                            << " s after relay-b's SIGTERM: " << OwnershipText() << "\n"
@@ -597,7 +644,10 @@ TEST_F(MultiRelayE2eTest, ARelayJoiningAndOneLeavingCleanlyRebalanceToTheFairSha
                 exit_seconds, OwnershipText().c_str(), Secs(*back_to_two));
   }
   EXPECT_TRUE(WaitForGauges({&a, &c}, &gauges)) << gauges;
-  std::this_thread::sleep_for(seconds{1});
+  // The two left publish what is written after the leave.
+  EXPECT_TRUE(WaitForPublishing({&a, &c}, Published({&a, &c}), kConverge, &publishing))
+      << publishing << "\n"
+      << Logs();
 
   writers.Stop();
   ASSERT_EQ(writers.error(), "");
@@ -636,17 +686,27 @@ TEST_F(MultiRelayE2eTest, TheSurvivorsTakeOverTheKilledRelaysPartitionsWhenItsLe
   Relay& c = *relays_[2];
   const double takeovers_before =
       a.Metric("outbox_relay_takeovers_total") + c.Metric("outbox_relay_takeovers_total");
-  const std::string victims = "SELECT array_agg(partition) FROM " + schema_.name() +
-                              ".partition_leases WHERE owner LIKE 'relay-b/%'";
+  // Killed with a claim in hand: SIGSTOP it while it holds processing rows, read what it holds
+  // once the stop has taken effect (nothing it sent is still running), then SIGKILL. Otherwise
+  // the checks below on its claimed messages could pass without anything to fence.
+  const Freeze freeze = FreezeWithAClaim(b);
+  ASSERT_GT(freeze.claimed, 0) << "relay-b not caught holding a claim in " << freeze.attempts
+                               << " attempts: " << freeze.problem << "\n"
+                               << Logs();
+  const std::string victims =
+      "SELECT coalesce(array_agg(partition)::text, '') FROM " + schema_.name() +
+      ".partition_leases WHERE owner LIKE 'relay-b/%' AND lease_until > now()";
   const std::string partitions = Scalar(schema_.conn(), victims);
-  const std::int64_t processing = Processing(b);
+  const std::int64_t processing = freeze.claimed;
   b.process().Signal(SIGKILL);
   const auto killed_at = Clock::now();
   EXPECT_EQ(b.process().Wait(seconds{10}), 128 + SIGKILL);
-  ASSERT_NE(partitions, "");
+  ASSERT_NE(partitions, "") << "relay-b held no live lease when it was killed: " << OwnershipText();
   const int lost = static_cast<int>(std::count(partitions.begin(), partitions.end(), ',') + 1);
-  std::printf("[ multi ] kill -9 relay-b: it owned %d partitions %s, %lld messages claimed\n", lost,
-              partitions.c_str(), static_cast<long long>(processing));
+  std::printf(
+      "[ multi ] kill -9 relay-b (caught at attempt %d): it owned %d partitions %s, %lld messages "
+      "claimed\n",
+      freeze.attempts, lost, partitions.c_str(), static_cast<long long>(processing));
 
   // Its partitions belong to relay-a and relay-c within lease + one sweep (+ the margin), and its
   // claimed messages are no longer leased to it.
@@ -680,10 +740,20 @@ TEST_F(MultiRelayE2eTest, TheSurvivorsTakeOverTheKilledRelaysPartitionsWhenItsLe
   }
   std::string gauges;
   EXPECT_TRUE(WaitForGauges({&a, &c}, &gauges)) << gauges;
-  const double takeovers_after =
-      a.Metric("outbox_relay_takeovers_total") + c.Metric("outbox_relay_takeovers_total");
+  // The counters follow the heartbeat that took over: wait (bounded) for them.
+  double takeovers_after = takeovers_before;
+  for (const auto until = Clock::now() + kLease + kMargin;
+       takeovers_after <= takeovers_before && Clock::now() < until;) {
+    std::this_thread::sleep_for(milliseconds{50});
+    takeovers_after =
+        a.Metric("outbox_relay_takeovers_total") + c.Metric("outbox_relay_takeovers_total");
+  }
   EXPECT_GT(takeovers_after, takeovers_before);
-  std::this_thread::sleep_for(seconds{1});
+  // The survivors publish what is written after the takeover.
+  std::string publishing;
+  EXPECT_TRUE(WaitForPublishing({&a, &c}, Published({&a, &c}), kConverge, &publishing))
+      << publishing << "\n"
+      << Logs();
 
   writers.Stop();
   ASSERT_EQ(writers.error(), "");
@@ -712,29 +782,20 @@ TEST_F(MultiRelayE2eTest, AFrozenRelayIsFencedHoldsNoLocksAndRejoinsWhenItWakes)
   const double lease_lost_before = b.Metric("outbox_relay_lease_lost_total");
   ASSERT_GE(lease_lost_before, 0) << "relay-b's /metrics does not answer";
 
-  // SIGSTOP relay-b right after a claim: it must still hold processing rows once stopped.
-  std::int64_t processing = 0;
-  int attempts = 0;
-  Clock::time_point stopped_at;
-  for (; attempts < 100 && processing == 0; ++attempts) {
-    for (int i = 0; i < 500 && Processing(b) == 0; ++i) {
-      std::this_thread::sleep_for(milliseconds{2});
-    }
-    b.process().Signal(SIGSTOP);
-    stopped_at = Clock::now();
-    processing = Processing(b);
-    if (processing == 0) {
-      b.process().Signal(SIGCONT);  // it had completed already: try again
-      std::this_thread::sleep_for(milliseconds{20});
-    }
-  }
-  ASSERT_GT(processing, 0) << "relay-b never caught holding a claim in " << attempts
-                           << " attempts\n"
-                           << Logs();
-  const std::string partitions =
-      Scalar(schema_.conn(), "SELECT array_agg(partition) FROM " + schema_.name() +
-                                 ".partition_leases WHERE owner LIKE 'relay-b/%'");
-  ASSERT_NE(partitions, "");
+  // SIGSTOP relay-b while it holds a claim, and read what it holds only once the stop has taken
+  // effect and nothing it sent before is still running (a claim or a completion in flight
+  // would change the processing rows after a read made right after the signal).
+  const Freeze freeze = FreezeWithAClaim(b);
+  ASSERT_GT(freeze.claimed, 0) << "relay-b not caught holding a claim in " << freeze.attempts
+                               << " attempts: " << freeze.problem << "\n"
+                               << Logs();
+  const std::int64_t processing = freeze.claimed;
+  const int attempts = freeze.attempts;
+  const Clock::time_point stopped_at = freeze.stopped_at;
+  const std::string partitions = Scalar(
+      schema_.conn(), "SELECT coalesce(array_agg(partition)::text, '') FROM " + schema_.name() +
+                          ".partition_leases WHERE owner LIKE 'relay-b/%' AND lease_until > now()");
+  ASSERT_NE(partitions, "") << "the frozen relay-b held no live lease: " << OwnershipText();
   const int frozen = static_cast<int>(std::count(partitions.begin(), partitions.end(), ',') + 1);
   std::printf(
       "[ multi ] SIGSTOP relay-b (attempt %d) holding %lld claimed messages, %d partitions\n",
@@ -813,13 +874,10 @@ TEST_F(MultiRelayE2eTest, AFrozenRelayIsFencedHoldsNoLocksAndRejoinsWhenItWakes)
     std::printf("[ multi ] SIGCONT: relay-b lease_lost %.0f -> %.0f; %s %.2f s after SIGCONT\n",
                 lease_lost_before, lease_lost_after, OwnershipText().c_str(), Secs(*rejoined));
   }
-  const double published_at_rejoin = b.Metric("outbox_published_total");
-  double published_later = published_at_rejoin;
-  for (int i = 0; i < 50 && published_later <= published_at_rejoin; ++i) {
-    std::this_thread::sleep_for(milliseconds{100});
-    published_later = b.Metric("outbox_published_total");
-  }
-  EXPECT_GT(published_later, published_at_rejoin) << "relay-b does not publish after rejoining";
+  std::string publishing;
+  EXPECT_TRUE(WaitForPublishing({&b}, Published({&b}), kConverge, &publishing))
+      << "relay-b does not publish after rejoining: " << publishing << "\n"
+      << b.LogTail();
 
   writers.Stop();
   ASSERT_EQ(writers.error(), "");
