@@ -2,7 +2,8 @@
 // consumer that records every delivery. Writers commit and roll back concurrently while things
 // break: the broker restarts, the relay is killed with SIGKILL. What is delivered must equal what
 // was committed, by id; nothing rolled back may appear; per-stream order of first deliveries must
-// hold; nothing may be abandoned.
+// hold; nothing may be abandoned. A test that kills or stops the relay does so while it holds
+// claimed messages (frozen_relay.h), so that what it checks about them is not vacuous.
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -11,13 +12,16 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 
 #include "../postgres/pg_test_support.h"
 #include "amqp_test_client.h"
 #include "child_process.h"
+#include "frozen_relay.h"
 
 namespace outbox::testing {
 namespace {
@@ -27,12 +31,23 @@ using std::chrono::seconds;
 
 std::string ServicesScript() { return std::string{PROJECT_SOURCE_DIR} + "/scripts/services"; }
 
+// Polls `condition` every 20 ms until it holds; false after `limit`.
+bool WaitUntil(const std::function<bool()>& condition, milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(milliseconds{20});
+  }
+  return true;
+}
+
 class RelayE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
     queue_ = "e2e_" + schema_.name();
     DeclareQueue(queue_);
     config_path_ = "/tmp/outboxd-" + schema_.name() + ".toml";
+    app_name_ = "e2e_" + schema_.name();
   }
   void TearDown() override {
     DeleteQueue(queue_);
@@ -120,6 +135,20 @@ class RelayE2eTest : public ::testing::Test {
     return Scalar(schema_.conn(),
                   "SELECT count(*) FROM " + schema_.name() + ".messages WHERE " + where);
   }
+  std::int64_t Processing() { return std::stoll(Count("status = 'processing'")); }
+
+  // outboxd with the configuration, its backends named app_name_ in pg_stat_activity (so that
+  // FreezeHoldingAClaim can tell them apart).
+  std::unique_ptr<ChildProcess> StartRelay() {
+    return std::make_unique<ChildProcess>(
+        std::vector<std::string>{"/usr/bin/env", "PGAPPNAME=" + app_name_, OUTBOXD_PATH, "--config",
+                                 config_path_},
+        config_path_ + ".log");
+  }
+  // Stops `relay` (SIGSTOP) while it holds claimed messages (it is the only relay on the schema).
+  Freeze FreezeWithAClaim(ChildProcess& relay) {
+    return FreezeHoldingAClaim(relay, schema_.conn(), app_name_, [&] { return Processing(); });
+  }
 
   std::string Log() {
     std::ifstream in(config_path_ + ".log");
@@ -129,6 +158,7 @@ class RelayE2eTest : public ::testing::Test {
   TestSchema schema_;
   std::string queue_;
   std::string config_path_;
+  std::string app_name_;
   std::mutex mutex_;
   std::set<std::string> committed_;
   std::set<std::string> rolled_back_;
@@ -155,31 +185,55 @@ TEST_F(RelayE2eTest, ABrokerRestartLosesNothingAndAbandonsNothing) {
   Consumer consumer(queue_);
   Outboxd relay(config_path_);
   std::thread writers([&] { Write(20000); });
-  std::this_thread::sleep_for(seconds{2});
-  ASSERT_EQ(std::system((ServicesScript() + " rabbitmqctl stop_app >/dev/null").c_str()), 0);
-  std::this_thread::sleep_for(seconds{3});
-  ASSERT_EQ(std::system((ServicesScript() + " rabbitmqctl start_app >/dev/null").c_str()), 0);
+  // The broker stops once the relay is publishing, for 3 s (a duration, not a wait for a state);
+  // messages must be committed and still undelivered when it comes back, or nothing was at stake.
+  const bool publishing = WaitUntil([&] { return consumer.count() > 0; }, seconds{60});
+  const bool stopped =
+      publishing &&
+      std::system((ServicesScript() + " rabbitmqctl stop_app >/dev/null").c_str()) == 0;
+  if (stopped) std::this_thread::sleep_for(seconds{3});
+  const std::int64_t held_back = stopped ? std::stoll(Count("true")) : 0;
+  const bool started =
+      std::system((ServicesScript() + " rabbitmqctl start_app >/dev/null").c_str()) == 0;
   writers.join();
+  ASSERT_TRUE(publishing) << "nothing delivered 60 s after the start\n" << Log();
+  ASSERT_TRUE(stopped) << "rabbitmqctl stop_app failed";
+  ASSERT_TRUE(started) << "rabbitmqctl start_app failed";
+  EXPECT_GT(held_back, 0) << "no message waiting in the outbox when the broker came back";
   ASSERT_TRUE(WaitForAll(consumer, seconds{120})) << Log();
   relay.Signal(SIGTERM);
   EXPECT_EQ(relay.Wait(seconds{30}), 0) << Log();
   consumer.Stop();
   const auto duplicates = CheckDeliveries(consumer);
   EXPECT_GE(consumer.reconnects(), 1) << "the broker restart was not noticed by the consumer";
-  std::printf("[ e2e ] broker restart: %zu committed, %zu duplicates\n", committed_.size(),
-              duplicates);
+  std::printf(
+      "[ e2e ] broker restart: %lld messages held back by the outage, %zu committed, %zu "
+      "duplicates\n",
+      static_cast<long long>(held_back), committed_.size(), duplicates);
 }
 
 TEST_F(RelayE2eTest, KillingTheRelayLosesNothing) {
   WriteConfig();
   Consumer consumer(queue_);
   std::thread writers([&] { Write(20000); });
+  // Killed while publishing, with claimed messages in hand (frozen holding them, then SIGKILL):
+  // they are what the restarted relay must take over.
+  bool publishing = false;
+  Freeze freeze;
+  int killed = 0;
   {
-    Outboxd first(config_path_);
-    std::this_thread::sleep_for(seconds{2});
-    first.Signal(SIGKILL);
-    EXPECT_EQ(first.Wait(seconds{10}), 128 + SIGKILL);
+    auto first = StartRelay();
+    publishing = WaitUntil([&] { return consumer.count() > 0; }, seconds{60});
+    if (publishing) freeze = FreezeWithAClaim(*first);
+    first->Signal(SIGKILL);
+    killed = first->Wait(seconds{10});
   }
+  if (!publishing || freeze.claimed == 0) writers.join();
+  ASSERT_TRUE(publishing) << "nothing delivered 60 s after the start\n" << Log();
+  ASSERT_GT(freeze.claimed, 0) << "the relay not caught holding a claim in " << freeze.attempts
+                               << " attempts: " << freeze.problem << "\n"
+                               << Log();
+  EXPECT_EQ(killed, 128 + SIGKILL);
   // Its leases (10 s) expire; the restarted relay takes the messages over.
   Outboxd second(config_path_);
   writers.join();
@@ -188,7 +242,8 @@ TEST_F(RelayE2eTest, KillingTheRelayLosesNothing) {
   EXPECT_EQ(second.Wait(seconds{30}), 0) << Log();
   consumer.Stop();
   const auto duplicates = CheckDeliveries(consumer);
-  std::printf("[ e2e ] kill -9: %zu committed, %zu duplicates\n", committed_.size(), duplicates);
+  std::printf("[ e2e ] kill -9 with %lld messages claimed: %zu committed, %zu duplicates\n",
+              static_cast<long long>(freeze.claimed), committed_.size(), duplicates);
 }
 
 TEST_F(RelayE2eTest, APoisonMessageIsAbandonedWithItsReasonWhileOthersFlow) {
@@ -207,8 +262,7 @@ TEST_F(RelayE2eTest, APoisonMessageIsAbandonedWithItsReasonWhileOthersFlow) {
   Outboxd relay(config_path_);
   ASSERT_TRUE(WaitForAll(consumer, seconds{60})) << Log();
   // Done when only the poison message is left, abandoned, and its stream's next message went.
-  for (int i = 0; i < 600 && Count("true") != "1"; ++i)
-    std::this_thread::sleep_for(milliseconds{50});
+  WaitUntil([&] { return Count("true") == "1"; }, seconds{30});
   relay.Signal(SIGTERM);
   EXPECT_EQ(relay.Wait(seconds{30}), 0) << Log();
   consumer.Stop();
@@ -228,16 +282,25 @@ TEST_F(RelayE2eTest, SigtermDrainsCleanly) {
   Sql(schema_.conn(), "SELECT " + schema_.name() + ".enqueue('" + queue_ +
                           "', '{}') FROM generate_series(1, 20000)");
   Consumer consumer(queue_);
-  Outboxd relay(config_path_);
-  for (int i = 0; i < 500 && consumer.count() < 2000; ++i)
-    std::this_thread::sleep_for(milliseconds{10});
-  relay.Signal(SIGTERM);
-  EXPECT_EQ(relay.Wait(seconds{30}), 0) << Log();
-  EXPECT_EQ(Count("status = 'processing'"), "0") << "leases left behind";
+  auto relay = StartRelay();
+  // SIGTERM in the middle of the drain, with claimed messages in hand: sent while the relay is
+  // frozen holding them, handled when it continues.
+  ASSERT_TRUE(WaitUntil([&] { return consumer.count() >= 2000; }, seconds{60}))
+      << consumer.count() << " delivered 60 s after the start\n"
+      << Log();
+  const Freeze freeze = FreezeWithAClaim(*relay);
+  ASSERT_GT(freeze.claimed, 0) << "the relay not caught holding a claim in " << freeze.attempts
+                               << " attempts: " << freeze.problem << "\n"
+                               << Log();
+  relay->Signal(SIGTERM);
+  relay->Signal(SIGCONT);
+  EXPECT_EQ(relay->Wait(seconds{30}), 0) << Log();
+  EXPECT_EQ(Count("status = 'processing'"), "0")
+      << "leases left behind (" << freeze.claimed << " claimed at SIGTERM)";
+  EXPECT_GT(std::stoll(Count("true")), 0) << "it drained everything: nothing left for the restart";
   // Nothing published twice: restart, drain the rest, and count.
   Outboxd again(config_path_);
-  for (int i = 0; i < 1200 && consumer.count() < 20000; ++i)
-    std::this_thread::sleep_for(milliseconds{50});
+  WaitUntil([&] { return consumer.count() >= 20000; }, seconds{120});
   again.Signal(SIGTERM);
   EXPECT_EQ(again.Wait(seconds{30}), 0) << Log();
   consumer.Stop();
