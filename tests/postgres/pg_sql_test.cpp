@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "../support/header_limits.h"
 #include "outbox/core/partition.h"
 #include "pg_test_support.h"
 
@@ -179,6 +180,160 @@ TEST_F(PgSqlTest, BatchFormReturnsIdsInOrderAndRejectsBadElements) {
             "outbox.enqueue_batch: element 1: payload is missing");
   EXPECT_EQ(batch_error("[{\"topic\": \"\", \"payload\": 1}]"),
             "outbox.enqueue: topic must not be empty");
+}
+
+// Which overload a payload picks, and the content type it gets (sql/007_enqueue_input.sql).
+TEST_F(PgSqlTest, PayloadsOfEveryTypeAndTheirContentTypes) {
+  const auto stored = [&](const std::string& args) {
+    const std::string id = Enqueue(args);
+    return Scalar(conn(),
+                  "SELECT content_type || ' ' || CASE WHEN content_type = "
+                  "'application/json' THEN convert_from(payload, 'UTF8') ELSE "
+                  "encode(payload, 'hex') END FROM " +
+                      S() + ".messages WHERE id = '" + id + "'");
+  };
+  // Untyped: JSON, stored as written (it resolves to the text overload).
+  EXPECT_EQ(stored("topic => 't', payload => '{\"a\":  1}'"), "application/json {\"a\":  1}");
+  EXPECT_EQ(stored("'t', '[1, 2]'"), "application/json [1, 2]");
+  EXPECT_EQ(stored("'t', '{}', 'key'"), "application/json {}");  // the third is the stream key
+  EXPECT_EQ(Scalar(conn(), "SELECT stream_key FROM " + S() + ".messages ORDER BY id DESC LIMIT 1"),
+            "key");
+  EXPECT_EQ(stored("topic => 't', payload => '{\"a\":  1}'::json"), "application/json {\"a\":  1}");
+  EXPECT_EQ(stored("topic => 't', payload => '{\"b\": 2, \"a\":  1}'::jsonb"),
+            "application/json {\"a\": 1, \"b\": 2}");  // jsonb's text form
+  EXPECT_EQ(stored("topic => 't', payload => '{\"a\":  1}'::text"), "application/json {\"a\":  1}");
+  EXPECT_EQ(stored("topic => 't', payload => '\"x\"'::varchar"), "application/json \"x\"");
+  EXPECT_EQ(stored("topic => 't', payload => '\\x00ff'::bytea"), "application/octet-stream 00ff");
+  EXPECT_EQ(stored("topic => 't', payload => '\\x00ff'::bytea, content_type => 'image/png'"),
+            "image/png 00ff");
+  // Untyped with a content type: bytea, as before.
+  EXPECT_EQ(stored("topic => 't', payload => '\\x00ff', content_type => 'image/png'"),
+            "image/png 00ff");
+  EXPECT_EQ(stored("topic => 't', payload => convert_to('hi', 'UTF8'), content_type => "
+                   "'text/plain; charset=utf-8'"),
+            "text/plain; charset=utf-8 6869");
+  // Text is JSON text; other text goes as bytea (above).
+  EXPECT_EQ(Error("topic => 't', payload => 'hello'::text"), "invalid input syntax for type json");
+  EXPECT_EQ(Error("topic => 't', payload => 'hello'::text, content_type => 'text/plain'"),
+            "function " + S() +
+                ".enqueue(topic => unknown, payload => text, content_type => unknown) does not "
+                "exist");
+  for (const char* type : {"json", "jsonb", "text", "bytea"}) {
+    EXPECT_EQ(Error("topic => 't', payload => NULL::" + std::string{type}),
+              "outbox.enqueue: payload must not be null")
+        << type;
+  }
+}
+
+// The case jsonb was added for: a trigger that enqueues the row it sees.
+TEST_F(PgSqlTest, ATriggerEnqueuesToJsonbOfTheRow) {
+  Sql(conn(), "CREATE TABLE " + S() + ".orders (id int, total numeric)");
+  Sql(conn(), "CREATE FUNCTION " + S() +
+                  ".order_placed() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM " + S() +
+                  ".enqueue(topic => 'orders', payload => to_jsonb(NEW), stream_key => 'order-' "
+                  "|| NEW.id, type => 'OrderPlaced'); RETURN NEW; END $$");
+  Sql(conn(), "CREATE TRIGGER order_placed AFTER INSERT ON " + S() +
+                  ".orders FOR EACH ROW EXECUTE FUNCTION " + S() + ".order_placed()");
+  Sql(conn(), "INSERT INTO " + S() + ".orders VALUES (42, 99.50)");
+  EXPECT_EQ(Scalar(conn(),
+                   "SELECT stream_key || ' ' || content_type || ' ' || "
+                   "convert_from(payload, 'UTF8') FROM " +
+                       S() + ".messages"),
+            "order-42 application/json {\"id\": 42, \"total\": 99.50}");
+}
+
+// The header limits are settings with the same defaults as the C++ MessageLimits.
+TEST_F(PgSqlTest, HeaderLimitsAreSettingsWithTheCoreDefaults) {
+  const MessageLimits limits;
+  EXPECT_EQ(Scalar(conn(),
+                   "SELECT concat_ws(' ', max_header_count, max_header_name_bytes, "
+                   "max_header_value_bytes, max_headers_bytes) FROM " +
+                       S() + ".settings"),
+            std::to_string(limits.max_header_count) + " " +
+                std::to_string(limits.max_header_name_bytes) + " " +
+                std::to_string(limits.max_header_value_bytes) + " " +
+                std::to_string(limits.max_headers_bytes));
+  for (const char* bad : {"max_header_count = -1", "max_header_name_bytes = 0",
+                          "max_header_value_bytes = -1", "max_headers_bytes = -1"}) {
+    EXPECT_NE(RunExpectingError(conn(), "UPDATE " + S() + ".settings SET " + bad)
+                  .find("violates check constraint"),
+              std::string::npos)
+        << bad;
+  }
+}
+
+// Headers at the default limits are taken by every form of enqueue; one header or byte more is
+// refused, naming the setting. (tests/rabbitmq shows the RabbitMQ sink carries the maximum.)
+TEST_F(PgSqlTest, HeadersAtTheLimitsAreTakenAndOneMoreIsRefusedNamingTheSetting) {
+  // The names and values of HeadersAtTheLimits need no JSON escaping.
+  const auto json = [](const Headers& headers) {
+    std::string text;
+    for (const auto& [name, value] : headers) {
+      text += (text.empty() ? "{\"" : ", \"") + name + "\": \"" + value + "\"";
+    }
+    return text + "}";
+  };
+  const Headers at_limits = HeadersAtTheLimits();
+  const std::string longest(128, 'n');
+  const std::string id = Enqueue("'t', '{}', headers => '" + json(at_limits) + "'");
+  EXPECT_EQ(Scalar(conn(), "SELECT headers = '" + json(at_limits) + "'::jsonb FROM " + S() +
+                               ".messages WHERE id = '" + id + "'"),
+            "t");
+
+  Headers more = at_limits;
+  more["x-one-more"] = "";
+  EXPECT_EQ(Error("'t', '{}', headers => '" + json(more) + "'"),
+            "outbox.enqueue: 65 headers, over the limit of 64 (settings.max_header_count)");
+  more = at_limits;
+  more.at("x-010") += 'h';
+  const std::string over_total =
+      "outbox.enqueue: headers take 8193 bytes (names and values), over the limit of 8192 "
+      "(settings.max_headers_bytes)";
+  EXPECT_EQ(Error("'t', '{}', headers => '" + json(more) + "'"), over_total);
+  more = at_limits;
+  more.erase(longest);
+  more[longest + 'n'] = std::string(4095, 'v');
+  EXPECT_EQ(Error("'t', '{}', headers => '" + json(more) + "'"),
+            "outbox.enqueue: header name is 129 bytes, over the limit of 128 "
+            "(settings.max_header_name_bytes)");
+  more = at_limits;
+  more.at(longest) += 'v';
+  more.at("x-010").pop_back();
+  EXPECT_EQ(Error("'t', '{}', headers => '" + json(more) + "'"),
+            "outbox.enqueue: header \"" + longest +
+                "\" value is 4097 bytes, over the limit of 4096 "
+                "(settings.max_header_value_bytes)");
+
+  // correlation_id and causation_id count with the headers.
+  Headers without = at_limits;
+  const std::string correlation_id = without.at("correlation_id");
+  without.erase("correlation_id");
+  const std::string headers_arg = "headers => '" + json(without) + "'";
+  EXPECT_FALSE(Enqueue("'t', '{}', " + headers_arg + ", correlation_id => '" + correlation_id + "'")
+                   .empty());
+  EXPECT_EQ(Error("'t', '{}', " + headers_arg + ", correlation_id => '" + correlation_id + "h'"),
+            over_total);
+  EXPECT_EQ(Error("'t', '{}', " + headers_arg + ", correlation_id => 'c', causation_id => 'c'"),
+            "outbox.enqueue: 65 headers, over the limit of 64 (settings.max_header_count)");
+
+  // Every overload and the batch form go through the same check.
+  more = at_limits;
+  more.at("x-010") += 'h';
+  const std::string over = "headers => '" + json(more) + "'";
+  EXPECT_EQ(Error("'t', '{}'::jsonb, " + over), over_total);
+  EXPECT_EQ(Error("'t', '{}'::json, " + over), over_total);
+  EXPECT_EQ(Error("'t', '{}'::text, " + over), over_total);
+  EXPECT_EQ(Error("'t', '\\x00'::bytea, " + over), over_total);
+  EXPECT_EQ(RunExpectingError(conn(), "SELECT * FROM " + S() +
+                                          ".enqueue_batch(jsonb_build_array(jsonb_build_object("
+                                          "'topic', 't', 'payload', 1, 'headers', '" +
+                                          json(more) + "'::jsonb)))"),
+            over_total);
+  EXPECT_EQ(Scalar(conn(), "SELECT count(*) FROM " + S() + ".messages"), "2");
+
+  // An operator whose sinks all carry more may raise the limits.
+  Sql(conn(), "UPDATE " + S() + ".settings SET max_headers_bytes = 8193");
+  EXPECT_FALSE(Enqueue("'t', '{}', " + over).empty());
 }
 
 TEST_F(PgSqlTest, StreamSeqCanBeSwitchedOffPerCallAndPerTopic) {

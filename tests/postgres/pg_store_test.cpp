@@ -121,6 +121,35 @@ TEST_F(PgStoreTest, WriterTakesHeadersAtTheLimitsAndRefusesOneMoreBeforeSending)
   EXPECT_EQ(batch[0].headers, message.headers);
 }
 
+// A writer given higher limits than the database's settings is refused by the database, naming
+// the setting (and the caller's transaction is then aborted).
+TEST_F(PgStoreTest, WriterLimitsAboveTheSettingsAreRefusedByTheDatabase) {
+  MessageLimits raised;
+  raised.max_header_count = 65;
+  const postgres::Writer writer{schema_.name(), raised};
+  NewMessage message = Message("t");
+  message.headers = HeadersAtTheLimits();
+  message.headers["x-one-more"] = "";  // one header more, the same bytes in all
+  message.headers.at("x-010").resize(message.headers.at("x-010").size() - 10);
+  auto app = Connect();
+  Sql(app.get(), "BEGIN");
+  try {
+    writer.Enqueue(app.get(), message);
+    ADD_FAILURE() << "expected InvalidMessage";
+  } catch (const InvalidMessage& error) {
+    EXPECT_NE(std::string{error.what()}.find(
+                  "outbox.enqueue: 65 headers, over the limit of 64 (settings.max_header_count)"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_EQ(PQtransactionStatus(app.get()), PQTRANS_INERROR);
+  Sql(app.get(), "ROLLBACK");
+  Sql(schema_.conn(), "UPDATE " + schema_.name() + ".settings SET max_header_count = 65");
+  Sql(app.get(), "BEGIN");
+  writer.Enqueue(app.get(), message);
+  Sql(app.get(), "COMMIT");
+}
+
 TEST_F(PgStoreTest, PayloadOverTheDatabaseLimitIsInvalidMessage) {
   Sql(schema_.conn(), "UPDATE " + schema_.name() + ".settings SET max_payload_bytes = 8");
   auto app = Connect();
