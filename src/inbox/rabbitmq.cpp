@@ -83,6 +83,9 @@ std::optional<Delivery> FromAmqp(const amqp_basic_properties_t_& properties, std
       } else if (key == wire::kStreamSeqHeader) {
         delivery.stream_seq = IntegerOf(entry.value);
         if (!delivery.stream_seq) malformed(key, "is not an integer");
+      } else if (key == wire::kStreamPrevSeqHeader) {
+        delivery.stream_prev_seq = IntegerOf(entry.value);
+        if (!delivery.stream_prev_seq) malformed(key, "is not an integer");
       }
     }
   }

@@ -17,6 +17,7 @@
 #include "child_process.h"
 #include "outbox/core/uuid.h"
 #include "outbox/core/wire_names.h"
+#include "outbox/store/postgres_admin.h"
 
 namespace outbox::testing {
 namespace {
@@ -116,6 +117,86 @@ TEST(InboxE2eTest, TheConsumersTableEqualsTheCommittedSetThroughRestartsAndKills
             "0");
   std::printf("[ e2e ] inbox: %zu committed, applied exactly once; consumer said: %s\n",
               committed.size(), output.substr(output.rfind("processed")).c_str());
+  DeleteQueue(queue);
+  DeleteQueue(queue + ".dead-letter");
+  DeleteExchange(queue + ".dead-letter");
+  std::remove(config.c_str());
+  std::remove(log.c_str());
+}
+
+// Issue #13: the relay abandons the head of stream a (too large for the sink), an operator abandons
+// the head of stream b before the relay starts. The rest of each stream reaches the consumer with
+// outbox-stream-prev-seq and is applied once, in order, instead of being requeued forever; when
+// the operator replays b's head, it is applied once too.
+TEST(InboxE2eTest, AStreamWhoseHeadIsAbandonedFlowsAndAReplayIsAppliedOnce) {
+  TestSchema schema;
+  const std::string queue = "inbox_e2e_abandoned_" + schema.name();
+  const std::string table = schema.name() + ".applied";
+  const std::string config = "/tmp/outboxd-" + schema.name() + ".toml";
+  const std::string log = config + ".log";
+  DeclareQueue(queue, {{"x-dead-letter-exchange", queue + ".dead-letter"}});
+  {
+    std::ofstream out(config);
+    out << "[database]\nurl = \"" << PgUrl() << "\"\nschema = \"" << schema.name() << "\"\n"
+        << "[relay]\ninstance = \"inbox-e2e-abandoned\"\nsweep_interval = \"200ms\"\n"
+        << "[retry]\ninitial_delay = \"10ms\"\nmax_delay = \"100ms\"\n"
+        << "[sinks.default]\ntype = \"rabbitmq\"\nurl = \"" << AmqpUrl() << "\"\n"
+        << "max_message_bytes = 1000\n"
+        << "[http]\nlisten = \"\"\n";
+  }
+  // The consumer's table, created ahead with a column that records the order of application.
+  Sql(schema.conn(),
+      "CREATE TABLE " + table +
+          " (id uuid, stream_key text, stream_seq bigint, payload text, n bigserial)");
+  const auto enqueue = [&](const std::string& key, const std::string& payload) {
+    return Scalar(schema.conn(), "SELECT " + schema.name() + ".enqueue('" + queue + "', '" +
+                                     payload + "', stream_key => '" + key + "')");
+  };
+  const std::string a_head = enqueue("a", R"({"big": ")" + std::string(2000, 'x') + R"("})");
+  for (int i = 2; i <= 10; ++i) enqueue("a", "{}");
+  const std::string b_head = enqueue("b", "{}");
+  for (int i = 2; i <= 10; ++i) enqueue("b", "{}");
+  auto admin = postgres::Admin::Open(PgUrl(), schema.name());
+  const postgres::MessageFilter b_head_only{.ids = std::vector<MessageId>{*Uuid::Parse(b_head)}};
+  ASSERT_EQ(admin->Abandon(b_head_only, "e2e: the head of b", /*dry_run=*/false).count, 1);
+
+  ChildProcess relay({OUTBOXD_PATH, "--config", config}, log);
+  ChildProcess consumer({CONSUMER_PATH, "--amqp", AmqpUrl(), "--queue", queue, "--db", PgUrl(),
+                         "--schema", schema.name(), "--table", table},
+                        log);
+  const auto applied = [&] { return Scalar(schema.conn(), "SELECT count(*) FROM " + table); };
+  for (int i = 0; i < 600 && applied() != "18"; ++i) std::this_thread::sleep_for(milliseconds{100});
+  EXPECT_EQ(Scalar(schema.conn(),
+                   "SELECT status FROM " + schema.name() + ".messages WHERE id = '" + a_head + "'"),
+            "abandoned");
+  ASSERT_EQ(applied(), "18");
+  ASSERT_EQ(admin->Replay(b_head_only, /*dry_run=*/false).count, 1);
+  for (int i = 0; i < 300 && applied() != "19"; ++i) std::this_thread::sleep_for(milliseconds{100});
+  std::this_thread::sleep_for(seconds{1});  // a second application would show by now
+  EXPECT_EQ(relay.Stop(SIGTERM), 0);
+  EXPECT_EQ(consumer.Stop(SIGTERM), 0);
+  std::ifstream in(log);
+  const std::string output{std::istreambuf_iterator<char>(in), {}};
+
+  EXPECT_EQ(Scalar(schema.conn(), "SELECT count(*) || ' ' || count(DISTINCT id) FROM " + table),
+            "19 19")
+      << output;
+  const auto order = [&](const std::string& key) {
+    return Scalar(schema.conn(), "SELECT string_agg(stream_seq::text, ',' ORDER BY n) FROM " +
+                                     table + " WHERE stream_key = '" + key + "'");
+  };
+  EXPECT_EQ(order("a"), "2,3,4,5,6,7,8,9,10") << output;
+  EXPECT_EQ(order("b"), "2,3,4,5,6,7,8,9,10,1") << output;  // the replay last
+  // a's head is still remembered as skipped, b's was replayed.
+  EXPECT_EQ(Scalar(schema.conn(),
+                   "SELECT string_agg(stream_key || first_seq || '-' || last_seq, "
+                   "',') FROM " +
+                       schema.name() + ".inbox_skipped"),
+            "a1-1");
+  EXPECT_NE(output.find("processed 19, "), std::string::npos) << output;
+  EXPECT_NE(output.find("dead-lettered 0"), std::string::npos) << output;
+  std::printf("[ e2e ] abandoned heads: consumer said: %s\n",
+              output.substr(output.rfind("processed")).c_str());
   DeleteQueue(queue);
   DeleteQueue(queue + ".dead-letter");
   DeleteExchange(queue + ".dead-letter");

@@ -44,6 +44,13 @@ class InboxTest : public ::testing::Test {
     Sql(conn, "COMMIT");
     return result;
   }
+  // The skipped seqs of every consumer and stream, e.g. "2-3,7-7".
+  std::string Skipped() {
+    return Scalar(schema_.conn(),
+                  "SELECT coalesce(string_agg(first_seq || '-' || last_seq, ',' ORDER BY "
+                  "stream_key, first_seq), '') FROM " +
+                      schema_.name() + ".inbox_skipped");
+  }
   std::string Effects(const std::string& where = "true") {
     return Scalar(schema_.conn(),
                   "SELECT count(*) FROM " + schema_.name() + ".effects WHERE " + where);
@@ -124,6 +131,83 @@ TEST_F(InboxTest, GapPolicyProcessAnywaySkipsTheMissingOnes) {
   EXPECT_EQ(Effects(), "2");
 }
 
+// A delivery with stream_prev_seq <= mark: the messages in between were abandoned, so it is
+// processed; the seqs it passed are remembered, and a replay of each is processed exactly once.
+TEST_F(InboxTest, AnAbandonedGapIsProcessedAndAReplayOfItOnce) {
+  const Inbox inbox = MakeInbox("strict");
+  auto conn = Connect();
+  const Delivery one{NewUuidV7(), "s", 1}, two{NewUuidV7(), "s", 2}, three{NewUuidV7(), "s", 3},
+      four{NewUuidV7(), "s", 4, 1}, five{NewUuidV7(), "s", 5};
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, one), Result::kProcessed);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, four), Result::kProcessed);  // 2 and 3 abandoned
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, four), Result::kDuplicate);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, five), Result::kProcessed);
+  EXPECT_EQ(Skipped(), "2-3");
+  // An operator replays them, in any order, each delivered twice.
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, three), Result::kProcessed);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, three), Result::kDuplicate);
+  EXPECT_EQ(Skipped(), "2-2");
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, two), Result::kProcessed);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, two), Result::kDuplicate);
+  EXPECT_EQ(Skipped(), "");
+  EXPECT_EQ(Effects(), "5");
+  EXPECT_EQ(Scalar(schema_.conn(), "SELECT last_seq FROM " + schema_.name() + ".inbox_streams"),
+            "5");
+  // A stream whose first messages were abandoned: prev_seq 0.
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, {NewUuidV7(), "t", 3, 0}), Result::kProcessed);
+  EXPECT_EQ(Skipped(), "1-2");
+  // Replays from the middle of a longer gap split it.
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, {NewUuidV7(), "u", 10, 0}), Result::kProcessed);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, {NewUuidV7(), "u", 5}), Result::kProcessed);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, {NewUuidV7(), "u", 1}), Result::kProcessed);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, {NewUuidV7(), "u", 9}), Result::kProcessed);
+  EXPECT_EQ(Skipped(), "1-2,2-4,6-8");
+  // Another consumer of the same stream has its own mark and skipped seqs.
+  EXPECT_EQ(ProcessOnce(conn.get(), MakeInbox("other"), three), Result::kOutOfOrder);
+}
+
+// Without stream_prev_seq, or with one above the mark, a predecessor is still coming: refused.
+TEST_F(InboxTest, AGenuineGapIsStillRefused) {
+  const Inbox inbox = MakeInbox("strict");
+  auto conn = Connect();
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, {NewUuidV7(), "s", 1}), Result::kProcessed);
+  const Delivery four_after_two{NewUuidV7(), "s", 4, 2};  // 3 abandoned, 2 still coming
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, four_after_two), Result::kOutOfOrder);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, {NewUuidV7(), "s", 4}), Result::kOutOfOrder);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, {NewUuidV7(), "s", 2}), Result::kProcessed);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, four_after_two), Result::kProcessed);  // redelivered
+  EXPECT_EQ(Skipped(), "3-3");
+  EXPECT_EQ(Effects(), "3");
+}
+
+// What the mark has passed was processed (or remembered) already: when stream_prev_seq is below
+// the mark, only the seqs above the mark are remembered. (The relay may abandon a message that
+// did reach the consumer: its confirm was lost until max_attempts.)
+TEST_F(InboxTest, OnlyTheSeqsAboveTheMarkAreRemembered) {
+  const Inbox inbox = MakeInbox("strict");
+  auto conn = Connect();
+  std::vector<Delivery> first;
+  for (std::int64_t seq = 1; seq <= 3; ++seq) first.push_back({NewUuidV7(), "s", seq});
+  for (const auto& delivery : first) ProcessOnce(conn.get(), inbox, delivery);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, {NewUuidV7(), "s", 6, 1}), Result::kProcessed);
+  EXPECT_EQ(Skipped(), "4-5");
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, first[1]), Result::kDuplicate);  // replay of 2
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, {NewUuidV7(), "s", 4}), Result::kProcessed);
+  EXPECT_EQ(Effects(), "5");
+}
+
+// kProcessAnyway passes any gap; it remembers the seqs the delivery says were abandoned.
+TEST_F(InboxTest, ProcessAnywayRemembersOnlyTheAbandonedSeqs) {
+  const Inbox inbox = MakeInbox("lenient", GapPolicy::kProcessAnyway);
+  auto conn = Connect();
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, {NewUuidV7(), "s", 1}), Result::kProcessed);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, {NewUuidV7(), "s", 6, 3}), Result::kProcessed);
+  EXPECT_EQ(Skipped(), "4-5");
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, {NewUuidV7(), "s", 2}), Result::kDuplicate);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, {NewUuidV7(), "s", 5}), Result::kProcessed);
+  EXPECT_EQ(Effects(), "3");
+}
+
 TEST_F(InboxTest, ConsumersAreIndependent) {
   auto conn = Connect();
   const Delivery delivery{NewUuidV7(), std::nullopt, std::nullopt};
@@ -162,6 +246,27 @@ TEST_F(InboxTest, TwoConsumersRacingOnOneMessageApplyItOnce) {
     EXPECT_EQ(results, (std::vector<Result>{Result::kProcessed, Result::kDuplicate}));
     EXPECT_EQ(Effects("id = '" + delivery.id.ToString() + "'"), "1");
   }
+}
+
+// A handler that throws on a replay leaves the seq remembered; two consumers racing on one
+// replay apply it once.
+TEST_F(InboxTest, AReplayIsProcessedOnceUnderFailuresAndRaces) {
+  const Inbox inbox = MakeInbox("racers");
+  auto conn = Connect();
+  ProcessOnce(conn.get(), inbox, {NewUuidV7(), "s", 4, 0});
+  const Delivery replay{NewUuidV7(), "s", 2};
+  Sql(conn.get(), "BEGIN");
+  EXPECT_THROW(inbox.Process(conn.get(), replay,
+                             [](pg_conn*) { throw std::runtime_error("handler failed"); }),
+               std::runtime_error);
+  Sql(conn.get(), "COMMIT");
+  EXPECT_EQ(Skipped(), "1-3");
+  std::vector<Result> results;
+  Race(this, inbox, replay, Apply(replay), results);
+  std::sort(results.begin(), results.end());
+  EXPECT_EQ(results, (std::vector<Result>{Result::kProcessed, Result::kDuplicate}));
+  EXPECT_EQ(Effects("id = '" + replay.id.ToString() + "'"), "1");
+  EXPECT_EQ(Skipped(), "1-1,3-3");
 }
 
 TEST_F(InboxTest, AHandlerThatThrowsLeavesNoRecord) {
@@ -259,6 +364,9 @@ TEST_F(InboxTest, InvalidSequenceNumbersAreRefusedWithoutARecord) {
       {id, "s", inbox::kMaxStreamSeq + 1},
       {id, "s", std::numeric_limits<std::int64_t>::max()},
       {id, std::nullopt, -1},  // a seq without a key is still a bad seq
+      {id, "s", 5, 5},         // stream_prev_seq must be below stream_seq
+      {id, "s", 5, -1},
+      {id, "s", std::nullopt, 0},  // stream_prev_seq without stream_seq
       {.id = id, .stream_key = "s", .malformed = "header outbox-stream-seq is not an integer"},
       {.id = id, .malformed = "header outbox-stream-key is not a string"},
   };
@@ -276,7 +384,9 @@ TEST_F(InboxTest, InvalidSequenceNumbersAreRefusedWithoutARecord) {
   }
   EXPECT_EQ(inbox::Validate(invalid[1]),
             "stream_seq -1 is out of range (1 to 4611686018427387904)");
-  EXPECT_EQ(inbox::Validate(invalid[6]), "header outbox-stream-seq is not an integer");
+  EXPECT_EQ(inbox::Validate(invalid[6]),
+            "stream_prev_seq 5 is out of range (0 to stream_seq - 1 = 4)");
+  EXPECT_EQ(inbox::Validate(invalid[9]), "header outbox-stream-seq is not an integer");
   EXPECT_EQ(Scalar(schema_.conn(), "SELECT (SELECT count(*) FROM " + schema_.name() +
                                        ".inbox_streams) + (SELECT count(*) FROM " + schema_.name() +
                                        ".inbox_messages)"),
@@ -317,6 +427,7 @@ TEST(InboxAmqpTest, ReadsTheDeliveryAndRejectsForeignMessages) {
   EXPECT_EQ(delivery->stream_key, "order-42");
   EXPECT_EQ(delivery->stream_seq, 7);
   EXPECT_EQ(delivery->malformed, "");
+  EXPECT_FALSE(delivery->stream_prev_seq.has_value());
   // Any integer type, or a decimal string.
   entries[1].value.kind = AMQP_FIELD_KIND_I32;
   entries[1].value.value.i32 = -1;
@@ -339,6 +450,21 @@ TEST(InboxAmqpTest, ReadsTheDeliveryAndRejectsForeignMessages) {
   entries[1].value.value.f64 = 7.0;
   EXPECT_EQ(inbox::FromAmqp(properties)->malformed, "header outbox-stream-seq is not an integer");
   entries[1].value.kind = AMQP_FIELD_KIND_I64;
+  entries[1].value.value.i64 = 7;
+  // outbox-stream-prev-seq, after abandoned messages.
+  amqp_table_entry_t with_prev[3]{entries[0], entries[1], {}};
+  with_prev[2].key = Bytes(wire::kStreamPrevSeqHeader);
+  with_prev[2].value.kind = AMQP_FIELD_KIND_I64;
+  with_prev[2].value.value.i64 = 4;
+  properties.headers = {3, with_prev};
+  EXPECT_EQ(inbox::FromAmqp(properties)->stream_prev_seq, 4);
+  with_prev[2].value.value.i64 = 0;
+  EXPECT_EQ(inbox::FromAmqp(properties)->stream_prev_seq, 0);
+  with_prev[2].value.kind = AMQP_FIELD_KIND_UTF8;
+  with_prev[2].value.value.bytes = amqp_cstring_bytes("four");
+  EXPECT_EQ(inbox::FromAmqp(properties)->malformed,
+            "header outbox-stream-prev-seq is not an integer");
+  properties.headers = {2, entries};
   entries[0].value.kind = AMQP_FIELD_KIND_I64;
   entries[0].value.value.i64 = 42;
   EXPECT_EQ(inbox::FromAmqp(properties)->malformed, "header outbox-stream-key is not a string");

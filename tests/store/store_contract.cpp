@@ -1,6 +1,7 @@
 #include "store_contract.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -302,6 +303,59 @@ TEST_P(StoreContractTest, AnAbandonedMessageNoLongerHoldsBackItsStream) {
   ASSERT_EQ(next.size(), 1U);
   EXPECT_EQ(next[0].id, ids[1]);
   EXPECT_EQ(next[0].stream_seq, 2);
+}
+
+// A claimed message carries stream_prev_seq only when the message just before it in its stream
+// was abandoned: the seq of the latest earlier message that was not, 0 if none. Published rows,
+// deleted or kept, are not abandoned; other streams, unkeyed and unsequenced messages get none.
+TEST_P(StoreContractTest, ClaimSetsStreamPrevSeqOnlyAfterAbandonedPredecessors) {
+  for (const auto published : {std::chrono::seconds{0}, std::chrono::seconds{3600}}) {
+    SCOPED_TRACE("published retention " + std::to_string(published.count()) + " s");
+    auto store = OpenFresh(GetParam(), FastRetry(1), RetentionPolicy{.published = published});
+    NewMessage unsequenced = Message("t", "e");
+    unsequenced.sequenced = false;
+    // a1 published, a2 a3 abandoned; c1 abandoned; d1 abandoned, d2 published, d3 abandoned;
+    // e (unsequenced) abandoned.
+    std::vector<NewMessage> first{Message("t", "a"), Message("t", "a"), Message("t", "a"),
+                                  Message("t", "c"), Message("t", "d"), Message("t", "d"),
+                                  Message("t", "d"), unsequenced};
+    store->Enqueue(first);
+    const auto batch = store->Claim(Request("relay"));
+    ASSERT_EQ(batch.size(), first.size());
+    for (const auto& envelope : batch) EXPECT_FALSE(envelope.stream_prev_seq.has_value());
+    std::vector<LeasedId> done;
+    std::vector<FailedMessage> failed;
+    for (const auto& envelope : batch) {
+      if ((envelope.stream_key == "a" && envelope.stream_seq == 1) ||
+          (envelope.stream_key == "d" && envelope.stream_seq == 2)) {
+        done.push_back(LeasedId::Of(envelope));
+      } else {
+        failed.push_back(FailedMessage::Of(envelope, Failure{FailureKind::kRejected, "nack"}));
+      }
+    }
+    EXPECT_EQ(store->Complete("relay", done).settled, 2);
+    EXPECT_EQ(store->Fail("relay", failed).settled, 6);  // max_attempts 1: abandoned
+    ASSERT_EQ(store->Stats().abandoned, 6);
+
+    std::vector<NewMessage> second{Message("t", "a"), Message("t", "a"), Message("t", "b"),
+                                   Message("t", "c"), Message("t", "d"), Message("t"),
+                                   unsequenced};
+    store->Enqueue(second);
+    std::map<std::string, std::optional<std::int64_t>> prev;  // "a4" -> stream_prev_seq
+    for (const auto& envelope : store->Claim(Request("relay"))) {
+      prev[envelope.stream_key.value_or("-") +
+           (envelope.stream_seq ? std::to_string(*envelope.stream_seq) : "")] =
+          envelope.stream_prev_seq;
+    }
+    EXPECT_EQ(prev, (std::map<std::string, std::optional<std::int64_t>>{
+                        {"a4", 1},  // after a3 and a2, abandoned; a1 was published
+                        {"a5", std::nullopt},
+                        {"b1", std::nullopt},
+                        {"c2", 0},  // the stream's first message was abandoned
+                        {"d4", 2},  // d3 abandoned, d2 published
+                        {"-", std::nullopt},
+                        {"e", std::nullopt}}));
+  }
 }
 
 TEST_P(StoreContractTest, StatsCountByStatus) {

@@ -54,6 +54,35 @@ held AS (
   WHERE p.owner = $3 AND p.lease_until > clock_timestamp()
   FOR KEY SHARE OF p))";
 
+// The stream_prev_seq of a claimed message c (Envelope::stream_prev_seq): only when the message
+// just before it in its stream is abandoned, the seq just below the run of abandoned messages
+// that ends there (0 when the run starts at the stream's first message). Every earlier message of
+// the stream is published or abandoned by now (head-of-line per stream; the caller's own leases
+// aside, which it publishes in order and holds back after a failure), so that is the latest
+// earlier message not abandoned. Every lookup is one probe of the small index of abandoned rows
+// (sql/008_inbox_skipped.sql): one per claimed message, and one more per message of the run when
+// its predecessor is abandoned. OFFSET 0 keeps each EXISTS a probe: pulled up into a join, the
+// planner scanned a stream's abandoned rows once per row of the run (40 s for a run of 20,000),
+// or hashed every abandoned row of the table on each claim.
+constexpr const char* kPrevSeq = R"(
+       CASE WHEN EXISTS (
+         SELECT 1 FROM __TABLE__ a
+         WHERE a.status = 'abandoned' AND a.stream_key = c.stream_key
+           AND a.stream_seq = c.stream_seq - 1
+         OFFSET 0)
+       THEN (
+         SELECT a.stream_seq - 1 FROM __TABLE__ a
+         WHERE a.status = 'abandoned' AND a.stream_key = c.stream_key
+           AND a.stream_seq < c.stream_seq
+           AND NOT EXISTS (
+             SELECT 1 FROM __TABLE__ b
+             WHERE b.status = 'abandoned' AND b.stream_key = a.stream_key
+               AND b.stream_seq = a.stream_seq - 1
+             OFFSET 0)
+         ORDER BY a.stream_seq DESC
+         LIMIT 1)
+       END)";
+
 constexpr const char* kClaim = R"(
 WITH __HELD__,
 frontier AS (
@@ -90,7 +119,7 @@ claimed AS (
 SELECT c.id, c.topic, c.stream_key, c.stream_seq, c.partition, c.target, c.type, c.payload,
        c.content_type, c.headers, c.attempts, c.created_at, c.lease_epoch,
        (SELECT id FROM frontier), now(), pg_snapshot_xmin(pg_current_snapshot()),
-       pg_current_xact_id_if_assigned()
+       pg_current_xact_id_if_assigned(), __PREV_SEQ__
 FROM (VALUES (1)) AS one(row) LEFT JOIN claimed c ON true)";
 
 constexpr const char* kDelete = R"(
@@ -185,7 +214,8 @@ Statements::Statements(const std::string& schema, bool keep_published) {
     std::string text = sql;
     for (const auto& [from, to] :
          {std::pair{"__FENCED__", kFenced}, std::pair{"__HELD__", kHeld},
-          std::pair{"__IN_HELD__", kInHeld}, std::pair{"__HEAD_OF_LINE__", kHeadOfLine}}) {
+          std::pair{"__IN_HELD__", kInHeld}, std::pair{"__HEAD_OF_LINE__", kHeadOfLine},
+          std::pair{"__PREV_SEQ__", kPrevSeq}}) {
       text = ReplaceAll(text, from, to);
     }
     return ReplaceAll(ReplaceAll(ReplaceAll(text, "__TABLE__", table), "__SCHEMA_NAME__", schema),

@@ -8,7 +8,8 @@ namespace outbox::postgres {
 
 struct Statements {
   // $1 limit, $2 partitions (integer[] or NULL), $3 owner, $4 lease milliseconds, $5 the
-  // partitions' epochs, $6 the cursor (uuid): the claimed rows, then where the cursor may go.
+  // partitions' epochs, $6 the cursor (uuid): the claimed rows, then where the cursor may go,
+  // then each row's stream_prev_seq.
   std::string claim;
   // Fenced statements over $1 owner, $2 ids (uuid[]), $3 epochs (bigint[]); RETURNING the ids.
   std::string complete;  // DELETE, or mark published when published retention > 0

@@ -116,6 +116,9 @@ class PostgresStore final : public Store {
       envelope.attempts = ReadInt32(PQgetvalue(rows, row, 10));
       envelope.created_at = ReadTimestamp(PQgetvalue(rows, row, 11));
       envelope.lease_epoch = ReadInt64(PQgetvalue(rows, row, 12));
+      if (PQgetisnull(rows, row, 17) == 0) {
+        envelope.stream_prev_seq = ReadInt64(PQgetvalue(rows, row, 17));
+      }
       batch.push_back(std::move(envelope));
     }
     // UPDATE ... RETURNING has no order; ids are time-ordered and, within a stream, in
@@ -254,8 +257,9 @@ class PostgresStore final : public Store {
     return outcome;
   }
 
-  // The claim's 13 message columns, then frontier, now(), oldest running xid, own xid.
-  static constexpr int kClaimColumns = 17;
+  // The claim's 13 message columns, then frontier, now(), oldest running xid, own xid, then the
+  // message's stream_prev_seq.
+  static constexpr int kClaimColumns = 18;
 
   static ClaimObservation ReadClaimObservation(const PGresult* rows) {
     ClaimObservation observation;

@@ -45,6 +45,9 @@ CREATE INDEX IF NOT EXISTS outbox_messages_claimable ON outbox_messages (positio
 CREATE INDEX IF NOT EXISTS outbox_messages_in_flight ON outbox_messages (stream_key, position)
   WHERE status IN ('processing', 'failed');
 CREATE INDEX IF NOT EXISTS outbox_messages_status ON outbox_messages (status);
+-- Small: only abandoned rows. The claim's lookup of abandoned predecessors (stream_prev_seq).
+CREATE INDEX IF NOT EXISTS outbox_messages_abandoned_streams
+  ON outbox_messages (stream_key, stream_seq) WHERE status = 'abandoned';
 )";
 
 }  // namespace

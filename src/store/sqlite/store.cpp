@@ -33,6 +33,21 @@ const std::string kClaimableIds =
     "))))"
     " ORDER BY m.position LIMIT ?3";
 
+// The stream_prev_seq of message ?2 of stream ?1 (Envelope::stream_prev_seq): only when the
+// message just before it is abandoned, the seq just below the run of abandoned messages that ends
+// there, 0 when the run starts at the stream's first message. Every lookup is one probe of the
+// index of abandoned rows (outbox_messages_abandoned_streams), one more per message of the run.
+// (Not in the claim's RETURNING: there SQLite cannot use the outer row's values to search an
+// index, and scanned every abandoned row for each claimed one.)
+constexpr const char* kPrevSeq =
+    "SELECT CASE WHEN EXISTS (SELECT 1 FROM outbox_messages a WHERE a.status = 'abandoned'"
+    "  AND a.stream_key = ?1 AND a.stream_seq = ?2 - 1)"
+    " THEN (SELECT a.stream_seq - 1 FROM outbox_messages a WHERE a.status = 'abandoned'"
+    "  AND a.stream_key = ?1 AND a.stream_seq < ?2"
+    "  AND NOT EXISTS (SELECT 1 FROM outbox_messages b WHERE b.status = 'abandoned'"
+    "   AND b.stream_key = a.stream_key AND b.stream_seq = a.stream_seq - 1)"
+    "  ORDER BY a.stream_seq DESC LIMIT 1) END";
+
 TimePoint FromMillis(std::int64_t millis) {
   return TimePoint{
       std::chrono::duration_cast<TimePoint::duration>(std::chrono::milliseconds{millis})};
@@ -122,6 +137,7 @@ class SqliteStore final : public Store {
       }
       std::sort(rows.begin(), rows.end(),
                 [](const auto& a, const auto& b) { return a.first < b.first; });
+      FillStreamPrevSeq(rows);
       std::vector<Envelope> batch;
       batch.reserve(rows.size());
       for (auto& row : rows) batch.push_back(std::move(row.second));
@@ -274,6 +290,28 @@ class SqliteStore final : public Store {
       }
       return result;
     });
+  }
+
+  // Sets stream_prev_seq on the claimed messages whose predecessor is abandoned; one probe when
+  // no message at all is abandoned.
+  void FillStreamPrevSeq(std::vector<std::pair<std::int64_t, Envelope>>& rows) {
+    const auto follows = [](const Envelope& envelope) {
+      return envelope.stream_key && envelope.stream_seq && *envelope.stream_seq > 1;
+    };
+    if (std::none_of(rows.begin(), rows.end(),
+                     [&](const auto& row) { return follows(row.second); })) {
+      return;
+    }
+    Statement any{db_.get(),
+                  "SELECT EXISTS (SELECT 1 FROM outbox_messages WHERE status = 'abandoned')"};
+    if (!any.Step() || any.Int(0) == 0) return;
+    Statement prev{db_.get(), kPrevSeq};
+    for (auto& [position, envelope] : rows) {
+      if (!follows(envelope)) continue;
+      prev.Bind(1, *envelope.stream_key).Bind(2, *envelope.stream_seq);
+      if (prev.Step() && !prev.IsNull(0)) envelope.stream_prev_seq = prev.Int(0);
+      prev.Reset();
+    }
   }
 
   StoreOptions options_;
