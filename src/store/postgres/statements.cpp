@@ -60,12 +60,14 @@ held AS (
 // the stream is published or abandoned by now (head-of-line per stream; the caller's own leases
 // aside, which it publishes in order and holds back after a failure), so that is the latest
 // earlier message not abandoned. Every lookup is one probe of the small index of abandoned rows
-// (sql/008_inbox_skipped.sql): one per claimed message, and one more per message of the run when
-// its predecessor is abandoned. OFFSET 0 keeps each EXISTS a probe: pulled up into a join, the
-// planner scanned a stream's abandoned rows once per row of the run (40 s for a run of 20,000),
-// or hashed every abandoned row of the table on each claim.
+// (sql/008_inbox_skipped.sql): one per claim while no message at all is abandoned (the InitPlan),
+// else one per claimed message, and one more per message of the run when its predecessor is
+// abandoned. OFFSET 0 keeps each EXISTS a probe: pulled up into a join, the planner scanned a
+// stream's abandoned rows once per row of the run (40 s for a run of 20,000), or hashed every
+// abandoned row of the table on each claim.
 constexpr const char* kPrevSeq = R"(
-       CASE WHEN EXISTS (
+       CASE WHEN (SELECT EXISTS (SELECT 1 FROM __TABLE__ WHERE status = 'abandoned'))
+         AND EXISTS (
          SELECT 1 FROM __TABLE__ a
          WHERE a.status = 'abandoned' AND a.stream_key = c.stream_key
            AND a.stream_seq = c.stream_seq - 1
