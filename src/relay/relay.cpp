@@ -187,7 +187,9 @@ class Relay::Engine {
       auto publishing =
           std::async(std::launch::async, [this, &current] { return Publish(current); });
       std::vector<Envelope> next;
-      if (static_cast<int>(current.size()) >= options_.batch_size && !stopping()) next = Claim();
+      if (static_cast<int>(current.size()) >= options_.batch_size && !stopping()) {
+        next = Claim(current);
+      }
       const auto outcomes = publishing.get();
       const auto broken_streams = Settle(current, outcomes);
       HoldBack(next, broken_streams);
@@ -262,7 +264,12 @@ class Relay::Engine {
     backoff_ = std::min(backoff_ * 2, options_.max_backoff);
   }
 
-  std::vector<Envelope> Claim() {
+  // Claims the next batch; `in_flight` are the messages claimed earlier and not yet settled.
+  std::vector<Envelope> Claim(const std::vector<Envelope>& in_flight = {}) {
+    if (const auto error = ReconcileLeases(in_flight)) {
+      Backoff("giving back the leases of a failed claim failed: " + *error);
+      return {};
+    }
     try {
       ClaimRequest request;
       request.owner = owner_;
@@ -284,9 +291,42 @@ class Relay::Engine {
       }
       return batch;
     } catch (const StoreError& error) {
+      // Its reply may have been lost after the database committed it: messages leased here that
+      // this relay does not know. They go back before anything more is claimed (ReconcileLeases).
+      reconcile_leases_ = true;
       StoreFailed(error);
       Backoff("claim failed: " + Describe(error));
       return {};
+    }
+  }
+
+  // After a failed claim, before the next: gives back every lease this relay holds apart from
+  // `in_flight`, so that a message leased by a claim whose reply was lost is claimable again
+  // before its stream's later messages are claimed (they would otherwise be published first,
+  // since claims may go behind the caller's own leases). Returns the error when the store could
+  // not be reached; reconcile_leases_ stays set until it succeeds, and no claim is made till then.
+  std::optional<std::string> ReconcileLeases(const std::vector<Envelope>& in_flight) {
+    if (!reconcile_leases_) return std::nullopt;
+    try {
+      ReclaimRequest request;
+      request.owner = owner_;
+      request.own_unexpired = true;
+      for (const auto& envelope : in_flight) request.in_flight.push_back(envelope.id);
+      if (options_.partition_leases != nullptr) {
+        std::lock_guard lock(membership_mutex_);
+        request.partitions = claimable_;
+      }
+      const std::int64_t given_back = store_->ReclaimExpired(request);
+      reconcile_leases_ = false;
+      if (given_back > 0) {
+        Log(LogLevel::kWarn, std::to_string(given_back) +
+                                 " messages leased by a claim whose reply was lost were given "
+                                 "back; they will be published in stream order");
+      }
+      return std::nullopt;
+    } catch (const StoreError& error) {
+      StoreFailed(error);
+      return Describe(error);
     }
   }
 
@@ -304,7 +344,8 @@ class Relay::Engine {
       }
       idle_announced_ = true;
       auto batch = Claim();
-      if (!batch.empty() || stopping()) return batch;
+      // A failed claim (reconcile_leases_) may have left leases behind: not a time to sleep.
+      if (!batch.empty() || stopping() || reconcile_leases_) return batch;
     }
     const auto reason = wakeup_->Wait(SteadyClock::now() + options_.sweep_interval);
     if (reason == WakeReason::kNotified || reason == WakeReason::kReconnected) {
@@ -721,8 +762,9 @@ class Relay::Engine {
     std::vector<LeasedId> done;
     std::vector<FailedMessage> failed;
     std::vector<LeasedId> released;
-  } unrecorded_;                 // outcomes the store could not take yet (see Unrecorded)
-  bool idle_announced_ = false;  // this relay's idle mark stands (see Wakeup)
+  } unrecorded_;                   // outcomes the store could not take yet (see Unrecorded)
+  bool idle_announced_ = false;    // this relay's idle mark stands (see Wakeup)
+  bool reconcile_leases_ = false;  // a claim failed: leases may exist that this relay lost
   SteadyClock::time_point next_sweep_{};
   SteadyClock::time_point next_purge_{};
   mutable std::mutex stop_mutex_;

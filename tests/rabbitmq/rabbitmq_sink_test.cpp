@@ -19,7 +19,7 @@
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/rabbitmq.h"
 #include "rabbit_test_support.h"
-#include "tcp_proxy.h"
+#include "../support/tcp_proxy.h"
 
 namespace outbox::testing {
 namespace {

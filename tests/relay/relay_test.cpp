@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "../postgres/pg_test_support.h"
+#include "../support/tcp_proxy.h"
 #include "outbox/core/error.h"
 #include "test_sink.h"
 
@@ -403,6 +404,75 @@ void RelayTest::DrainThroughDatabaseOutages(bool with_partition_leases) {
     last = *envelope.stream_seq;
   }
   EXPECT_EQ(delivered, expected);  // every message, some perhaps twice, none lost
+}
+
+// Issue #13, the order hole: a claim whose reply is lost with the connection leaves messages
+// leased to this relay that it does not know. The relay gives them back before it claims again;
+// otherwise the stream's next message, claimable behind the relay's own leases, would go first.
+TEST_F(RelayTest, AClaimWhoseReplyIsLostReordersNoStream) {
+  const std::string url = PgUrl();
+  const auto at = url.find("://");
+  ASSERT_NE(at, std::string::npos) << "OUTBOX_TEST_PG_URL must be a URI: " << url;
+  const auto authority = url.find('@', at) != std::string::npos ? url.find('@', at) + 1 : at + 3;
+  const auto colon = url.find(':', authority);
+  const auto slash = url.find('/', authority);
+  ASSERT_TRUE(colon != std::string::npos && colon < slash) << "no port in " << url;
+  TcpProxy proxy(url.substr(authority, colon - authority),
+                 std::stoi(url.substr(colon + 1, slash - colon - 1)));
+  const char* join = url.find('?') == std::string::npos ? "?" : "&";
+  // Named, so that the test can tell when the relay has gone to sleep (see below).
+  const std::string via_proxy =
+      url + join + "port=" + std::to_string(proxy.port()) + "&application_name=lost-claim-store";
+  const std::string direct = url + join + "application_name=lost-claim-wakeup";
+
+  auto owned = std::make_unique<TestSink>();
+  TestSink* sink = owned.get();
+  RelayOptions options;
+  options.instance = "lost-claim";
+  options.batch_size = 1;                // the lost claim takes the stream's first message only
+  options.sweep_interval = seconds{60};  // no sweep (or lease reclaim) during the test
+  options.lease = seconds{60};
+  options.min_backoff = milliseconds{50};
+  postgres::StoreOptions store_options;
+  store_options.conninfo = via_proxy;
+  store_options.schema = schema_.name();
+  SinkMap sinks;
+  sinks.emplace("default", std::move(owned));
+  relay_ = std::make_unique<Relay>(options, postgres::OpenStore(store_options),
+                                   postgres::OpenWakeup(direct, schema_.name()), std::move(sinks));
+  thread_ = std::thread([this] { relay_->Run(); });
+  // Asleep: the idle mark stands, and the last look for work (the claim after the mark) has been
+  // answered. Holding replies before that answer would strand the relay in an empty claim.
+  ASSERT_TRUE(WaitFor([&] {
+    return RelayAsleep() &&
+           Scalar(schema_.conn(),
+                  "SELECT coalesce(bool_and(s.state = 'idle' AND s.query_start > w.query_start), "
+                  "false) FROM pg_stat_activity s, pg_stat_activity w "
+                  "WHERE s.application_name = 'lost-claim-store' "
+                  "AND w.application_name = 'lost-claim-wakeup' AND w.query LIKE '%relay_idle%'") ==
+               "t";
+  })) << "the relay never went to sleep";
+
+  // From now on the database's replies to the relay's store connection are held back.
+  proxy.SetMode(TcpProxy::Mode::kHoldReplies);
+  Sql(schema_.conn(), "BEGIN");
+  const std::string first = Enqueue("'t', '{\"n\": 1}', stream_key => 's'");
+  const std::string second = Enqueue("'t', '{\"n\": 2}', stream_key => 's'");
+  Sql(schema_.conn(), "COMMIT");
+  // The claim is committed in the database; its reply never reaches the relay.
+  ASSERT_TRUE(WaitFor(
+      [&] { return Count("id = '" + first + "' AND status = 'processing'") == "1"; }, seconds{10}))
+      << "the relay did not claim the first message";
+  EXPECT_EQ(Count("id = '" + second + "' AND status = 'pending'"), "1");
+  proxy.DropAll();
+  proxy.SetMode(TcpProxy::Mode::kForward);
+
+  ASSERT_TRUE(WaitFor([&] { return Count("true") == "0"; }, seconds{20}))
+      << "published " << sink->delivered().size() << " of 2 within 20 s";
+  const auto delivered = sink->delivered();
+  ASSERT_EQ(delivered.size(), 2U);
+  EXPECT_EQ(delivered[0].id.ToString(), first) << "the stream's second message went first";
+  EXPECT_EQ(delivered[1].id.ToString(), second);
 }
 
 TEST_F(RelayTest, LosingTheDatabaseConnectionLosesNothing) { DrainThroughDatabaseOutages(false); }

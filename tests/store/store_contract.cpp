@@ -187,6 +187,31 @@ TEST_P(StoreContractTest, AnExpiredLeaseStillInFlightIsNotReclaimed) {
   EXPECT_EQ(store->Complete("relay", Leases({batch[1]})).lease_lost.size(), 1U);
 }
 
+// After a claim whose reply was lost, the relay gives back its own unexpired leases (all but
+// those in flight) and nobody else's; the next claim then starts from the stream's head again.
+TEST_P(StoreContractTest, OwnUnexpiredLeasesAreGivenBackOnlyWhenAsked) {
+  auto store = OpenFresh(GetParam());
+  std::vector<NewMessage> messages{Message("t", "s"), Message("t", "s"), Message("t", "o")};
+  store->Enqueue(messages);
+  const auto mine = store->Claim(Request("relay", 2, milliseconds{60000}));
+  ASSERT_EQ(mine.size(), 2U);
+  const auto theirs = store->Claim(Request("other", 1, milliseconds{60000}));
+  ASSERT_EQ(theirs.size(), 1U);
+
+  ReclaimRequest request;
+  request.owner = "relay";
+  EXPECT_EQ(store->ReclaimExpired(request), 0) << "nothing has expired";
+  request.own_unexpired = true;
+  request.in_flight = {mine[1].id};
+  EXPECT_EQ(store->ReclaimExpired(request), 1) << "only the relay's lease not in flight";
+  EXPECT_EQ(store->Complete("relay", Leases({mine[0]})).lease_lost.size(), 1U);
+  EXPECT_EQ(store->Complete("relay", Leases({mine[1]})).settled, 1);
+  EXPECT_EQ(store->Complete("other", Leases({theirs[0]})).settled, 1);
+  const auto again = store->Claim(Request("relay", 10, milliseconds{60000}));
+  ASSERT_EQ(again.size(), 1U);
+  EXPECT_EQ(again[0].id, mine[0].id);
+}
+
 TEST_P(StoreContractTest, RenewKeepsTheLease) {
   auto store = OpenFresh(GetParam());
   NewMessage message = Message("t");

@@ -65,6 +65,10 @@ struct ReclaimRequest {
   std::string owner;
   std::optional<std::vector<PartitionLease>> partitions;
   std::vector<MessageId> in_flight;
+  // Also the owner's leases that have not expired yet (in_flight excepted): after a claim whose
+  // reply was lost, the owner holds messages it does not know, and a later message of their
+  // streams must not be claimed before them.
+  bool own_unexpired = false;
 };
 
 // A message identified together with the lease epoch it was claimed under.
@@ -148,8 +152,9 @@ class Store {
   // attempt spent.
   virtual SettleResult Release(std::string_view owner, std::span<const LeasedId> messages) = 0;
 
-  // Makes messages whose lease expired claimable again, except the request's in-flight ones;
-  // returns how many. Cheap when none are. With partitions, only in those the caller still holds.
+  // Makes messages whose lease expired (and, with own_unexpired, the owner's) claimable again,
+  // except the request's in-flight ones, without spending an attempt; returns how many. Cheap
+  // when none are. With partitions, only in those the caller still holds.
   virtual std::int64_t ReclaimExpired(const ReclaimRequest& request) = 0;
 
   // Deletes published and abandoned rows older than their retention, at most `max_rows` per

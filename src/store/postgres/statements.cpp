@@ -156,11 +156,13 @@ RETURNING m.id)";
 // Expired message leases back to pending, except the ids $1 (the caller's batches in flight).
 // With partitions ($2, epochs $4, owner $3) only in those the caller still holds: there a lease
 // can only be the caller's own, left behind when recording an outcome failed or a claim's reply
-// was lost; another relay's partitions are not touched, however slow its batches.
+// was lost; another relay's partitions are not touched, however slow its batches. With $5, also
+// the caller's own leases that have not expired (after a claim whose reply was lost).
 constexpr const char* kReclaimExpired = R"(
 WITH __HELD__
 UPDATE __TABLE__ m SET status = 'pending', lease_owner = NULL, lease_until = NULL
-WHERE m.status = 'processing' AND m.lease_until < now() AND m.id <> ALL ($1::uuid[]) __IN_HELD__)";
+WHERE m.status = 'processing' AND (m.lease_until < now() OR ($5::boolean AND m.lease_owner = $3))
+  AND m.id <> ALL ($1::uuid[]) __IN_HELD__)";
 
 constexpr const char* kPurge = R"(
 DELETE FROM __TABLE__ WHERE id IN (

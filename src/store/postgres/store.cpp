@@ -175,9 +175,9 @@ class PostgresStore final : public Store {
     const HeldParams held{request.partitions};
     if (held.none) return 0;
     const std::string in_flight = UuidArray(request.in_flight);
-    const auto result =
-        Exec(connection_.Ready(), "reclaim expired leases", sql_.reclaim_expired,
-             {Param{in_flight}, held.partitions, Param{request.owner}, held.epochs});
+    const auto result = Exec(connection_.Ready(), "reclaim expired leases", sql_.reclaim_expired,
+                             {Param{in_flight}, held.partitions, Param{request.owner}, held.epochs,
+                              Param{request.own_unexpired ? "true" : "false"}});
     return std::stoll(PQcmdTuples(result.get()));
   }
 

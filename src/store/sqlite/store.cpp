@@ -219,10 +219,14 @@ class SqliteStore final : public Store {
     for (const auto& id : request.in_flight) in_flight.push_back(id.ToString());
     Statement reclaim{db_.get(),
                       "UPDATE outbox_messages SET status = 'pending', lease_owner = NULL,"
-                      " lease_until = NULL WHERE status = 'processing' AND lease_until < " +
-                          kNow + " AND id NOT IN (SELECT value FROM json_each(?1))"};
+                      " lease_until = NULL WHERE status = 'processing' AND (lease_until < " +
+                          kNow +
+                          " OR (?2 AND lease_owner = ?3))"
+                          " AND id NOT IN (SELECT value FROM json_each(?1))"};
     const std::string in_flight_text = in_flight.dump();
-    reclaim.Bind(1, in_flight_text);
+    reclaim.Bind(1, in_flight_text)
+        .Bind(2, std::int64_t{request.own_unexpired ? 1 : 0})
+        .Bind(3, request.owner);
     reclaim.Step();
     return reclaim.Changes();
   }

@@ -1,6 +1,7 @@
 #pragma once
-// A loopback TCP proxy in front of the test broker, to break connections on purpose: forward,
-// hold the broker's replies (so no confirm arrives), swallow new connections, drop everything.
+// A loopback TCP proxy in front of a test server (broker or database), to break connections on
+// purpose: forward, hold the server's replies (so no confirm or result arrives), swallow new
+// connections, drop everything.
 
 #include <condition_variable>
 #include <cstdint>
