@@ -401,7 +401,9 @@ class Operations::Impl {
       }
     }
     if (relay_.broker_unavailable) {
-      line(false, "relay: the last batch found the broker unavailable");
+      line(false,
+           "relay: a target is paused, its last batch found no broker (outbox_relay_target_paused "
+           "names it); the other targets flow");
     }
     ready_.Set(readiness.ready ? 1.0 : 0.0);
     stats_age_.Set(stats_ok_at_ ? Seconds(now - *stats_ok_at_) : -1.0);

@@ -73,7 +73,7 @@ struct RelayMetrics {
                                   "Messages this relay holds leases on right now.")),
         broker_unavailable(into.AddGauge(
             "outbox_relay_broker_unavailable",
-            "1 while the last published batch found no broker (every outcome unavailable).")),
+            "1 while the sink of some target is paused: its last batch found no broker.")),
         partitions_owned(into.AddGauge(
             "outbox_relay_partitions_owned",
             "Partitions this relay holds the lease of (with several relays per database).")),
@@ -138,6 +138,13 @@ class Relay::Engine {
     if (options_.hand_off != nullptr) {
       options_.hand_off->SetListener([wakeup = wakeup_.get()] { wakeup->Interrupt(); });
     }
+    for (const auto& [target, sink] : sinks_) {
+      paused_gauges_[target] = &metrics_.registry.AddGauge(
+          "outbox_relay_target_paused",
+          "1 while the target's sink is paused: its last batch found no broker; its messages "
+          "wait without leases or attempts spent while other targets flow.",
+          {{"target", target}});
+    }
   }
 
   ~Engine() {
@@ -190,24 +197,21 @@ class Relay::Engine {
       if (static_cast<int>(current.size()) >= options_.batch_size && !stopping()) {
         next = Claim(current);
       }
-      const auto outcomes = publishing.get();
-      const auto broken_streams = Settle(current, outcomes);
+      const auto published = publishing.get();
+      auto broken_streams = Settle(current, published.outcomes);
+      PauseTargets(published.unavailable);
+      // Claimed while this batch was in flight, for a target paused since: back, with no lease
+      // kept; the later messages of their streams wait for them.
+      std::vector<Envelope> parked;
+      std::erase_if(next, [&](Envelope& envelope) {
+        if (!paused_.contains(envelope.target)) return false;
+        if (envelope.stream_key) broken_streams.insert(*envelope.stream_key);
+        parked.push_back(std::move(envelope));
+        return true;
+      });
+      Release(parked);
       HoldBack(next, broken_streams);
-      const bool broker_down =
-          std::all_of(outcomes.begin(), outcomes.end(), [](const PublishOutcome& outcome) {
-            return outcome.failure && outcome.failure->kind == FailureKind::kUnavailable;
-          });
-      counters_.broker_unavailable = broker_down;
-      metrics_.broker_unavailable.Set(broker_down ? 1.0 : 0.0);
-      if (broker_down) {
-        metrics_.registry.RecordError(NameOf(FailureKind::kUnavailable),
-                                      outcomes.front().failure->reason);
-        Release(next);  // don't sit on leases while waiting for the broker
-        next.clear();
-        Backoff("broker unavailable: " + outcomes.front().failure->reason);
-      } else {
-        backoff_ = options_.min_backoff;
-      }
+      backoff_ = options_.min_backoff;
       current = std::move(next);
     }
     if (heartbeats.thread.joinable()) heartbeats.thread.join();  // it ends on Stop
@@ -229,6 +233,11 @@ class Relay::Engine {
     }
     membership_changed_.notify_all();
     wakeup_->Interrupt();
+  }
+
+  std::vector<std::string> paused_names() const {
+    std::lock_guard lock(paused_names_mutex_);
+    return paused_names_;
   }
 
  private:
@@ -275,6 +284,7 @@ class Relay::Engine {
       request.owner = owner_;
       request.max_messages = options_.batch_size;
       request.lease_duration = options_.lease;
+      request.paused_targets = PausedTargets(SteadyClock::now());
       if (options_.partition_leases != nullptr) {
         {
           std::lock_guard lock(membership_mutex_);
@@ -347,7 +357,10 @@ class Relay::Engine {
       // A failed claim (reconcile_leases_) may have left leases behind: not a time to sleep.
       if (!batch.empty() || stopping() || reconcile_leases_) return batch;
     }
-    const auto reason = wakeup_->Wait(SteadyClock::now() + options_.sweep_interval);
+    // A paused target's probe is due at its pause's end: wake for it.
+    auto until = SteadyClock::now() + options_.sweep_interval;
+    for (const auto& [target, pause] : paused_) until = std::min(until, pause.probe_at);
+    const auto reason = wakeup_->Wait(until);
     if (reason == WakeReason::kNotified || reason == WakeReason::kReconnected) {
       idle_announced_ = false;  // the mark was used up, or may have been missed
     }
@@ -539,28 +552,56 @@ class Relay::Engine {
     }
   }
 
-  // One outcome per message, in batch order. Messages go to the sink named by their target.
-  // A stream whose first message here is a retry sends only that message: if it fails again, its
-  // followers have not reached the broker ahead of it.
-  std::vector<PublishOutcome> Publish(const std::vector<Envelope>& batch) {
+  // What a batch's publish found: one outcome per message, in batch order, and for each target
+  // whose sink was called, the reason when it found no broker at all (every outcome kUnavailable).
+  struct Published {
+    std::vector<PublishOutcome> outcomes;
+    std::map<std::string, std::optional<std::string>, std::less<>> unavailable;
+  };
+
+  // Messages go to the sink named by their target, each target in a lane of its own: the sinks
+  // publish side by side, so that a slow or dead broker costs the others nothing but its own
+  // publish_timeout. Not sent (kOutcomeUnknown, no attempt spent), to keep streams in order:
+  // - the rest of a stream whose first message here is a retry: if it fails again, its followers
+  //   have not reached the broker ahead of it;
+  // - the rest of a stream from its first change of target on: lanes confirm independently, so a
+  //   later message could be confirmed by one broker while an earlier one fails at another.
+  Published Publish(const std::vector<Envelope>& batch) {
     const Deadline deadline = SteadyClock::now() + options_.publish_timeout;
-    std::vector<PublishOutcome> outcomes(batch.size());
+    Published published;
+    auto& outcomes = published.outcomes;
+    outcomes.resize(batch.size());
     std::map<std::string_view, std::vector<std::size_t>> by_target;
-    std::unordered_map<std::string_view, bool> retrying_streams;  // stream -> head is a retry
+    struct StreamHead {
+      bool retrying = false;  // its first message here is a retry
+      std::string_view target;
+      bool cut = false;  // the rest waits for the next batch
+    };
+    std::unordered_map<std::string_view, StreamHead> streams;
     for (std::size_t i = 0; i < batch.size(); ++i) {
       const Envelope& envelope = batch[i];
       if (envelope.stream_key) {
-        const auto [head, first] =
-            retrying_streams.try_emplace(*envelope.stream_key, envelope.attempts > 0);
-        if (!first && head->second) {
-          outcomes[i] = {envelope.id, Failure{FailureKind::kOutcomeUnknown,
-                                              "not sent: waiting for the retry of an earlier "
-                                              "message of its stream"}};
-          continue;
+        const auto [head, first] = streams.try_emplace(
+            *envelope.stream_key, StreamHead{envelope.attempts > 0, envelope.target});
+        if (!first) {
+          auto& stream = head->second;
+          stream.cut = stream.cut || stream.retrying || stream.target != envelope.target;
+          if (stream.cut) {
+            outcomes[i] = {envelope.id,
+                           Failure{FailureKind::kOutcomeUnknown,
+                                   stream.retrying ? "not sent: waiting for the retry of an "
+                                                     "earlier message of its stream"
+                                                   : "not sent: waiting for an earlier message "
+                                                     "of its stream to another target"}};
+            continue;
+          }
         }
       }
       by_target[envelope.target].push_back(i);
     }
+    // One lane per target; the first runs on this thread (deferred: when its outcomes are asked).
+    std::vector<std::pair<std::string_view, std::future<std::vector<PublishOutcome>>>> lanes;
+    std::vector<std::pair<std::string_view, std::vector<PublishOutcome>>> results;
     for (const auto& [target, indexes] : by_target) {
       const auto sink = sinks_.find(target);
       if (sink == sinks_.end()) {
@@ -571,25 +612,89 @@ class Relay::Engine {
         }
         continue;
       }
-      std::vector<Envelope> copies;
-      std::span<const Envelope> group{batch};
-      if (indexes.size() != batch.size()) {  // several targets in this batch
-        for (const auto i : indexes) copies.push_back(batch[i]);
-        group = copies;
-      }
-      auto results = sink->second->Publish(group, deadline);
+      auto lane = [&batch, &deadline, sink = sink->second.get(), &indexes] {
+        if (indexes.size() == batch.size()) return sink->Publish(batch, deadline);
+        std::vector<Envelope> group;
+        group.reserve(indexes.size());
+        for (const auto i : indexes) group.push_back(batch[i]);
+        return sink->Publish(group, deadline);
+      };
+      const auto policy = lanes.empty() ? std::launch::deferred : std::launch::async;
+      lanes.emplace_back(target, std::async(policy, std::move(lane)));
+    }
+    for (auto& [target, lane] : lanes) results.emplace_back(target, lane.get());
+    for (auto& [target, lane_outcomes] : results) {
+      const auto& indexes = by_target[target];
+      bool all_unavailable = !lane_outcomes.empty();
       for (std::size_t k = 0; k < indexes.size(); ++k) {
         const auto i = indexes[k];
-        if (k < results.size() && results[k].id == batch[i].id) {
-          outcomes[i] = std::move(results[k]);
+        if (k < lane_outcomes.size() && lane_outcomes[k].id == batch[i].id) {
+          outcomes[i] = std::move(lane_outcomes[k]);
         } else {
           Log(LogLevel::kError,
               "sink '" + std::string{target} + "' returned outcomes that do not match its batch");
           outcomes[i] = {batch[i].id, Failure{FailureKind::kOutcomeUnknown, "no outcome"}};
         }
+        all_unavailable = all_unavailable && outcomes[i].failure &&
+                          outcomes[i].failure->kind == FailureKind::kUnavailable;
       }
+      auto& verdict = published.unavailable[std::string{target}];
+      if (all_unavailable) verdict = outcomes[indexes.front()].failure->reason;
     }
-    return outcomes;
+    return published;
+  }
+
+  // The targets not to claim now: paused, and their probe not yet due.
+  std::vector<std::string> PausedTargets(SteadyClock::time_point now) const {
+    std::vector<std::string> names;
+    for (const auto& [target, pause] : paused_) {
+      if (now < pause.probe_at) names.push_back(target);
+    }
+    return names;
+  }
+
+  // After a batch: a target whose sink found no broker is paused (or, after a failed probe, its
+  // pause doubles, up to max_backoff); one whose sink answered resumes.
+  void PauseTargets(
+      const std::map<std::string, std::optional<std::string>, std::less<>>& unavailable) {
+    const auto now = SteadyClock::now();
+    bool changed = false;
+    for (const auto& [target, reason] : unavailable) {
+      auto found = paused_.find(target);
+      if (!reason) {
+        if (found == paused_.end()) continue;
+        const auto paused_for =
+            std::chrono::duration_cast<std::chrono::milliseconds>(now - found->second.since);
+        Log(LogLevel::kInfo, "sink '" + target + "' is available again after " +
+                                 std::to_string(paused_for.count()) + " ms; its messages flow");
+        paused_.erase(found);
+        changed = true;
+        continue;
+      }
+      if (found == paused_.end()) {
+        found = paused_.emplace(target, TargetPause{now, now, options_.min_backoff}).first;
+        changed = true;
+      } else {
+        found->second.backoff = std::min(found->second.backoff * 2, options_.max_backoff);
+      }
+      found->second.probe_at = now + found->second.backoff;
+      metrics_.registry.RecordError(NameOf(FailureKind::kUnavailable), *reason);
+      Log(LogLevel::kWarn, "sink '" + target + "' is unavailable: " + *reason +
+                               "; its messages wait (no attempt spent, no lease kept) while other "
+                               "targets flow; probing it again in " +
+                               std::to_string(found->second.backoff.count()) + " ms");
+    }
+    if (!changed) return;
+    std::vector<std::string> names;
+    for (const auto& [target, gauge] : paused_gauges_) {
+      const bool paused = paused_.contains(target);
+      gauge->Set(paused ? 1.0 : 0.0);
+      if (paused) names.push_back(target);
+    }
+    counters_.broker_unavailable = !paused_.empty();
+    metrics_.broker_unavailable.Set(paused_.empty() ? 0.0 : 1.0);
+    std::lock_guard lock(paused_names_mutex_);
+    paused_names_ = std::move(names);
   }
 
   // Counts one failed publish by kind, and whether it is abandoned or retried. The store decides
@@ -765,6 +870,17 @@ class Relay::Engine {
   } unrecorded_;                   // outcomes the store could not take yet (see Unrecorded)
   bool idle_announced_ = false;    // this relay's idle mark stands (see Wakeup)
   bool reconcile_leases_ = false;  // a claim failed: leases may exist that this relay lost
+  // Targets whose sink found no broker (main thread only): not claimed until probe_at, when the
+  // next claim takes their messages again and publishing them is the probe.
+  struct TargetPause {
+    SteadyClock::time_point since;
+    SteadyClock::time_point probe_at;
+    std::chrono::milliseconds backoff;
+  };
+  std::map<std::string, TargetPause, std::less<>> paused_;
+  std::map<std::string, observe::Gauge*, std::less<>> paused_gauges_;  // one per sink
+  mutable std::mutex paused_names_mutex_;
+  std::vector<std::string> paused_names_;  // for Relay::paused_targets()
   SteadyClock::time_point next_sweep_{};
   SteadyClock::time_point next_purge_{};
   mutable std::mutex stop_mutex_;
@@ -797,6 +913,8 @@ Relay::Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr
 }
 
 Relay::~Relay() = default;
+
+std::vector<std::string> Relay::paused_targets() const { return engine_->paused_names(); }
 
 void Relay::Run() { engine_->Run(); }
 

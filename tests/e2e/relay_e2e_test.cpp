@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -19,6 +20,7 @@
 #include <set>
 
 #include "../postgres/pg_test_support.h"
+#include "../support/wait.h"
 #include "amqp_test_client.h"
 #include "child_process.h"
 #include "frozen_relay.h"
@@ -30,16 +32,6 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 std::string ServicesScript() { return std::string{PROJECT_SOURCE_DIR} + "/scripts/services"; }
-
-// Polls `condition` every 20 ms until it holds; false after `limit`.
-bool WaitUntil(const std::function<bool()>& condition, milliseconds limit) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(milliseconds{20});
-  }
-  return true;
-}
 
 class RelayE2eTest : public ::testing::Test {
  protected:
@@ -184,7 +176,14 @@ TEST_F(RelayE2eTest, ABrokerRestartLosesNothingAndAbandonsNothing) {
   WriteConfig(/*max_attempts=*/2);  // an outage that spent attempts would abandon at once
   Consumer consumer(queue_);
   Outboxd relay(config_path_);
-  std::thread writers([&] { Write(20000); });
+  // Writers go on until the broker is back (at least 10,000 messages, at most 100,000), so that
+  // messages are written during the outage however long rabbitmqctl takes on a loaded machine.
+  std::atomic<bool> broker_back{false};
+  std::thread writers([&] {
+    for (int written = 0; written < 100000 && (written < 10000 || !broker_back); written += 2000) {
+      Write(2000);
+    }
+  });
   // The broker stops once the relay is publishing, for 3 s (a duration, not a wait for a state);
   // messages must be committed and still undelivered when it comes back, or nothing was at stake.
   const bool publishing = WaitUntil([&] { return consumer.count() > 0; }, seconds{60});
@@ -195,6 +194,7 @@ TEST_F(RelayE2eTest, ABrokerRestartLosesNothingAndAbandonsNothing) {
   const std::int64_t held_back = stopped ? std::stoll(Count("true")) : 0;
   const bool started =
       std::system((ServicesScript() + " rabbitmqctl start_app >/dev/null").c_str()) == 0;
+  broker_back = true;
   writers.join();
   ASSERT_TRUE(publishing) << "nothing delivered 60 s after the start\n" << Log();
   ASSERT_TRUE(stopped) << "rabbitmqctl stop_app failed";

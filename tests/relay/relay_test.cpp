@@ -27,13 +27,16 @@ class RelayTest : public ::testing::Test {
 
   // Runs a relay over `sink` on its own thread until the test ends or StopRelay().
   void StartRelay(std::unique_ptr<Sink> sink, RelayOptions options = {}, RetryPolicy retry = {}) {
+    SinkMap sinks;
+    sinks.emplace("default", std::move(sink));
+    StartRelay(std::move(sinks), std::move(options), retry);
+  }
+  void StartRelay(SinkMap sinks, RelayOptions options, RetryPolicy retry = {}) {
     if (options.instance.empty()) options.instance = "relay-test";
     postgres::StoreOptions store_options;
     store_options.conninfo = PgUrl();
     store_options.schema = schema_.name();
     store_options.retry = retry;
-    SinkMap sinks;
-    sinks.emplace("default", std::move(sink));
     relay_ =
         std::make_unique<Relay>(options, postgres::OpenStore(store_options),
                                 postgres::OpenWakeup(PgUrl(), schema_.name()), std::move(sinks));
@@ -473,6 +476,70 @@ TEST_F(RelayTest, AClaimWhoseReplyIsLostReordersNoStream) {
   ASSERT_EQ(delivered.size(), 2U);
   EXPECT_EQ(delivered[0].id.ToString(), first) << "the stream's second message went first";
   EXPECT_EQ(delivered[1].id.ToString(), second);
+}
+
+// Issue #14: a stream whose messages alternate between two targets keeps its order across them,
+// while one target's sink is unavailable (paused: nothing of the stream after its message goes)
+// and after it is back; the other target's own streams flow meanwhile.
+TEST_F(RelayTest, AStreamKeepsItsOrderAcrossTargetsWhileOneIsPaused) {
+  std::mutex mutex;
+  std::vector<std::string> order;  // payloads as the two sinks accepted them, both together
+  std::atomic<bool> b_down{true};
+  const auto accept = [&](const Envelope& envelope) {
+    std::lock_guard lock(mutex);
+    order.push_back(envelope.payload);
+  };
+  auto a = std::make_unique<TestSink>([&](const Envelope& envelope) -> std::optional<Failure> {
+    accept(envelope);
+    return std::nullopt;
+  });
+  auto b = std::make_unique<TestSink>([&](const Envelope& envelope) -> std::optional<Failure> {
+    if (b_down) return Failure{FailureKind::kUnavailable, "connection refused"};
+    accept(envelope);
+    return std::nullopt;
+  });
+  TestSink* a_sink = a.get();
+  SinkMap sinks;
+  sinks.emplace("a", std::move(a));
+  sinks.emplace("b", std::move(b));
+  RelayOptions options;
+  options.min_backoff = milliseconds{50};
+  options.max_backoff = milliseconds{200};
+  options.sweep_interval = milliseconds{100};
+  Sql(schema_.conn(), "BEGIN");
+  for (int i = 1; i <= 6; ++i) {  // s: 1 to a, 2 to b, 3 to a, ...
+    Enqueue("'t', '\"s" + std::to_string(i) + "\"', stream_key => 's', target => '" +
+            (i % 2 == 1 ? "a" : "b") + "'");
+  }
+  for (int i = 1; i <= 50; ++i) {  // a stream of a's own
+    Enqueue("'t', '\"o" + std::to_string(i) + "\"', stream_key => 'o', target => 'a'");
+  }
+  Sql(schema_.conn(), "COMMIT");
+  StartRelay(std::move(sinks), options);
+  ASSERT_TRUE(WaitFor([&] { return a_sink->delivered().size() >= 51; }))
+      << a_sink->delivered().size() << " published to a";
+  ASSERT_TRUE(WaitFor([&] { return !relay_->paused_targets().empty(); }));
+  EXPECT_EQ(relay_->paused_targets(), std::vector<std::string>{"b"});
+  EXPECT_EQ(relay_->counters().failed.load(), 0U) << "an outage spends no attempt";
+  {
+    std::lock_guard lock(mutex);
+    const auto s3 = std::find(order.begin(), order.end(), "\"s3\"");
+    EXPECT_EQ(s3, order.end()) << "s3 went out before s2";
+  }
+  EXPECT_EQ(Count("attempts > 0"), "0");
+
+  b_down = false;
+  ASSERT_TRUE(WaitFor([&] { return Count("true") == "0"; })) << Count("true") << " left";
+  EXPECT_TRUE(relay_->paused_targets().empty());
+  std::vector<std::string> stream;
+  {
+    std::lock_guard lock(mutex);
+    for (const auto& payload : order) {
+      if (payload.starts_with("\"s")) stream.push_back(payload);
+    }
+  }
+  EXPECT_EQ(stream,
+            (std::vector<std::string>{"\"s1\"", "\"s2\"", "\"s3\"", "\"s4\"", "\"s5\"", "\"s6\""}));
 }
 
 TEST_F(RelayTest, LosingTheDatabaseConnectionLosesNothing) { DrainThroughDatabaseOutages(false); }

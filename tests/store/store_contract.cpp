@@ -212,6 +212,42 @@ TEST_P(StoreContractTest, OwnUnexpiredLeasesAreGivenBackOnlyWhenAsked) {
   EXPECT_EQ(again[0].id, mine[0].id);
 }
 
+// A paused target's messages are not claimed, nor the later messages of their streams whatever
+// their target (a stream stays in order across targets); everything else is.
+TEST_P(StoreContractTest, PausedTargetsAreNotClaimedAndHoldBackTheirStreams) {
+  auto store = OpenFresh(GetParam());
+  const auto to = [](std::string target, std::optional<std::string> stream) {
+    NewMessage message = Message("t", std::move(stream));
+    message.target = std::move(target);
+    return message;
+  };
+  std::vector<NewMessage> messages{
+      to("dead", "s"),             // 0: paused
+      to("default", "s"),          // 1: behind 0 in its stream
+      to("default", "other"),      // 2: free
+      to("dead", std::nullopt),    // 3: paused
+      to("default", std::nullopt)  // 4: free
+  };
+  const auto ids = store->Enqueue(messages);
+  ClaimRequest request = Request("relay");
+  request.paused_targets = {"dead"};
+  const auto batch = store->Claim(request);
+  std::vector<MessageId> claimed;
+  for (const auto& envelope : batch) claimed.push_back(envelope.id);
+  EXPECT_EQ(claimed, (std::vector<MessageId>{ids[2], ids[4]}));
+  EXPECT_EQ(store->Complete("relay", Leases(batch)).settled, 2);
+  EXPECT_TRUE(store->Claim(request).empty());
+
+  // Resumed: in stream order, nothing spent.
+  const auto rest = store->Claim(Request("relay"));
+  claimed.clear();
+  for (const auto& envelope : rest) {
+    claimed.push_back(envelope.id);
+    EXPECT_EQ(envelope.attempts, 0);
+  }
+  EXPECT_EQ(claimed, (std::vector<MessageId>{ids[0], ids[1], ids[3]}));
+}
+
 TEST_P(StoreContractTest, RenewKeepsTheLease) {
   auto store = OpenFresh(GetParam());
   NewMessage message = Message("t");

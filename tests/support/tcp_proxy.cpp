@@ -63,14 +63,16 @@ int ConnectUpstream(const std::string& host, int port) {
 
 }  // namespace
 
-TcpProxy::TcpProxy(std::string upstream_host, int upstream_port)
+TcpProxy::TcpProxy(std::string upstream_host, int upstream_port, int listen_port)
     : upstream_host_(std::move(upstream_host)), upstream_port_(upstream_port) {
   listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
   if (listen_fd_ < 0) Fail("socket");
+  const int yes = 1;
+  setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
+  address.sin_port = htons(static_cast<std::uint16_t>(listen_port));
   sockaddr* generic = reinterpret_cast<sockaddr*>(&address);
   if (bind(listen_fd_, generic, sizeof address) != 0) Fail("bind");
   if (listen(listen_fd_, 16) != 0) Fail("listen");

@@ -20,8 +20,9 @@ class TcpProxy {
     kBlackhole,    // new connections are accepted and never answered
   };
 
-  // Listens on 127.0.0.1 on a free port and forwards to upstream_host:upstream_port.
-  TcpProxy(std::string upstream_host, int upstream_port);
+  // Listens on 127.0.0.1 on `listen_port` (0: a free port) and forwards to
+  // upstream_host:upstream_port.
+  TcpProxy(std::string upstream_host, int upstream_port, int listen_port = 0);
   ~TcpProxy();
   TcpProxy(const TcpProxy&) = delete;
   TcpProxy& operator=(const TcpProxy&) = delete;

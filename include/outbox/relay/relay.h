@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "outbox/core/hand_off.h"
 #include "outbox/core/log.h"
@@ -28,7 +29,9 @@ struct RelayOptions {
   std::chrono::milliseconds sweep_interval{std::chrono::seconds{1}};
   // How long a batch may wait for broker confirms; must be well under `lease`.
   std::chrono::milliseconds publish_timeout{std::chrono::seconds{10}};
-  // Pause after a broker or database outage is noticed, doubling up to max_backoff.
+  // Pause after a database outage is noticed, doubling up to max_backoff; the same for a target
+  // whose sink is unavailable: its messages are not claimed until its pause ends (the next batch
+  // for it is the probe), while other targets flow.
   std::chrono::milliseconds min_backoff{100};
   std::chrono::milliseconds max_backoff{std::chrono::seconds{5}};
   // Published/abandoned rows past their retention are purged this often.
@@ -62,8 +65,8 @@ struct RelayCounters {
   std::atomic<std::uint64_t> store_errors{0};
   std::atomic<std::uint64_t> takeovers{0};  // partitions taken from an expired lease of another
   std::atomic<int> partitions_owned{0};     // with partition leases: held now
-  // True while the last published batch found no broker (every outcome kUnavailable); false
-  // after a batch with any other outcome. Says nothing while the relay is idle.
+  // True while the sink of some target is paused: its last batch found no broker (every outcome
+  // kUnavailable). Other targets flow meanwhile (see Relay::paused_targets).
   std::atomic<bool> broker_unavailable{false};
 };
 
@@ -89,6 +92,8 @@ class Relay {
   void Stop();
 
   [[nodiscard]] const RelayCounters& counters() const { return counters_; }
+  // The targets whose sink is paused as unavailable right now, by name. Thread-safe.
+  [[nodiscard]] std::vector<std::string> paused_targets() const;
 
  private:
   class Engine;

@@ -54,6 +54,10 @@ struct ClaimRequest {
   // the caller still holds each one's lease under that epoch (see store/partitions.h); a claim
   // under a stale epoch gets nothing from that partition. Empty: nothing.
   std::optional<std::vector<PartitionLease>> partitions;
+  // Targets whose sink is unavailable: none of their messages is claimed, and a keyed message
+  // whose stream has an earlier message for one of them waits too (a stream stays in order across
+  // targets). Their messages keep no lease and spend no attempt while they wait.
+  std::vector<std::string> paused_targets;
 };
 
 // Which expired message leases to give back. A relay passes what it still has in flight, whose

@@ -18,7 +18,9 @@ constexpr const char* kFenced = R"(
 // Oldest first, from two indexes (see sql/004_claim_cursor.sql): fresh messages from the cursor
 // $6 on (see claim_cursor.h), returned ones whole. SKIP LOCKED lets claimers pass each other.
 // A keyed message waits while an earlier message of its stream waits for its retry, or (without
-// partition leases) is leased by another owner: head-of-line per stream. On leased partitions no
+// partition leases) is leased by another owner, or waits for a paused target ($7, the targets
+// whose sink is unavailable, whose own messages are not claimed): head-of-line per stream, across
+// targets. On leased partitions no
 // other owner's lease can be there: a partition's messages were given back or voided when it
 // changed hands. Behind the caller's own leases a message may be claimed: the caller publishes its
 // batches in order and holds back what follows a failure (see Relay), which keeps a busy stream
@@ -39,7 +41,12 @@ constexpr const char* kHeadOfLine = R"(
     AND (m.stream_key IS NULL OR $2::integer[] IS NOT NULL OR NOT EXISTS (
       SELECT 1 FROM __TABLE__ e
       WHERE e.stream_key = m.stream_key AND e.id < m.id AND e.status = 'processing'
-        AND e.lease_owner <> $3)))";
+        AND e.lease_owner <> $3))
+    AND m.target <> ALL ($7::text[])
+    AND (m.stream_key IS NULL OR cardinality($7::text[]) = 0 OR NOT EXISTS (
+      SELECT 1 FROM __TABLE__ e
+      WHERE e.stream_key = m.stream_key AND e.id < m.id AND e.status IN ('pending', 'failed')
+        AND e.target = ANY ($7::text[]))))";
 
 constexpr const char* kInHeld = R"(
     AND ($2::integer[] IS NULL OR m.partition IN (SELECT partition FROM held)))";

@@ -86,8 +86,13 @@ class PostgresStore final : public Store {
     if (held.none) return {};
     const std::string cursor =
         cursor_.Next(request.partitions, std::chrono::steady_clock::now()).ToString();
-    const std::vector<Param> params{Param{limit}, held.partitions, Param{request.owner},
-                                    Param{lease}, held.epochs,     Param{cursor}};
+    const std::vector<Param> params{Param{limit},
+                                    held.partitions,
+                                    Param{request.owner},
+                                    Param{lease},
+                                    held.epochs,
+                                    Param{cursor},
+                                    Param{TextArray(request.paused_targets)}};
     const auto result =
         Exec(connection_.Ready(), "claim", sql_.claim, params, /*binary_results=*/true);
     const PGresult* rows = result.get();

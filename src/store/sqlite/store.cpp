@@ -19,7 +19,8 @@ const std::string kFence =
     " WHERE id = ?1 AND lease_epoch = ?2 AND lease_owner = ?3 AND status = 'processing'";
 
 // Oldest first (commit order); a keyed message waits while an earlier message of its stream is
-// leased by another owner or waits for its retry.
+// leased by another owner or waits for its retry or for a paused target (?5, a JSON array of the
+// targets whose sink is unavailable, whose own messages are not claimed).
 const std::string kClaimableIds =
     "SELECT m.position FROM outbox_messages m"
     " WHERE m.status IN ('pending', 'failed') AND m.available_at <= " +
@@ -31,6 +32,11 @@ const std::string kClaimableIds =
     "         (e.status = 'failed' AND e.available_at > " +
     kNow +
     "))))"
+    "  AND m.target NOT IN (SELECT value FROM json_each(?5))"
+    "  AND (m.stream_key IS NULL OR ?5 = '[]' OR NOT EXISTS ("
+    "   SELECT 1 FROM outbox_messages e WHERE e.stream_key = m.stream_key"
+    "    AND e.position < m.position AND e.status IN ('pending', 'failed')"
+    "    AND e.target IN (SELECT value FROM json_each(?5))))"
     " ORDER BY m.position LIMIT ?3";
 
 // The stream_prev_seq of message ?2 of stream ?1 (Envelope::stream_prev_seq): only when the
@@ -113,7 +119,8 @@ class SqliteStore final : public Store {
               " payload, content_type, headers, attempts, created_at, lease_epoch, position"};
       claim.Bind(2, request.owner)
           .Bind(3, std::int64_t{request.max_messages})
-          .Bind(4, static_cast<std::int64_t>(request.lease_duration.count()));
+          .Bind(4, static_cast<std::int64_t>(request.lease_duration.count()))
+          .Bind(5, nlohmann::json(request.paused_targets).dump());
       std::vector<std::pair<std::int64_t, Envelope>> rows;
       while (claim.Step()) {
         Envelope envelope;

@@ -1,0 +1,164 @@
+// outboxd with two RabbitMQ sinks, end to end (issue #14): a target whose broker is down or
+// refuses everything must not hold back the other target. Real PostgreSQL, real RabbitMQ, the
+// real binary; the "dead" broker is a port where nothing listens, brought up later as a TCP proxy
+// in front of the real broker.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "../postgres/pg_test_support.h"
+#include "../support/free_port.h"
+#include "../support/tcp_proxy.h"
+#include "../support/wait.h"
+#include "amqp_test_client.h"
+#include "child_process.h"
+
+namespace outbox::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr int kPerTarget = 2000;
+constexpr int kStreams = 20;
+
+class TargetsE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    healthy_queue_ = "targets_ok_" + schema_.name();
+    other_queue_ = "targets_other_" + schema_.name();
+    DeclareQueue(healthy_queue_);
+    config_path_ = "/tmp/outboxd-" + schema_.name() + ".toml";
+  }
+  void TearDown() override {
+    DeleteQueue(healthy_queue_);
+    DeleteQueue(other_queue_);
+    std::remove(config_path_.c_str());
+    std::remove((config_path_ + ".log").c_str());
+  }
+
+  // Sinks "default" (the real broker, to healthy_queue_) and "other" (at `other_url`, to
+  // other_queue_).
+  void WriteConfig(const std::string& other_url, int max_attempts) {
+    std::ofstream out(config_path_);
+    out << "[database]\nurl = \"" << PgUrl() << "\"\nschema = \"" << schema_.name() << "\"\n"
+        << "[relay]\ninstance = \"targets\"\nbatch_size = 500\nlease = \"10s\"\n"
+        << "publish_timeout = \"3s\"\nsweep_interval = \"200ms\"\nmax_backoff = \"500ms\"\n"
+        << "[retry]\ninitial_delay = \"50ms\"\nmax_delay = \"100ms\"\nmax_attempts = "
+        << max_attempts << "\n"
+        << "[sinks.default]\ntype = \"rabbitmq\"\nurl = \"" << AmqpUrl() << "\"\n"
+        << "routing_key = \"" << healthy_queue_ << "\"\n"
+        << "[sinks.other]\ntype = \"rabbitmq\"\nurl = \"" << other_url << "\"\n"
+        << "routing_key = \"" << other_queue_ << "\"\n"
+        << "[http]\nlisten = \"\"\n";
+  }
+
+  // `other` messages for "other" first (the oldest, so that a claim by age alone would be full
+  // of them), then kPerTarget for "default", each over kStreams streams of its own.
+  void Enqueue(int other) {
+    for (const auto& [target, count] : {std::pair{"other", other}, {"default", kPerTarget}}) {
+      Sql(schema_.conn(), "SELECT " + schema_.name() +
+                              ".enqueue('t', jsonb_build_object('n', g), " + "stream_key => '" +
+                              target + "-' || (g % " + std::to_string(kStreams) + "), target => '" +
+                              target + "') FROM generate_series(1, " + std::to_string(count) +
+                              ") g");
+    }
+  }
+
+  std::int64_t Count(const std::string& where) {
+    return std::stoll(Scalar(
+        schema_.conn(), "SELECT count(*) FROM " + schema_.name() + ".messages WHERE " + where));
+  }
+
+  std::string Log() {
+    std::ifstream in(config_path_ + ".log");
+    return {std::istreambuf_iterator<char>(in), {}};
+  }
+
+  // Every message once (at least), and the first deliveries of each stream in seq order.
+  static void ExpectAllInStreamOrder(const Consumer& consumer, const std::string& label) {
+    std::set<std::string> seen;
+    std::map<std::string, std::int64_t> last;
+    for (const auto& delivery : consumer.deliveries()) {
+      if (!seen.insert(delivery.message_id).second) continue;
+      auto& previous = last[delivery.stream_key];
+      EXPECT_GT(delivery.stream_seq, previous) << label << ": stream " << delivery.stream_key;
+      previous = delivery.stream_seq;
+    }
+    EXPECT_EQ(seen.size(), static_cast<std::size_t>(kPerTarget)) << label;
+    EXPECT_EQ(last.size(), static_cast<std::size_t>(kStreams)) << label;
+  }
+
+  TestSchema schema_;
+  std::string healthy_queue_;
+  std::string other_queue_;
+  std::string config_path_;
+};
+
+TEST_F(TargetsE2eTest, ABrokerThatIsDownHoldsBackOnlyItsOwnTarget) {
+  const int dead_port = FreePort();
+  WriteConfig("amqp://guest:guest@127.0.0.1:" + std::to_string(dead_port) + "/", 3);
+  Enqueue(kPerTarget);
+  Consumer healthy(healthy_queue_);
+  Outboxd relay(config_path_);
+  // A few seconds on a quiet machine (2 s seen); the bound is for a loaded one.
+  EXPECT_TRUE(WaitUntil([&] { return healthy.count() >= kPerTarget; }, seconds{30}))
+      << healthy.count() << " of " << kPerTarget << " for the healthy target\n"
+      << Log();
+  EXPECT_EQ(Count("target = 'default'"), 0) << "published rows are deleted";
+  // The dead target's messages wait: none spent an attempt or was given up.
+  EXPECT_EQ(Count("target = 'other'"), kPerTarget);
+  EXPECT_EQ(Count("target = 'other' AND (attempts > 0 OR status IN ('failed', 'abandoned'))"), 0);
+  EXPECT_NE(Log().find("sink 'other' is unavailable"), std::string::npos) << Log();
+
+  // The broker comes up: its messages go out, in stream order.
+  DeclareQueue(other_queue_);
+  Consumer other(other_queue_);
+  TcpProxy broker("127.0.0.1", 5672, dead_port);
+  EXPECT_TRUE(WaitUntil([&] { return Count("target = 'other'") == 0; }, seconds{30}))
+      << Count("target = 'other'") << " still in the outbox\n"
+      << Log();
+  EXPECT_TRUE(WaitUntil([&] { return other.count() >= kPerTarget; }, seconds{10}));
+  relay.Signal(SIGTERM);
+  EXPECT_EQ(relay.Wait(seconds{30}), 0) << Log();
+  healthy.Stop();
+  other.Stop();
+  ExpectAllInStreamOrder(healthy, "healthy");
+  ExpectAllInStreamOrder(other, "other");
+  EXPECT_NE(Log().find("sink 'other' is available again"), std::string::npos) << Log();
+}
+
+TEST_F(TargetsE2eTest, ABrokerThatRefusesEverythingHoldsBackOnlyItsOwnTarget) {
+  // A queue that takes nothing: every publish to it is nacked (rejected).
+  DeclareQueue(other_queue_, {{"x-overflow", "reject-publish"}}, {{"x-max-length", 0}});
+  WriteConfig(AmqpUrl(), 3);
+  // Fewer: a stream's refused messages are retried one after another (head of line), 3 times each.
+  constexpr int kRefused = 200;
+  Enqueue(kRefused);
+  Consumer healthy(healthy_queue_);
+  Outboxd relay(config_path_);
+  EXPECT_TRUE(WaitUntil([&] { return healthy.count() >= kPerTarget; }, seconds{30}))
+      << healthy.count() << " of " << kPerTarget << " for the healthy target\n"
+      << Log();
+  // The refused ones follow the usual rules: retried, then abandoned after 3 attempts.
+  EXPECT_TRUE(WaitUntil([&] { return Count("status = 'abandoned'") == kRefused; }, seconds{60}))
+      << Count("status = 'abandoned'") << " abandoned\n"
+      << Log();
+  relay.Signal(SIGTERM);
+  EXPECT_EQ(relay.Wait(seconds{30}), 0) << Log();
+  healthy.Stop();
+  ExpectAllInStreamOrder(healthy, "healthy");
+  EXPECT_EQ(Count("target = 'other' AND status = 'abandoned' AND attempts = 3"), kRefused);
+  EXPECT_EQ(Count("target = 'other' AND last_error NOT LIKE 'rejected%'"), 0)
+      << Scalar(schema_.conn(), "SELECT min(last_error) FROM " + schema_.name() + ".messages");
+  EXPECT_EQ(ReadyMessages(other_queue_).value_or(1), 0U);
+  EXPECT_EQ(Log().find("is unavailable"), std::string::npos) << "a refusal is no outage";
+}
+
+}  // namespace
+}  // namespace outbox::testing
