@@ -1,51 +1,40 @@
 #include "duration.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
+#include "outbox/config/duration.h"
+
 namespace outbox::apps {
 namespace {
 
-constexpr std::int64_t kMaxDurationSeconds = 100LL * 366 * 86400;
+constexpr std::chrono::seconds kMaxDuration{100LL * 366 * 86400};
 
 }  // namespace
 
+// config::ParseDuration reads the number and unit; what is added here is what an age needs:
+// whole seconds, "0" without a unit, and messages for a person at a prompt.
 std::chrono::seconds ParseDuration(std::string_view text) {
   const std::string quoted = "'" + std::string{text} + "'";
   const std::string expected = ": expected a whole number and a unit, like 30s, 10m, 2h or 30d";
   if (!text.empty() && text.front() == '-') {
     throw std::invalid_argument("duration " + quoted + " must not be negative");
   }
-  std::size_t digits = 0;
-  std::int64_t value = 0;
-  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') {
-    value = value * 10 + (text[digits] - '0');
-    if (value > kMaxDurationSeconds) {
+  if (text == "0") return std::chrono::seconds{0};
+  const std::size_t digits = std::min(text.find_first_not_of("0123456789"), text.size());
+  const auto parsed = config::ParseDuration(text);
+  if (!parsed || text.substr(digits) == "ms") {
+    if (digits > 12)
       throw std::invalid_argument("duration " + quoted + " is too large (at most 100 years)");
-    }
-    ++digits;
-  }
-  if (digits == 0) throw std::invalid_argument("bad duration " + quoted + expected);
-  const std::string_view unit = text.substr(digits);
-  std::int64_t seconds_per_unit = 0;
-  if (unit.empty() && value == 0) {
-    seconds_per_unit = 1;
-  } else if (unit == "s") {
-    seconds_per_unit = 1;
-  } else if (unit == "m") {
-    seconds_per_unit = 60;
-  } else if (unit == "h") {
-    seconds_per_unit = 3600;
-  } else if (unit == "d") {
-    seconds_per_unit = 86400;
-  } else {
     throw std::invalid_argument("bad duration " + quoted + expected);
   }
-  if (value > kMaxDurationSeconds / seconds_per_unit) {
+  const auto duration = std::chrono::duration_cast<std::chrono::seconds>(*parsed);
+  if (duration > kMaxDuration) {
     throw std::invalid_argument("duration " + quoted + " is too large (at most 100 years)");
   }
-  return std::chrono::seconds{value * seconds_per_unit};
+  return duration;
 }
 
 }  // namespace outbox::apps

@@ -6,9 +6,9 @@
 // Secrets may come from the environment instead of the file; a set, non-empty variable wins over
 // the file:
 //   OUTBOX_DATABASE_URL       [database] url (ignored when [database] type = "sqlite")
-//   OUTBOX_SINK_<NAME>_URL    [sinks.<name>] url of a rabbitmq sink; <NAME> is the sink's name
-//                             upper-cased with '-' replaced by '_' (sink "audit-log" reads
-//                             OUTBOX_SINK_AUDIT_LOG_URL)
+//   OUTBOX_SINK_<NAME>_URL    [sinks.<name>] url of a rabbitmq sink (SinkSecretEnv); <NAME> is
+//                             the sink's name upper-cased with '-' replaced by '_' (sink
+//                             "audit-log" reads OUTBOX_SINK_AUDIT_LOG_URL)
 //   OUTBOX_HTTP_TOKEN         [http] token
 
 #include <chrono>
@@ -16,40 +16,27 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
-#include <variant>
 #include <vector>
 
+#include "outbox/config/toml_table.h"
 #include "outbox/core/retry_policy.h"
+#include "outbox/sink/registry.h"
 #include "outbox/store/store.h"
 
 namespace outbox::outboxd {
 
-// [sinks.<name>] type = "rabbitmq"; the fields of outbox::rabbitmq::SinkOptions.
-struct RabbitSinkConfig {
-  std::string url;  // required (or OUTBOX_SINK_<NAME>_URL): amqp://user:password@host:port/vhost
-  std::string exchange;                 // "" is the default exchange; a template like routing_key
-  std::string routing_key = "{topic}";  // placeholders {topic}, {target}, {type}
-  bool mandatory = true;
-  bool persistent = true;
-  std::size_t confirm_window = 1000;
-  std::chrono::milliseconds connect_timeout{5000};
-  std::chrono::seconds heartbeat{10};  // 0 disables heartbeats
-  std::string declare_exchange_type;   // "" (declare nothing), direct, topic, fanout, headers
-  std::size_t max_message_bytes = 16 * 1024 * 1024;
-};
-
-// [sinks.<name>] type = "file"; the fields of outbox::file::SinkOptions.
-struct FileSinkConfig {
-  std::string path = "-";  // "-" is standard output
-  bool fsync = false;
-};
-
+// [sinks.<name>]: a sink of a registered type (SinkTypes()), with the settings its type read.
 struct SinkConfig {
   std::string name;  // the message target it serves; "default" serves messages without a target
-  std::variant<RabbitSinkConfig, FileSinkConfig> settings;
+  std::string type;  // "rabbitmq", "file", ...
+  std::shared_ptr<const SinkSettings> settings;
 };
+
+// The sink types outboxd knows, one registration line each (sinks.cpp).
+const SinkRegistry& SinkTypes();
 
 // [http]: the operations listener (/metrics, /api/outbox, /healthz, /readyz).
 struct HttpConfig {
@@ -113,7 +100,7 @@ struct Config {
   std::vector<SinkConfig> sinks;
 };
 
-using GetenvFn = std::function<const char*(const char*)>;
+using config::GetenvFn;
 
 // Reads and validates the file at `path`. Throws outbox::ConfigError whose key() is the full
 // dotted key as written ("relay.batch_size", "sinks.default.confirm_window") for an unknown key
@@ -131,9 +118,6 @@ Config ParseConfig(std::string_view toml_text, const std::string& origin, const 
 // in a URL or connection string replaced by ***. For --check-config.
 std::string Describe(const Config& config);
 
-// `url` with its password replaced by ***: the password of a URI's user info
-// (scheme://user:password@host), and any password=... parameter of a URI query or a libpq
-// key=value connection string.
-std::string MaskPassword(std::string_view url);
+using config::MaskPassword;
 
 }  // namespace outbox::outboxd

@@ -25,8 +25,6 @@
 #include "outbox/core/version.h"
 #include "outbox/observe/metrics.h"
 #include "outbox/relay/relay.h"
-#include "outbox/sink/file.h"
-#include "outbox/sink/rabbitmq.h"
 #include "outbox/store/postgres.h"
 #include "outbox/store/sqlite.h"
 
@@ -72,23 +70,7 @@ outbox::SinkMap OpenSinks(const outbox::outboxd::Config& config) {
   for (const auto& sink : config.sinks) {
     // The sinks name their own keys ("url"); the user wrote "sinks.<name>.url".
     try {
-      if (const auto* rabbit = std::get_if<outbox::outboxd::RabbitSinkConfig>(&sink.settings)) {
-        sinks.emplace(sink.name, outbox::rabbitmq::OpenSink({
-                                     .url = rabbit->url,
-                                     .exchange = rabbit->exchange,
-                                     .routing_key = rabbit->routing_key,
-                                     .mandatory = rabbit->mandatory,
-                                     .persistent = rabbit->persistent,
-                                     .confirm_window = rabbit->confirm_window,
-                                     .connect_timeout = rabbit->connect_timeout,
-                                     .heartbeat = rabbit->heartbeat,
-                                     .max_message_bytes = rabbit->max_message_bytes,
-                                     .declare_exchange_type = rabbit->declare_exchange_type,
-                                 }));
-      } else {
-        const auto& file = std::get<outbox::outboxd::FileSinkConfig>(sink.settings);
-        sinks.emplace(sink.name, outbox::file::OpenSink({.path = file.path, .fsync = file.fsync}));
-      }
+      sinks.emplace(sink.name, sink.settings->Open());
     } catch (const outbox::ConfigError& error) {
       throw outbox::ConfigError("sinks." + sink.name + "." + error.key(),
                                 std::string{error.what()}.substr(error.key().size() + 2));

@@ -191,37 +191,6 @@ using PgResult = std::unique_ptr<PGresult, decltype(&::PQclear)>;
 
 }  // namespace
 
-std::optional<std::pair<std::string, int>> AmqpHostPort(std::string_view url) {
-  constexpr std::string_view kScheme = "amqp://";
-  if (!url.starts_with(kScheme)) return std::nullopt;
-  std::string_view rest = url.substr(kScheme.size());
-  rest = rest.substr(0, rest.find_first_of("/?#"));
-  if (const std::size_t at = rest.rfind('@'); at != std::string_view::npos) {
-    rest = rest.substr(at + 1);
-  }
-  std::string_view host = rest;
-  std::string_view port_text;
-  if (rest.starts_with('[')) {
-    const std::size_t close = rest.find(']');
-    if (close == std::string_view::npos) return std::nullopt;
-    host = rest.substr(1, close - 1);
-    if (close + 1 < rest.size() && rest[close + 1] == ':') port_text = rest.substr(close + 2);
-  } else if (const std::size_t colon = rest.rfind(':'); colon != std::string_view::npos) {
-    host = rest.substr(0, colon);
-    port_text = rest.substr(colon + 1);
-  }
-  if (host.empty()) host = "localhost";  // librabbitmq's default as well
-  int port = 5672;
-  if (!port_text.empty()) {
-    const auto [end, error] =
-        std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-    if (error != std::errc{} || end != port_text.data() + port_text.size() || port < 1 ||
-        port > 65535) {
-      return std::nullopt;
-    }
-  }
-  return std::pair{std::string{host}, port};
-}
 
 bool TcpReachable(const std::string& host, int port, milliseconds timeout) {
   addrinfo hints{};
@@ -310,13 +279,12 @@ class Operations::Impl {
     }
     registry.ReplaceGauges(std::string{kByTopicName}, kByTopicHelp, {});
     for (const SinkConfig& sink : config.sinks) {
-      const auto* rabbit = std::get_if<RabbitSinkConfig>(&sink.settings);
-      if (rabbit == nullptr) continue;
-      const auto address = AmqpHostPort(rabbit->url);
+      const auto address = sink.settings->Endpoint();
+      if (!address) continue;
       probes_.push_back(Probe{
           .sink = sink.name,
-          .host = address ? address->first : std::string{},
-          .port = address ? address->second : 0,
+          .host = address->host,
+          .port = address->port,
           .gauge = &registry.AddGauge(
               "outbox_sink_reachable",
               "1 when the last TCP connection attempt to the sink's broker succeeded.",

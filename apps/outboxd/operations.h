@@ -28,9 +28,6 @@
 
 namespace outbox::outboxd {
 
-// host and port of an amqp:// URL (port 5672 when absent); nullopt when it has no host.
-std::optional<std::pair<std::string, int>> AmqpHostPort(std::string_view url);
-
 // Whether a TCP connection to host:port is accepted within `timeout`.
 bool TcpReachable(const std::string& host, int port, std::chrono::milliseconds timeout);
 

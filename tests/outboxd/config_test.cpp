@@ -10,9 +10,19 @@
 #include <string>
 
 #include "outbox/core/error.h"
+#include "outbox/sink/file_type.h"
+#include "outbox/sink/rabbitmq_type.h"
 
 namespace outbox::outboxd {
 namespace {
+
+// The settings of a sink of each type, as its type read them.
+const rabbitmq::SinkOptions& Rabbit(const SinkConfig& sink) {
+  return dynamic_cast<const rabbitmq::SinkSettings&>(*sink.settings).options();
+}
+const file::SinkOptions& File(const SinkConfig& sink) {
+  return dynamic_cast<const file::SinkSettings&>(*sink.settings).options();
+}
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
@@ -93,8 +103,8 @@ TEST(ConfigTest, ExampleFileIsValidAndStatesTheDefaults) {
 
   ASSERT_EQ(config.sinks.size(), 2U);
   EXPECT_EQ(config.sinks[0].name, "default");
-  const auto& rabbit = std::get<RabbitSinkConfig>(config.sinks[0].settings);
-  const RabbitSinkConfig rabbit_defaults;
+  const auto& rabbit = Rabbit(config.sinks[0]);
+  const rabbitmq::SinkOptions rabbit_defaults;
   EXPECT_EQ(rabbit.url, "amqp://guest:guest@127.0.0.1:5672/");
   EXPECT_EQ(rabbit.exchange, rabbit_defaults.exchange);
   EXPECT_EQ(rabbit.routing_key, rabbit_defaults.routing_key);
@@ -106,9 +116,9 @@ TEST(ConfigTest, ExampleFileIsValidAndStatesTheDefaults) {
   EXPECT_EQ(rabbit.declare_exchange_type, rabbit_defaults.declare_exchange_type);
   EXPECT_EQ(rabbit.max_message_bytes, rabbit_defaults.max_message_bytes);
   EXPECT_EQ(config.sinks[1].name, "audit");
-  const auto& file = std::get<FileSinkConfig>(config.sinks[1].settings);
-  EXPECT_EQ(file.path, FileSinkConfig{}.path);
-  EXPECT_EQ(file.fsync, FileSinkConfig{}.fsync);
+  const auto& file = File(config.sinks[1]);
+  EXPECT_EQ(file.path, file::SinkOptions{}.path);
+  EXPECT_EQ(file.fsync, file::SinkOptions{}.fsync);
 }
 
 TEST(ConfigTest, ExampleFileMentionsEveryKey) {
@@ -152,7 +162,7 @@ TEST(ConfigTest, MinimalFileGetsDefaults) {
   EXPECT_EQ(config.instance.substr(config.instance.size() - pid_suffix.size()), pid_suffix);
   ASSERT_EQ(config.sinks.size(), 1U);
   EXPECT_EQ(config.sinks[0].name, "default");
-  EXPECT_EQ(std::get<FileSinkConfig>(config.sinks[0].settings).path, "-");
+  EXPECT_EQ(File(config.sinks[0]).path, "-");
 }
 
 TEST(ConfigTest, ValuesAreRead) {
@@ -206,7 +216,7 @@ max_message_bytes = 1024
   EXPECT_EQ(config.log_format, "json");
   ASSERT_EQ(config.sinks.size(), 2U);
   EXPECT_EQ(config.sinks[1].name, "orders-mq");
-  const auto& rabbit = std::get<RabbitSinkConfig>(config.sinks[1].settings);
+  const auto& rabbit = Rabbit(config.sinks[1]);
   EXPECT_EQ(rabbit.url, "amqp://u:p@mq:5672/vh");
   EXPECT_EQ(rabbit.exchange, "events");
   EXPECT_EQ(rabbit.routing_key, "{target}.{topic}.{type}");
@@ -332,11 +342,11 @@ TEST(ConfigTest, OutOfRangeValuesAreRejected) {
 
 TEST(ConfigTest, RabbitTemplatesAndTopologyAreChecked) {
   ExpectError(WithSink(std::string{kRabbit} + "routing_key = \"{topik}\""),
-              "sinks.default.routing_key", "unknown placeholder \"{topik}\"");
+              "sinks.default.routing_key", "unknown placeholder '{topik}'");
   ExpectError(WithSink(std::string{kRabbit} + "routing_key = \"{topic\""),
-              "sinks.default.routing_key", "unknown placeholder \"{topic\"");
+              "sinks.default.routing_key", "unterminated '{' at offset 0");
   ExpectError(WithSink(std::string{kRabbit} + "exchange = \"a}\""), "sinks.default.exchange",
-              "'}' without a matching '{'");
+              "unexpected '}' at offset 1");
   ExpectError(WithSink(std::string{kRabbit} + "exchange = \"" + std::string(256, 'x') + "\""),
               "sinks.default.exchange", "at most 255 bytes");
   ExpectError(WithSink(std::string{kRabbit} + "declare_exchange_type = \"topic\""),
@@ -399,14 +409,14 @@ TEST(ConfigTest, EnvironmentOverridesWin) {
   // Without the keys in the file.
   Config config = Parse("[sinks.audit-log]\ntype = \"rabbitmq\"\n", env);
   EXPECT_EQ(config.database_url, "postgresql://env@db/app");
-  EXPECT_EQ(std::get<RabbitSinkConfig>(config.sinks[0].settings).url, "amqp://env:pw@mq/");
+  EXPECT_EQ(Rabbit(config.sinks[0]).url, "amqp://env:pw@mq/");
   // Over the keys in the file.
   config = Parse(
       "[database]\nurl = \"postgresql://file@db/app\"\n"
       "[sinks.audit-log]\ntype = \"rabbitmq\"\nurl = \"amqp://file@mq/\"\n",
       env);
   EXPECT_EQ(config.database_url, "postgresql://env@db/app");
-  EXPECT_EQ(std::get<RabbitSinkConfig>(config.sinks[0].settings).url, "amqp://env:pw@mq/");
+  EXPECT_EQ(Rabbit(config.sinks[0]).url, "amqp://env:pw@mq/");
   // Empty variables are unset.
   config = Parse(kMinimal, {{"OUTBOX_DATABASE_URL", ""}});
   EXPECT_EQ(config.database_url, "postgresql://outbox@db/app");
@@ -701,6 +711,37 @@ TEST(ConfigTest, DescribeEscapesDelInTheDatabaseUrl) {
       Describe(Parse(kMinimal, {{"OUTBOX_DATABASE_URL", "postgresql://db/a\x7f"}}));
   EXPECT_NE(described.find(R"(url = "postgresql://db/a\u007F")"), std::string::npos) << described;
   EXPECT_EQ(Parse(described).database_url, "postgresql://db/a\x7f");
+}
+
+// The one duration reader (config/duration.h) that outboxd, the sink types and outboxctl share.
+TEST(DurationTest, ReadsEveryUnitAndRefusesWhatIsNotADuration) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(config::ParseDuration("250ms"), milliseconds{250});
+  EXPECT_EQ(config::ParseDuration("30s"), milliseconds{30000});
+  EXPECT_EQ(config::ParseDuration("5m"), milliseconds{300000});
+  EXPECT_EQ(config::ParseDuration("1h"), milliseconds{3600000});
+  EXPECT_EQ(config::ParseDuration("7d"), milliseconds{7LL * 86400000});
+  EXPECT_EQ(config::ParseDuration("0s"), milliseconds{0});
+  for (const char* bad : {"", "s", "10", "10x", "-1s", "1.5s", " 1s", "1s ", "1S",
+                          "9999999999999ms", "999999999999d"}) {
+    EXPECT_EQ(config::ParseDuration(bad), std::nullopt) << bad;
+  }
+  EXPECT_EQ(config::FormatDuration(milliseconds{172800000}), "2d");
+  EXPECT_EQ(config::FormatDuration(milliseconds{5400000}), "90m");
+  EXPECT_EQ(config::FormatDuration(milliseconds{1500}), "1500ms");
+  EXPECT_EQ(config::FormatDuration(milliseconds{0}), "0s");
+}
+
+// A sink type registers once; the environment name of a sink's secret.
+TEST(SinkRegistryTest, NamesItsTypesAndRefusesASecondOfTheSameName) {
+  SinkRegistry registry;
+  registry.Add(rabbitmq::Type());
+  registry.Add(file::Type());
+  EXPECT_EQ(registry.Names(), "\"rabbitmq\" or \"file\"");
+  EXPECT_NE(registry.Find("file"), nullptr);
+  EXPECT_EQ(registry.Find("kafka"), nullptr);
+  EXPECT_THROW(registry.Add(file::Type()), std::logic_error);
+  EXPECT_EQ(SinkSecretEnv("audit-log", "url"), "OUTBOX_SINK_AUDIT_LOG_URL");
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "../support/free_port.h"
+#include "outbox/sink/rabbitmq_type.h"
 
 namespace outbox::outboxd {
 namespace {
@@ -23,14 +24,20 @@ using std::chrono::milliseconds;
 
 using outbox::testing::FreePort;
 
-TEST(OperationsTest, AmqpHostPortReadsTheBrokerAddress) {
+// The address the readiness check probes for a RabbitMQ sink.
+TEST(OperationsTest, AmqpEndpointReadsTheBrokerAddress) {
   using Address = std::optional<std::pair<std::string, int>>;
-  EXPECT_EQ(AmqpHostPort("amqp://guest:guest@127.0.0.1:5672/"), Address({"127.0.0.1", 5672}));
-  EXPECT_EQ(AmqpHostPort("amqp://u:p@ss@mq/vh"), Address({"mq", 5672}));
-  EXPECT_EQ(AmqpHostPort("amqp://[::1]:5673"), Address({"::1", 5673}));
-  EXPECT_EQ(AmqpHostPort("amqp://"), Address({"localhost", 5672}));
-  EXPECT_EQ(AmqpHostPort("amqp://mq:99999/"), std::nullopt);
-  EXPECT_EQ(AmqpHostPort("nats://mq"), std::nullopt);
+  const auto AmqpEndpoint = [](std::string_view url) -> Address {
+    const auto endpoint = rabbitmq::AmqpEndpoint(url);
+    if (!endpoint) return std::nullopt;
+    return std::pair{endpoint->host, endpoint->port};
+  };
+  EXPECT_EQ(AmqpEndpoint("amqp://guest:guest@127.0.0.1:5672/"), Address({"127.0.0.1", 5672}));
+  EXPECT_EQ(AmqpEndpoint("amqp://u:p@ss@mq/vh"), Address({"mq", 5672}));
+  EXPECT_EQ(AmqpEndpoint("amqp://[::1]:5673"), Address({"::1", 5673}));
+  EXPECT_EQ(AmqpEndpoint("amqp://"), Address({"localhost", 5672}));
+  EXPECT_EQ(AmqpEndpoint("amqp://mq:99999/"), std::nullopt);
+  EXPECT_EQ(AmqpEndpoint("nats://mq"), std::nullopt);
 }
 
 TEST(OperationsTest, BearerTokenMatchesExactlyTheToken) {
@@ -60,8 +67,9 @@ class OperationsServerTest : public ::testing::Test {
     config_.http.ready_max_age = milliseconds{1000};
     config_.sinks.push_back(
         {.name = "default",
-         .settings = RabbitSinkConfig{
-             .url = "amqp://u:pw-canary-mq@127.0.0.1:" + std::to_string(FreePort()) + "/"}});
+         .type = "rabbitmq",
+         .settings = std::make_shared<const rabbitmq::SinkSettings>(rabbitmq::SinkOptions{
+             .url = "amqp://u:pw-canary-mq@127.0.0.1:" + std::to_string(FreePort()) + "/"})});
     operations_ = std::make_unique<Operations>(config_, registry_, counters_, LogFn{});
     operations_->Start();
   }

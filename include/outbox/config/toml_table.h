@@ -1,0 +1,254 @@
+#pragma once
+// Reading one TOML table of a configuration file, so that every error names the full dotted key
+// as written ("sinks.orders.confirm_window") and where it is (file:line): outboxd's own sections
+// and each sink type's [sinks.<name>] table (sink/registry.h) read through it. toml11 does the
+// parsing; this adds the checks and messages a person fixing the file needs.
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <toml.hpp>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "outbox/config/duration.h"
+
+namespace outbox::config {
+
+using TomlValue = toml::basic_value<toml::discard_comments, std::map, std::vector>;
+// Reads an environment variable; null when unset (std::getenv in production, a map in tests).
+using GetenvFn = std::function<const char*(const char*)>;
+
+// "prefix.key" ("key" when prefix is empty).
+std::string Join(std::string_view prefix, std::string_view key);
+// The text in double quotes, for messages.
+std::string Quoted(std::string_view text);
+// TOML's name for a value's type ("string", "integer", "table", ...).
+std::string TypeName(toml::value_t type);
+// " (outbox.toml:12)" for a value read from a file; "" when toml11 does not know where it is.
+std::string Where(const TomlValue& value);
+// Throws ConfigError(key, message + where `value` is).
+[[noreturn]] void Fail(const std::string& key, const std::string& message,
+                       const TomlValue* value = nullptr);
+std::size_t EditDistance(std::string_view a, std::string_view b);
+bool HasControlCharacter(std::string_view text);
+// An environment variable, when set and not empty.
+std::optional<std::string> Env(const GetenvFn& getenv, const std::string& name);
+// `url` with its password replaced by ***: the password of a URI's user info
+// (scheme://user:password@host), and any password=... parameter of a URI query or a libpq
+// key=value connection string.
+std::string MaskPassword(std::string_view url);
+// `text` as a TOML basic string literal (quoted and escaped).
+std::string TomlString(std::string_view text);
+// `value` as a TOML float literal ("2.0", "0.25", "inf").
+std::string TomlFloat(double value);
+
+// A table of the file being read (or an absent one); every error names the full dotted key.
+class Section {
+ public:
+  Section(const TomlValue* table, std::string path) : table_(table), path_(std::move(path)) {}
+
+  [[nodiscard]] bool present() const { return table_ != nullptr; }
+  [[nodiscard]] std::string Key(std::string_view key) const { return Join(path_, key); }
+
+  // The entries in the order the file wrote them.
+  [[nodiscard]] std::vector<std::pair<std::string, const TomlValue*>> Entries() const {
+    std::vector<std::pair<std::string, const TomlValue*>> entries;
+    if (table_ == nullptr) return entries;
+    for (const auto& [key, value] : table_->as_table()) entries.emplace_back(key, &value);
+    std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+      return Position(*a.second) < Position(*b.second);
+    });
+    return entries;
+  }
+
+  // Rejects the first key (in file order) that is not in `known`.
+  void AllowOnly(std::initializer_list<std::string_view> known) const {
+    AllowOnly(std::span<const std::string_view>{known.begin(), known.size()});
+  }
+  void AllowOnly(std::span<const std::string_view> known) const {
+    for (const auto& [key, value] : Entries()) {
+      if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+      std::string message = path_.empty() ? "unknown section or key" : "unknown key";
+      const auto closest = std::min_element(known.begin(), known.end(), [&](auto a, auto b) {
+        return EditDistance(key, a) < EditDistance(key, b);
+      });
+      if (closest != known.end() && EditDistance(key, *closest) <= 2) {
+        message += " (did you mean " + Quoted(Key(*closest)) + "?)";
+      } else {
+        message +=
+            "; " + (path_.empty() ? std::string{"the file"} : "[" + path_ + "]") + " accepts: ";
+        bool first = true;
+        for (const std::string_view name : known) {
+          message += (first ? "" : ", ") + std::string{name};
+          first = false;
+        }
+      }
+      Fail(Key(key), message, value);
+    }
+  }
+
+  [[nodiscard]] const TomlValue* Find(std::string_view key) const {
+    if (table_ == nullptr) return nullptr;
+    const auto& table = table_->as_table();
+    const auto found = table.find(std::string{key});
+    return found == table.end() ? nullptr : &found->second;
+  }
+
+  // The sub-table `key`; an absent one when the key is missing.
+  [[nodiscard]] Section Table(std::string_view key) const {
+    const TomlValue* value = Find(key);
+    if (value != nullptr && !value->is_table()) {
+      Fail(Key(key), "expected a table, got " + TypeName(value->type()), value);
+    }
+    return Section{value, Key(key)};
+  }
+
+  // Each Read leaves `out` alone when the key is missing and returns whether it was present.
+  bool Read(std::string_view key, std::string& out) const {
+    const TomlValue* value = Find(key);
+    if (value == nullptr) return false;
+    if (!value->is_string())
+      Fail(Key(key), "expected a string, got " + TypeName(value->type()), value);
+    out = value->as_string().str;
+    return true;
+  }
+
+  bool Read(std::string_view key, bool& out) const {
+    const TomlValue* value = Find(key);
+    if (value == nullptr) return false;
+    if (!value->is_boolean()) {
+      Fail(Key(key), "expected a boolean (true or false), got " + TypeName(value->type()), value);
+    }
+    out = value->as_boolean();
+    return true;
+  }
+
+  template <typename Int>
+  bool ReadInteger(std::string_view key, std::int64_t min, std::int64_t max, Int& out) const {
+    static_assert(std::is_integral_v<Int>);
+    const TomlValue* value = Find(key);
+    if (value == nullptr) return false;
+    if (!value->is_integer()) {
+      Fail(Key(key), "expected an integer, got " + TypeName(value->type()), value);
+    }
+    const std::int64_t number = value->as_integer();
+    if (number < min || number > max) {
+      Fail(Key(key),
+           "must be between " + std::to_string(min) + " and " + std::to_string(max) + ", got " +
+               std::to_string(number),
+           value);
+    }
+    out = static_cast<Int>(number);
+    return true;
+  }
+
+  // A float; an integer is accepted too ("multiplier = 2").
+  bool ReadNumber(std::string_view key, double& out) const {
+    const TomlValue* value = Find(key);
+    if (value == nullptr) return false;
+    if (value->is_floating()) {
+      out = value->as_floating();
+    } else if (value->is_integer()) {
+      out = static_cast<double>(value->as_integer());
+    } else {
+      Fail(Key(key), "expected a number, got " + TypeName(value->type()), value);
+    }
+    return true;
+  }
+
+  // A duration string within [min, max]; for a seconds-valued `out`, a whole number of seconds.
+  template <typename Duration>
+  bool ReadDuration(std::string_view key, std::chrono::milliseconds min,
+                    std::chrono::milliseconds max, Duration& out) const {
+    const TomlValue* value = Find(key);
+    if (value == nullptr) return false;
+    if (!value->is_string()) {
+      Fail(Key(key),
+           "expected " + std::string{kDurationForm} + " (a string), got " + TypeName(value->type()),
+           value);
+    }
+    const std::string& text = value->as_string().str;
+    const std::optional<std::chrono::milliseconds> duration = ParseDuration(text);
+    if (!duration)
+      Fail(Key(key), "expected " + std::string{kDurationForm} + ", got " + Quoted(text), value);
+    if (*duration < min || *duration > max) {
+      Fail(Key(key),
+           "must be between " + FormatDuration(min) + " and " + FormatDuration(max) + ", got " +
+               Quoted(text),
+           value);
+    }
+    if constexpr (std::is_same_v<Duration, std::chrono::seconds>) {
+      if (duration->count() % 1000 != 0) {
+        Fail(Key(key), "must be a whole number of seconds, got " + Quoted(text), value);
+      }
+      out = std::chrono::duration_cast<std::chrono::seconds>(*duration);
+    } else {
+      out = *duration;
+    }
+    return true;
+  }
+
+  // A string that must be one of `choices`.
+  bool ReadChoice(std::string_view key, std::initializer_list<std::string_view> choices,
+                  std::string& out) const {
+    std::string text;
+    if (!Read(key, text)) return false;
+    if (std::find(choices.begin(), choices.end(), text) == choices.end()) {
+      std::string message = "must be one of ";
+      bool first = true;
+      for (const std::string_view choice : choices) {
+        message += (first ? "" : ", ") + Quoted(choice);
+        first = false;
+      }
+      Fail(Key(key), message + "; got " + Quoted(text), Find(key));
+    }
+    out = std::move(text);
+    return true;
+  }
+
+ private:
+  static std::pair<std::uint_least32_t, std::uint_least32_t> Position(const TomlValue& value) {
+    const toml::source_location location = value.location();
+    if (location.file_name() == "unknown file") return {UINT_LEAST32_MAX, UINT_LEAST32_MAX};
+    return {location.line(), location.column()};
+  }
+
+  const TomlValue* table_;
+  std::string path_;
+};
+
+// Writes TOML back (for --check-config): sections and key = value lines.
+class TomlWriter {
+ public:
+  void Header(std::string_view name) {
+    if (!out_.empty()) out_ += '\n';
+    out_ += "[" + std::string{name} + "]\n";
+  }
+  void String(std::string_view key, std::string_view value) { Line(key, TomlString(value)); }
+  void Bool(std::string_view key, bool value) { Line(key, value ? "true" : "false"); }
+  void Integer(std::string_view key, std::int64_t value) { Line(key, std::to_string(value)); }
+  void Float(std::string_view key, double value) { Line(key, TomlFloat(value)); }
+  void Duration(std::string_view key, std::chrono::milliseconds value) {
+    Line(key, TomlString(FormatDuration(value)));
+  }
+  [[nodiscard]] std::string Take() { return std::move(out_); }
+
+ private:
+  void Line(std::string_view key, const std::string& value) {
+    out_ += std::string{key} + " = " + value + "\n";
+  }
+  std::string out_;
+};
+
+}  // namespace outbox::config

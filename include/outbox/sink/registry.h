@@ -1,0 +1,100 @@
+#pragma once
+// How a sink type plugs into outboxd: it registers its name (the `type` of a [sinks.<name>]
+// table), a parser for that table and, through what the parser returns, its factory, its part of
+// --check-config and the address its readiness is probed at. outboxd loops over the registry; a
+// new sink type adds its own files (include/outbox/sink/<type>*.h, src/sink/<type>/) and one
+// registration line (apps/outboxd/sinks.cpp).
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "outbox/config/toml_table.h"
+#include "outbox/sink/sink.h"
+
+namespace outbox {
+
+// Where the readiness check connects (TCP) to see whether a sink's broker is up. An empty host:
+// the configured address has none that can be probed (then the sink never reads as ready).
+struct SinkEndpoint {
+  std::string host;
+  int port = 0;
+};
+
+// One [sinks.<name>] table, read and checked by its sink type. Immutable once parsed.
+class SinkSettings {
+ public:
+  virtual ~SinkSettings() = default;
+  // The table's keys with their effective values (defaults included), secrets masked, for
+  // --check-config; the caller has written the section header and the type.
+  virtual void Describe(config::TomlWriter& out) const = 0;
+  // A new sink with these settings. Throws ConfigError for what only opening can tell.
+  [[nodiscard]] virtual std::unique_ptr<Sink> Open() const = 0;
+  // The broker's address, when the readiness check should probe one.
+  [[nodiscard]] virtual std::optional<SinkEndpoint> Endpoint() const { return std::nullopt; }
+};
+
+struct SinkType {
+  std::string name;  // `type = "<name>"`, e.g. "rabbitmq"
+  // Reads the table of sink `sink_name` (its `type` already read), rejecting unknown keys by
+  // name (Section::AllowOnly, with "type" among them) and bad values through config::Fail.
+  // Secrets may come from the environment through `getenv` (see SinkSecretEnv).
+  std::function<std::unique_ptr<const SinkSettings>(
+      const config::Section& table, std::string_view sink_name, const config::GetenvFn& getenv)>
+      parse;
+};
+
+// The environment variable that may hold sink `sink_name`'s `key` (a secret such as its url):
+// OUTBOX_SINK_<NAME>_<KEY>, the name upper-cased with '-' as '_' ("audit-log", "url" ->
+// OUTBOX_SINK_AUDIT_LOG_URL).
+inline std::string SinkSecretEnv(std::string_view sink_name, std::string_view key) {
+  std::string name = "OUTBOX_SINK_";
+  const auto append = [&name](std::string_view text) {
+    for (const char c : text) {
+      if (c >= 'a' && c <= 'z') {
+        name += static_cast<char>(c - 'a' + 'A');
+      } else {
+        name += c == '-' ? '_' : c;
+      }
+    }
+  };
+  append(sink_name);
+  name += '_';
+  append(key);
+  return name;
+}
+
+class SinkRegistry {
+ public:
+  // Throws std::logic_error for a second type of the same name.
+  void Add(SinkType type) {
+    if (Find(type.name) != nullptr)
+      throw std::logic_error("sink type registered twice: " + type.name);
+    types_.push_back(std::move(type));
+  }
+  [[nodiscard]] const SinkType* Find(std::string_view name) const {
+    const auto found = std::find_if(types_.begin(), types_.end(),
+                                    [&](const SinkType& type) { return type.name == name; });
+    return found == types_.end() ? nullptr : &*found;
+  }
+  // The names for a message: "\"rabbitmq\" or \"file\"".
+  [[nodiscard]] std::string Names() const {
+    std::string names;
+    for (std::size_t i = 0; i < types_.size(); ++i) {
+      if (i > 0) names += i + 1 == types_.size() ? " or " : ", ";
+      names += config::Quoted(types_[i].name);
+    }
+    return names;
+  }
+
+ private:
+  std::vector<SinkType> types_;
+};
+
+}  // namespace outbox

@@ -1,0 +1,134 @@
+#include <charconv>
+
+#include "name_template.h"
+#include "outbox/core/error.h"
+#include "outbox/sink/rabbitmq_type.h"
+
+namespace outbox::rabbitmq {
+namespace {
+
+using config::Fail;
+using config::Quoted;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr std::size_t kMaxAmqpNameBytes = 255;  // exchange names and routing keys (shortstr)
+constexpr std::int64_t kMaxConfirmWindow = 100000;
+constexpr std::int64_t kMaxMessageBytes = 512 * 1024 * 1024;  // RabbitMQ's hard limit
+
+std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
+                                                  std::string_view name,
+                                                  const config::GetenvFn& getenv) {
+  sink.AllowOnly({"type", "url", "exchange", "routing_key", "mandatory", "persistent",
+                  "confirm_window", "connect_timeout", "heartbeat", "declare_exchange_type",
+                  "max_message_bytes"});
+  SinkOptions options;
+  options.url.clear();
+  const std::string url_key = sink.Key("url");
+  const std::string url_env = SinkSecretEnv(name, "url");
+  sink.Read("url", options.url);
+  std::string url_origin;
+  if (auto url = config::Env(getenv, url_env)) {
+    options.url = std::move(*url);
+    url_origin = " (from " + url_env + ")";
+  }
+  if (options.url.empty()) Fail(url_key, "is required (or set " + url_env + ")", sink.Find("url"));
+  const config::TomlValue* url_value = url_origin.empty() ? sink.Find("url") : nullptr;
+  if (options.url.starts_with("amqps://")) {
+    Fail(url_key, "amqps:// (TLS) is not supported yet" + url_origin, url_value);
+  }
+  if (!options.url.starts_with("amqp://")) {
+    Fail(url_key,
+         "expected an amqp:// URL, got " + Quoted(config::MaskPassword(options.url)) + url_origin,
+         url_value);
+  }
+
+  for (const std::string_view key : {"exchange", "routing_key"}) {
+    std::string& text = key == "exchange" ? options.exchange : options.routing_key;
+    if (!sink.Read(key, text)) continue;
+    if (text.size() > kMaxAmqpNameBytes) {
+      Fail(sink.Key(key), "must be at most 255 bytes", sink.Find(key));
+    }
+    if (config::HasControlCharacter(text)) {
+      Fail(sink.Key(key), "must not contain control characters", sink.Find(key));
+    }
+    try {
+      NameTemplate::Parse(text, sink.Key(key));
+    } catch (const ConfigError& error) {
+      Fail(sink.Key(key), error.what(), sink.Find(key));
+    }
+  }
+  sink.Read("mandatory", options.mandatory);
+  sink.Read("persistent", options.persistent);
+  sink.ReadInteger("confirm_window", 1, kMaxConfirmWindow, options.confirm_window);
+  sink.ReadDuration("connect_timeout", milliseconds{1}, std::chrono::minutes{10},
+                    options.connect_timeout);
+  sink.ReadDuration("heartbeat", milliseconds{0}, seconds{65535}, options.heartbeat);
+  sink.ReadChoice("declare_exchange_type", {"", "direct", "topic", "fanout", "headers"},
+                  options.declare_exchange_type);
+  if (!options.declare_exchange_type.empty() &&
+      (options.exchange.empty() || options.exchange.find('{') != std::string::npos)) {
+    Fail(sink.Key("exchange"), "must be a plain, non-empty name when declare_exchange_type is set",
+         sink.Find("exchange") != nullptr ? sink.Find("exchange")
+                                          : sink.Find("declare_exchange_type"));
+  }
+  sink.ReadInteger("max_message_bytes", 1, kMaxMessageBytes, options.max_message_bytes);
+  return std::make_unique<const SinkSettings>(std::move(options));
+}
+
+}  // namespace
+
+void SinkSettings::Describe(config::TomlWriter& out) const {
+  out.String("url", config::MaskPassword(options_.url));
+  out.String("exchange", options_.exchange);
+  out.String("routing_key", options_.routing_key);
+  out.Bool("mandatory", options_.mandatory);
+  out.Bool("persistent", options_.persistent);
+  out.Integer("confirm_window", static_cast<std::int64_t>(options_.confirm_window));
+  out.Duration("connect_timeout", options_.connect_timeout);
+  out.Duration("heartbeat", options_.heartbeat);
+  out.String("declare_exchange_type", options_.declare_exchange_type);
+  out.Integer("max_message_bytes", static_cast<std::int64_t>(options_.max_message_bytes));
+}
+
+std::unique_ptr<Sink> SinkSettings::Open() const { return OpenSink(options_); }
+
+std::optional<SinkEndpoint> SinkSettings::Endpoint() const {
+  return AmqpEndpoint(options_.url).value_or(SinkEndpoint{});
+}
+
+SinkType Type() { return {.name = std::string{kSinkName}, .parse = Parse}; }
+
+std::optional<SinkEndpoint> AmqpEndpoint(std::string_view url) {
+  constexpr std::string_view kScheme = "amqp://";
+  if (!url.starts_with(kScheme)) return std::nullopt;
+  std::string_view rest = url.substr(kScheme.size());
+  rest = rest.substr(0, rest.find_first_of("/?#"));
+  if (const std::size_t at = rest.rfind('@'); at != std::string_view::npos) {
+    rest = rest.substr(at + 1);
+  }
+  std::string_view host = rest;
+  std::string_view port_text;
+  if (rest.starts_with('[')) {
+    const std::size_t close = rest.find(']');
+    if (close == std::string_view::npos) return std::nullopt;
+    host = rest.substr(1, close - 1);
+    if (close + 1 < rest.size() && rest[close + 1] == ':') port_text = rest.substr(close + 2);
+  } else if (const std::size_t colon = rest.rfind(':'); colon != std::string_view::npos) {
+    host = rest.substr(0, colon);
+    port_text = rest.substr(colon + 1);
+  }
+  if (host.empty()) host = "localhost";  // librabbitmq's default as well
+  int port = 5672;
+  if (!port_text.empty()) {
+    const auto [end, error] =
+        std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+    if (error != std::errc{} || end != port_text.data() + port_text.size() || port < 1 ||
+        port > 65535) {
+      return std::nullopt;
+    }
+  }
+  return SinkEndpoint{std::string{host}, port};
+}
+
+}  // namespace outbox::rabbitmq
