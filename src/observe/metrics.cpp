@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <variant>
 
+#include "outbox/core/clock.h"
+
 namespace outbox::observe {
 namespace {
 
@@ -134,19 +136,6 @@ void AppendJsonString(std::string& out, std::string_view text) {
     ++at;
   }
   out += '"';
-}
-
-std::string IsoTime(std::chrono::system_clock::time_point time) {
-  const auto millis =
-      std::chrono::duration_cast<std::chrono::milliseconds>(time.time_since_epoch()).count();
-  const std::time_t seconds = static_cast<std::time_t>(millis / 1000);
-  std::tm utc{};
-  gmtime_r(&seconds, &utc);
-  std::array<char, 40> text{};
-  const auto size = std::strftime(text.data(), text.size(), "%Y-%m-%dT%H:%M:%S", &utc);
-  std::array<char, 8> fraction{};
-  std::snprintf(fraction.data(), fraction.size(), ".%03dZ", static_cast<int>(millis % 1000));
-  return std::string{text.data(), size} + fraction.data();
 }
 
 // Cuts `text` to at most `limit` bytes without splitting a UTF-8 sequence.
@@ -464,7 +453,7 @@ std::string Registry::RenderJson() const {
   for (const ErrorSample& error : errors_) {
     if (!first_error) out += ',';
     first_error = false;
-    out += "{\"time\":\"" + IsoTime(error.time) + "\",\"kind\":";
+    out += "{\"time\":\"" + FormatRfc3339(error.time, 3) + "\",\"kind\":";
     AppendJsonString(out, error.kind);
     out += ",\"message\":";
     AppendJsonString(out, error.message);

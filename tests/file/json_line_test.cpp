@@ -37,14 +37,6 @@ TEST(JsonLineTest, Utf8Validation) {
   EXPECT_FALSE(IsValidUtf8("a\x80z"));            // stray continuation byte
 }
 
-TEST(JsonLineTest, Rfc3339WithMillisecondsInUtc) {
-  EXPECT_EQ(FormatRfc3339Millis(TimePoint{}), "1970-01-01T00:00:00.000Z");
-  const TimePoint time =
-      std::chrono::sys_days{std::chrono::year{2024} / 5 / 1} + 12h + 34min + 56s + 789ms + 999us;
-  EXPECT_EQ(FormatRfc3339Millis(time), "2024-05-01T12:34:56.789Z");  // truncated, not rounded
-  EXPECT_EQ(FormatRfc3339Millis(TimePoint{} - 1ms), "1969-12-31T23:59:59.999Z");
-}
-
 TEST(JsonLineTest, JsonContentTypeRecognition) {
   EXPECT_TRUE(IsJsonContentType("application/json"));
   EXPECT_TRUE(IsJsonContentType("Application/JSON"));

@@ -4,12 +4,18 @@
 
 #include <atomic>
 #include <chrono>
+#include <string>
 
 namespace outbox {
 
 using TimePoint = std::chrono::system_clock::time_point;
 // Deadlines are measured on the monotonic clock so that wall-clock jumps cannot stretch a wait.
 using Deadline = std::chrono::steady_clock::time_point;
+
+// `time` in RFC 3339, UTC, with `fraction_digits` (0, 3 or 6) digits of the second, truncated:
+// "2026-11-21T13:21:51.123Z". The one formatter for every timestamp outbox writes (the file sink,
+// the admin API and outboxctl, the metrics' error log).
+std::string FormatRfc3339(TimePoint time, int fraction_digits);
 
 class Clock {
  public:

@@ -146,24 +146,6 @@ std::string Base64Encode(std::string_view bytes) {
   return out;
 }
 
-std::string FormatRfc3339Millis(TimePoint time) {
-  using std::chrono::days;
-  using std::chrono::milliseconds;
-  const auto millis = std::chrono::floor<milliseconds>(time);
-  const auto day = std::chrono::floor<days>(millis);
-  const std::chrono::year_month_day date{day};
-  const std::chrono::hh_mm_ss<milliseconds> clock_time{millis - day};
-  std::array<char, 48> text{};
-  const int length =
-      std::snprintf(text.data(), text.size(), "%04d-%02u-%02uT%02d:%02d:%02d.%03dZ",
-                    static_cast<int>(date.year()), static_cast<unsigned>(date.month()),
-                    static_cast<unsigned>(date.day()), static_cast<int>(clock_time.hours().count()),
-                    static_cast<int>(clock_time.minutes().count()),
-                    static_cast<int>(clock_time.seconds().count()),
-                    static_cast<int>(clock_time.subseconds().count()));
-  return {text.data(), static_cast<std::size_t>(length)};
-}
-
 void AppendJsonLine(const Envelope& envelope, std::string& out) {
   Json line = Json::object();
   line["id"] = envelope.id.ToString();
@@ -179,7 +161,7 @@ void AppendJsonLine(const Envelope& envelope, std::string& out) {
   for (const auto& [name, value] : envelope.headers) headers[name] = value;
   line["headers"] = std::move(headers);
   line["attempts"] = envelope.attempts;
-  line["created_at"] = FormatRfc3339Millis(envelope.created_at);
+  line["created_at"] = FormatRfc3339(envelope.created_at, 3);
 
   bool embedded = false;
   if (IsJsonContentType(envelope.content_type) && JsonPayloadIsEmbeddable(envelope.payload)) {

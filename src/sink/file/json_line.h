@@ -14,9 +14,6 @@ namespace outbox::file {
 // content (invalid UTF-8 in topic or headers is replaced by U+FFFD); only std::bad_alloc.
 void AppendJsonLine(const Envelope& envelope, std::string& out);
 
-// "2024-05-01T12:34:56.789Z": UTC, milliseconds, rounded towards the past.
-std::string FormatRfc3339Millis(TimePoint time);
-
 // Standard base64 (RFC 4648 section 4) with padding.
 std::string Base64Encode(std::string_view bytes);
 
