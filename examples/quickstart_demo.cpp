@@ -854,6 +854,8 @@ int Run(const Options& options) {
                                << "\n\n[relay]\ninstance = \"quickstart\"\n"
                                << "# SQLite cannot notify: the sweep finds what other processes "
                                   "commit.\nsweep_interval = \"20ms\"\n\n"
+                               << "[http]\n# No operations listener: the demo never takes a port.\n"
+                                  "listen = \"\"\n\n"
                                << "[sinks.default]\ntype = \"file\"\npath = "
                                << TomlString(events_path) << "\n";
     std::cout << "outbox quickstart: " << Grouped(options.orders)

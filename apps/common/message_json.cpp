@@ -51,7 +51,7 @@ std::string Hex(std::string_view bytes, std::size_t per_line) {
   return hex;
 }
 
-Json SummaryJson(const postgres::MessageSummary& message) {
+Json SummaryJson(const MessageSummary& message) {
   return Json{
       {"id", message.id.ToString()},
       {"topic", message.topic},
@@ -60,7 +60,7 @@ Json SummaryJson(const postgres::MessageSummary& message) {
       {"partition", message.partition},
       {"target", message.target},
       {"type", OptionalJson(message.type)},
-      {"status", postgres::MessageStatusName(message.status)},
+      {"status", MessageStatusName(message.status)},
       {"attempts", message.attempts},
       {"available_at", FormatTime(message.available_at)},
       {"created_at", FormatTime(message.created_at)},
@@ -71,7 +71,7 @@ Json SummaryJson(const postgres::MessageSummary& message) {
   };
 }
 
-Json DetailJson(const postgres::MessageDetail& detail) {
+Json DetailJson(const MessageDetail& detail) {
   const bool text = IsPrintableUtf8(detail.payload);
   Json out = SummaryJson(detail.summary);
   out["content_type"] = detail.content_type;

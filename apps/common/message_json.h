@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "outbox/core/clock.h"
-#include "outbox/store/postgres_admin.h"
+#include "outbox/store/admin.h"
 
 namespace outbox::apps {
 
@@ -18,11 +18,11 @@ std::string FormatTime(TimePoint time);
 std::string Hex(std::string_view bytes, std::size_t per_line = 0);
 
 // Every column of a listed message but the payload.
-nlohmann::ordered_json SummaryJson(const postgres::MessageSummary& message);
+nlohmann::ordered_json SummaryJson(const MessageSummary& message);
 
 // A shown message: the summary plus content type, headers, lease epoch, published/abandoned
 // times and the payload, as text when it is printable UTF-8 ("payload_encoding": "text") and
 // as hex otherwise ("hex").
-nlohmann::ordered_json DetailJson(const postgres::MessageDetail& detail);
+nlohmann::ordered_json DetailJson(const MessageDetail& detail);
 
 }  // namespace outbox::apps

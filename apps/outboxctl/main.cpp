@@ -27,15 +27,15 @@
 
 namespace {
 
+using outbox::Admin;
+using outbox::MessageFilter;
 using outbox::MessageId;
 using outbox::MessageStatus;
+using outbox::MessageStatusName;
+using outbox::MessageSummary;
 using outbox::apps::DetailJson;
 using outbox::apps::FormatTime;
 using outbox::apps::SummaryJson;
-using outbox::postgres::Admin;
-using outbox::postgres::MessageFilter;
-using outbox::postgres::MessageStatusName;
-using outbox::postgres::MessageSummary;
 using outboxctl::FormatDuration;
 using outboxctl::OneLine;
 using Json = nlohmann::ordered_json;  // keys in the order written: id first
@@ -96,7 +96,7 @@ class FilterOptions {
     MessageFilter filter;
     if (status_->count() > 0) {
       try {
-        filter.status = outbox::postgres::ParseMessageStatus(status_text_);
+        filter.status = outbox::ParseMessageStatus(status_text_);
       } catch (const std::invalid_argument& error) {
         throw UsageError(std::string{"--status: "} + error.what());
       }
@@ -519,7 +519,7 @@ int main(int argc, char** argv) {
 
     if (migrate->parsed()) return Migrate(db, schema);
     if (status->parsed()) return Status(db, schema, status_json);
-    auto admin = Admin::Open(db, schema);
+    auto admin = outbox::postgres::OpenAdmin(db, schema);
     if (list->parsed()) return List(*admin, filter, limit, after, list_json);
     if (show->parsed()) return Show(*admin, *id, show_json);
     if (replay->parsed()) return RunChange(*admin, Change::kReplay, filter, "", replay_dry_run);

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <httplib.h>
-#include <libpq-fe.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -14,7 +13,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
-#include <cstdlib>
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -22,8 +20,10 @@
 #include "duration.h"
 #include "message_json.h"
 #include "outbox/core/version.h"
+#include "outbox/store/admin.h"
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_admin.h"
+#include "outbox/store/sqlite.h"
 
 namespace outbox::outboxd {
 namespace {
@@ -38,9 +38,10 @@ constexpr std::size_t kMaxRequestBodyBytes = 64 * 1024;
 constexpr std::size_t kMaxIdsPerRequest = 1000;
 // An admin request waits this long for the one admin connection, then gets 503.
 constexpr std::chrono::seconds kAdminWait{5};
-// outbox_messages_by_topic: this many (status, target, topic) series, the rest summed into one
-// series per status with target and topic "_other" (at most 4 more; the registry allows 64).
-constexpr int kTopicSeries = 50;
+// outbox_messages_by_topic: Admin::kTopicGroups (status, target, topic) series, the rest summed
+// into one series per status with target and topic "_other" (at most 4 more; the registry allows
+// 64).
+static_assert(Admin::kTopicGroups + 4 <= 64);
 // After the grouped count timed out, it is not tried again for this long.
 constexpr std::chrono::seconds kTopicRetryAfterTimeout{60};
 constexpr time_t kHttpTimeoutSeconds = 2;  // read and write, per request
@@ -87,9 +88,9 @@ MessageId ParseId(std::string_view text) {
 }
 
 // Sets the criterion `key` of `filter`; false when `key` is not a filter's.
-bool SetFilter(postgres::MessageFilter& filter, std::string_view key, const std::string& value) {
+bool SetFilter(MessageFilter& filter, std::string_view key, const std::string& value) {
   if (key == "status") {
-    filter.status = postgres::ParseMessageStatus(value);
+    filter.status = ParseMessageStatus(value);
   } else if (key == "topic") {
     filter.topic = value;
   } else if (key == "stream") {
@@ -105,7 +106,7 @@ bool SetFilter(postgres::MessageFilter& filter, std::string_view key, const std:
 }
 
 struct ListQuery {
-  postgres::MessageFilter filter;
+  MessageFilter filter;
   int limit = 50;
   std::optional<MessageId> after;
 };
@@ -122,9 +123,9 @@ ListQuery ParseListQuery(const httplib::Request& request) {
       const auto [end, error] =
           std::from_chars(value.data(), value.data() + value.size(), query.limit);
       if (error != std::errc{} || end != value.data() + value.size() || query.limit < 1 ||
-          query.limit > postgres::Admin::kMaxListLimit) {
+          query.limit > Admin::kMaxListLimit) {
         throw std::invalid_argument("limit must be a number from 1 to " +
-                                    std::to_string(postgres::Admin::kMaxListLimit));
+                                    std::to_string(Admin::kMaxListLimit));
       }
     } else if (key == "after") {
       query.after = ParseId(value);
@@ -138,7 +139,7 @@ ListQuery ParseListQuery(const httplib::Request& request) {
 }
 
 struct ChangeRequest {
-  postgres::MessageFilter filter;
+  MessageFilter filter;
   bool dry_run = false;
   std::string reason;
 };
@@ -185,12 +186,25 @@ ChangeRequest ParseChangeRequest(const std::string& body) {
   return change;
 }
 
-// A libpq connection, closed when destroyed.
-using PgConnection = std::unique_ptr<PGconn, decltype(&::PQfinish)>;
-using PgResult = std::unique_ptr<PGresult, decltype(&::PQclear)>;
+// The relay-side store of [database], for Store::Stats, on a connection of its own.
+std::unique_ptr<Store> OpenStatsStore(const Config& config) {
+  if (config.database_type == DatabaseType::kSqlite) {
+    return sqlite::OpenStore(
+        {.path = config.database_path, .retry = config.retry, .retention = config.retention});
+  }
+  return postgres::OpenStore({.conninfo = config.database_url,
+                              .schema = config.schema,
+                              .retry = config.retry,
+                              .retention = config.retention});
+}
+
+// The operator's side of [database] (outbox/store/admin.h), on a connection of its own.
+std::unique_ptr<Admin> OpenAdmin(const Config& config) {
+  if (config.database_type == DatabaseType::kSqlite) return sqlite::OpenAdmin(config.database_path);
+  return postgres::OpenAdmin(config.database_url, config.schema);
+}
 
 }  // namespace
-
 
 bool TcpReachable(const std::string& host, int port, milliseconds timeout) {
   addrinfo hints{};
@@ -458,13 +472,13 @@ class Operations::Impl {
     SetUpAdminRoutes();
   }
 
-  // /api/messages: list, show, replay, abandon, over postgres::Admin on a connection of its own.
+  // /api/messages: list, show, replay, abandon, over the store's Admin on a connection of its own.
   void SetUpAdminRoutes() {
     server_.Get(
         "/api/messages", [this](const httplib::Request& request, httplib::Response& response) {
-          WithAdmin(response, [&](postgres::Admin& admin) {
+          WithAdmin(response, [&](Admin& admin) {
             const ListQuery query = ParseListQuery(request);
-            const postgres::MessagePage page = admin.List(query.filter, query.limit, query.after);
+            const MessagePage page = admin.List(query.filter, query.limit, query.after);
             Json messages = Json::array();
             for (const auto& message : page.messages)
               messages.push_back(apps::SummaryJson(message));
@@ -477,7 +491,7 @@ class Operations::Impl {
         });
     server_.Get(R"(/api/messages/([^/]+))",
                 [this](const httplib::Request& request, httplib::Response& response) {
-                  WithAdmin(response, [&](postgres::Admin& admin) {
+                  WithAdmin(response, [&](Admin& admin) {
                     const MessageId id = ParseId(request.matches[1].str());
                     const auto found = admin.Show(id);
                     if (!found) {
@@ -499,14 +513,14 @@ class Operations::Impl {
   }
 
   void Change(const httplib::Request& request, httplib::Response& response, bool replay) {
-    WithAdmin(response, [&](postgres::Admin& admin) {
+    WithAdmin(response, [&](Admin& admin) {
       const ChangeRequest change = ParseChangeRequest(request.body);
       if (!replay && change.reason.empty()) {
         throw std::invalid_argument("abandon needs a \"reason\" (it is kept in last_error)");
       }
-      const postgres::ChangeResult result =
-          replay ? admin.Replay(change.filter, change.dry_run)
-                 : admin.Abandon(change.filter, change.reason, change.dry_run);
+      const ChangeResult result = replay
+                                      ? admin.Replay(change.filter, change.dry_run)
+                                      : admin.Abandon(change.filter, change.reason, change.dry_run);
       Json ids = Json::array();
       for (std::size_t i = 0; i < result.ids.size() && i < kMaxIdsPerRequest; ++i) {
         ids.push_back(result.ids[i].ToString());
@@ -537,7 +551,7 @@ class Operations::Impl {
       return;
     }
     try {
-      if (!admin_) admin_ = postgres::Admin::Open(config_.database_url, config_.schema);
+      if (!admin_) admin_ = OpenAdmin(config_);
       work(*admin_);
     } catch (const std::invalid_argument& bad) {
       ErrorReply(response, 400, bad.what());
@@ -574,14 +588,7 @@ class Operations::Impl {
     std::string error;
     const auto started = SteadyClock::now();
     try {
-      if (!store) {
-        postgres::StoreOptions options;
-        options.conninfo = config_.database_url;
-        options.schema = config_.schema;
-        options.retry = config_.retry;
-        options.retention = config_.retention;
-        store = postgres::OpenStore(options);
-      }
+      if (!store) store = OpenStatsStore(config_);
       const StoreStats stats = store->Stats();
       stats_duration_.Set(Seconds(SteadyClock::now() - started));
       const std::array<std::int64_t, 5> counts{stats.pending, stats.processing, stats.failed,
@@ -619,13 +626,13 @@ class Operations::Impl {
     return read;
   }
 
-  // outbox_messages_by_topic: one GROUP BY over the rows that are not published (found through
-  // the partial indexes on status), capped to kTopicSeries series plus "_other". Skipped while
-  // any of those statuses is above the exact-count limit (the counts are then the planner's
-  // estimates, and grouping that many rows would take seconds) and for a while after it ran
-  // into its statement timeout (a quarter of ready_max_age, at most 2 s).
+  // outbox_messages_by_topic: Admin::CountByTopic on the stats thread's own Admin, capped to
+  // Admin::kTopicGroups series plus "_other". Skipped while any of the statuses that are not
+  // published holds Admin::kTopicCountRowLimit rows or more (grouping that many rows would take
+  // seconds) and for a while after it ran into its timeout (a quarter of ready_max_age, at most
+  // 2 s).
   void ReadTopicCounts(const StoreStats& stats) {
-    const std::int64_t limit = postgres::StoreOptions{}.exact_count_limit;
+    const std::int64_t limit = Admin::kTopicCountRowLimit;
     const bool too_many = stats.pending >= limit || stats.processing >= limit ||
                           stats.failed >= limit || stats.abandoned >= limit;
     if (too_many || SteadyClock::now() < topic_retry_at_) {
@@ -633,31 +640,29 @@ class Operations::Impl {
       return;
     }
     try {
-      if (!topic_connection_) OpenTopicConnection();
-      PGresult* raw = ::PQexec(topic_connection_.get(), topic_sql_.c_str());
-      const PgResult result{raw, &::PQclear};
-      if (::PQresultStatus(raw) != PGRES_TUPLES_OK) {
-        const char* state = ::PQresultErrorField(raw, PG_DIAG_SQLSTATE);
-        if (state != nullptr && std::string_view{state} == "57014") {  // query_canceled
-          topic_retry_at_ = SteadyClock::now() + kTopicRetryAfterTimeout;
-          Log(LogLevel::kWarn,
-              "outbox_messages_by_topic: the grouped count took too long; not "
-              "trying again for 60 s");
-        }
-        throw std::runtime_error(::PQresultErrorMessage(raw));
+      if (!topic_admin_) topic_admin_ = OpenAdmin(config_);
+      const auto timeout =
+          std::clamp(std::chrono::duration_cast<milliseconds>(config_.http.ready_max_age / 4),
+                     milliseconds{100}, milliseconds{2000});
+      const auto counts = topic_admin_->CountByTopic(timeout);
+      if (!counts) {
+        topic_retry_at_ = SteadyClock::now() + kTopicRetryAfterTimeout;
+        Log(LogLevel::kWarn,
+            "outbox_messages_by_topic: the grouped count took too long; not trying again for "
+            "60 s");
+        SetTopicCounts({}, /*skipped=*/true);
+        return;
       }
       std::vector<std::pair<observe::Labels, double>> series;
-      for (int row = 0; row < ::PQntuples(raw); ++row) {
-        series.push_back({{{"status", ::PQgetvalue(raw, row, 0)},
-                           {"target", ::PQgetvalue(raw, row, 1)},
-                           {"topic", ::PQgetvalue(raw, row, 2)}},
-                          std::strtod(::PQgetvalue(raw, row, 3), nullptr)});
+      for (const TopicCount& count : *counts) {
+        series.push_back({{{"status", std::string{MessageStatusName(count.status)}},
+                           {"target", count.target},
+                           {"topic", count.topic}},
+                          static_cast<double>(count.messages)});
       }
       SetTopicCounts(series, /*skipped=*/false);
     } catch (const std::exception& failure) {
-      if (topic_connection_ && ::PQstatus(topic_connection_.get()) != CONNECTION_OK) {
-        topic_connection_.reset();
-      }
+      topic_admin_.reset();  // a fresh connection next time
       SetTopicCounts({}, /*skipped=*/true);
       Log(LogLevel::kDebug, "outbox_messages_by_topic: " + MaskPassword(failure.what()));
     }
@@ -666,46 +671,6 @@ class Operations::Impl {
   void SetTopicCounts(const std::vector<std::pair<observe::Labels, double>>& series, bool skipped) {
     registry_.ReplaceGauges(std::string{kByTopicName}, kByTopicHelp, series);
     by_topic_skipped_.Set(skipped ? 1.0 : 0.0);
-  }
-
-  void OpenTopicConnection() {
-    PgConnection connection{::PQconnectdb(config_.database_url.c_str()), &::PQfinish};
-    if (::PQstatus(connection.get()) != CONNECTION_OK) {
-      throw std::runtime_error(::PQerrorMessage(connection.get()));
-    }
-    const auto timeout =
-        std::clamp(std::chrono::duration_cast<milliseconds>(config_.http.ready_max_age / 4),
-                   milliseconds{100}, milliseconds{2000});
-    const PgResult set{
-        ::PQexec(connection.get(),
-                 ("SET statement_timeout = " + std::to_string(timeout.count())).c_str()),
-        &::PQclear};
-    if (::PQresultStatus(set.get()) != PGRES_COMMAND_OK) {
-      throw std::runtime_error(::PQresultErrorMessage(set.get()));
-    }
-    char* quoted =
-        ::PQescapeIdentifier(connection.get(), config_.schema.c_str(), config_.schema.size());
-    if (quoted == nullptr) throw std::runtime_error(::PQerrorMessage(connection.get()));
-    const std::string table = std::string{quoted} + ".messages";
-    ::PQfreemem(quoted);
-    // One arm per partial index (sql/001 and 004), so that published rows are never read.
-    const std::string arm = " UNION ALL SELECT status, target, topic FROM " + table + " WHERE ";
-    topic_sql_ =
-        "WITH grouped AS ("
-        "  SELECT status, target, topic, count(*) AS n FROM (" +
-        ("SELECT status, target, topic FROM " + table +
-         " WHERE status = 'pending' AND lease_epoch = 0" + arm +
-         "status IN ('pending', 'failed') AND lease_epoch > 0" + arm + "status = 'processing'" +
-         arm + "status = 'abandoned'") +
-        ") unpublished GROUP BY status, target, topic), "
-        "ranked AS (SELECT grouped.*, row_number() OVER (ORDER BY n DESC, status, target, topic) "
-        "AS rank FROM grouped) "
-        "SELECT status, CASE WHEN rank <= " +
-        std::to_string(kTopicSeries) +
-        " THEN target ELSE '_other' END, CASE WHEN rank <= " + std::to_string(kTopicSeries) +
-        " THEN topic ELSE '_other' END, sum(n) FROM ranked GROUP BY 1, 2, 3 "
-        "ORDER BY 4 DESC, 1, 2, 3";
-    topic_connection_ = std::move(connection);
   }
 
   void ProbeBrokers() {
@@ -749,14 +714,13 @@ class Operations::Impl {
   std::vector<Probe> probes_;
   std::atomic<bool> draining_{false};
 
-  // The stats thread's own connection for outbox_messages_by_topic.
-  PgConnection topic_connection_{nullptr, &::PQfinish};
-  std::string topic_sql_;
+  // The stats thread's own Admin (and connection) for outbox_messages_by_topic.
+  std::unique_ptr<Admin> topic_admin_;
   SteadyClock::time_point topic_retry_at_{};
 
-  // The admin API's connection, opened on first use; one request at a time.
+  // The admin API's Admin (and connection), opened on first use; one request at a time.
   std::timed_mutex admin_mutex_;
-  std::unique_ptr<postgres::Admin> admin_;  // guarded by admin_mutex_
+  std::unique_ptr<Admin> admin_;  // guarded by admin_mutex_
 
   httplib::Server server_;
   std::thread http_thread_;

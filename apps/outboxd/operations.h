@@ -4,11 +4,14 @@
 // (/api/messages: list, show, replay, abandon; never without a configured token). Everything
 // the metrics show is rendered by the one observe::Registry the relay also writes into.
 //
+// The store is [database]'s, PostgreSQL or SQLite: the counts are Store::Stats, the counts by
+// topic and the admin API the store's Admin (outbox/store/admin.h); no SQL here.
+//
 // Threading: one stats thread (its own database connections, for the counts and for the counts
 // by topic, so a scrape never touches the relay's connection and never reaches the database:
 // requests read the cache) and the HTTP server's bounded pool of worker threads. Admin requests
-// run one at a time on a further connection of their own (postgres::Admin, opened on first use).
-// The relay's hot path is not involved.
+// run one at a time on a further connection of their own (the store's Admin, opened on first
+// use). The relay's hot path is not involved.
 
 #include <chrono>
 #include <condition_variable>

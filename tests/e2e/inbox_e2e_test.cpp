@@ -156,8 +156,8 @@ TEST(InboxE2eTest, AStreamWhoseHeadIsAbandonedFlowsAndAReplayIsAppliedOnce) {
   for (int i = 2; i <= 10; ++i) enqueue("a", "{}");
   const std::string b_head = enqueue("b", "{}");
   for (int i = 2; i <= 10; ++i) enqueue("b", "{}");
-  auto admin = postgres::Admin::Open(PgUrl(), schema.name());
-  const postgres::MessageFilter b_head_only{.ids = std::vector<MessageId>{*Uuid::Parse(b_head)}};
+  auto admin = postgres::OpenAdmin(PgUrl(), schema.name());
+  const MessageFilter b_head_only{.ids = std::vector<MessageId>{*Uuid::Parse(b_head)}};
   ASSERT_EQ(admin->Abandon(b_head_only, "e2e: the head of b", /*dry_run=*/false).count, 1);
 
   ChildProcess relay({OUTBOXD_PATH, "--config", config}, log);

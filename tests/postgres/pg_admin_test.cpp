@@ -1,343 +1,89 @@
 // The operator's side of the PostgreSQL store (outbox/store/postgres_admin.h) against a real
-// PostgreSQL: list filters and pagination, show, replay, abandon, purge, and bad input.
+// PostgreSQL: the Admin contract suite (tests/store/admin_contract.cpp), and what only
+// PostgreSQL has: row locks held by other sessions, statement timeouts, schemas and a server.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <chrono>
 #include <future>
-#include <set>
 #include <thread>
 
+#include "../store/admin_contract.h"
 #include "outbox/store/postgres_admin.h"
 #include "pg_test_support.h"
 
 namespace outbox::testing {
 namespace {
 
-using postgres::Admin;
-using postgres::MessageFilter;
-using std::chrono::seconds;
-
-class PgAdminTest : public ::testing::Test {
- protected:
-  TestSchema schema_;
-  // max_attempts 1: one rejection abandons a message.
-  std::unique_ptr<Store> store_ = OpenStore(1);
-  std::unique_ptr<Admin> admin_ = Admin::Open(PgUrl(), schema_.name());
-
-  std::unique_ptr<Store> OpenStore(int max_attempts, seconds published_retention = seconds{0}) {
+class PostgresAdminHarness final : public AdminHarness {
+ public:
+  void Reset() override {
+    schema_.reset();
+    schema_ = std::make_unique<TestSchema>();
+  }
+  std::unique_ptr<Store> Open(const RetryPolicy& retry, const RetentionPolicy& retention) override {
     postgres::StoreOptions options;
     options.conninfo = PgUrl();
-    options.schema = schema_.name();
-    options.retry.max_attempts = max_attempts;
-    options.retry.initial_delay = std::chrono::hours{1};  // a failed row stays failed
-    options.retry.max_delay = std::chrono::hours{1};
-    options.retention.published = published_retention;
+    options.schema = schema_->name();
+    options.retry = retry;
+    options.retention = retention;
     options.random = SeededRandom(7);
     return postgres::OpenStore(std::move(options));
   }
-
-  std::vector<MessageId> Enqueue(int count, const std::string& topic,
-                                 std::optional<std::string> key = std::nullopt,
-                                 const std::string& target = "default") {
-    std::vector<NewMessage> messages;
-    for (int i = 0; i < count; ++i) {
-      NewMessage message;
-      message.topic = topic;
-      message.stream_key = key;
-      message.target = target;
-      message.payload = R"({"n":)" + std::to_string(i) + "}";
-      messages.push_back(std::move(message));
+  std::unique_ptr<Admin> OpenAdmin() override {
+    return postgres::OpenAdmin(PgUrl(), schema_->name());
+  }
+  std::string Column(const MessageId& id, const std::string& column) override {
+    return Scalar(schema_->conn(), "SELECT coalesce(" + column + "::text, '<null>') FROM " +
+                                       schema_->name() + ".messages WHERE id = '" + id.ToString() +
+                                       "'");
+  }
+  std::string Snapshot() override {
+    return Scalar(schema_->conn(),
+                  "SELECT coalesce(string_agg(m::text, E'\\n' ORDER BY id), '') FROM " +
+                      schema_->name() + ".messages m");
+  }
+  void Backdate(const std::vector<MessageId>& ids, std::chrono::seconds age) override {
+    for (const auto& id : ids) {
+      Sql(schema_->conn(), "UPDATE " + schema_->name() + ".messages SET created_at = now() - " +
+                               std::to_string(age.count()) + " * interval '1 second' WHERE id = '" +
+                               id.ToString() + "'");
     }
-    return store_->Enqueue(messages);
   }
+  TestSchema& schema() { return *schema_; }
 
-  // Claims everything due and fails `ids` with kRejected on `store` (abandoned when that spends
-  // the last attempt, otherwise failed with a retry an hour away); releases the rest.
-  static void Reject(Store& store, const std::vector<MessageId>& ids) {
-    ClaimRequest request;
-    request.owner = "relay-under-test";
-    request.max_messages = 10000;
-    const auto batch = store.Claim(request);
-    const std::set<MessageId> doomed(ids.begin(), ids.end());
-    std::vector<FailedMessage> failures;
-    std::vector<LeasedId> others;
-    for (const auto& envelope : batch) {
-      if (doomed.contains(envelope.id)) {
-        failures.push_back(
-            FailedMessage::Of(envelope, Failure{FailureKind::kRejected, "NOT_FOUND - no queue"}));
-      } else {
-        others.push_back(LeasedId::Of(envelope));
-      }
-    }
-    ASSERT_EQ(failures.size(), doomed.size()) << "not every message to reject was claimable";
-    EXPECT_EQ(store.Fail(request.owner, failures).settled, static_cast<std::int64_t>(ids.size()));
-    store.Release(request.owner, others);
-  }
-  void Abandon(const std::vector<MessageId>& ids) { Reject(*store_, ids); }
-
-  // Claims exactly the message `id` (everything else is released) and keeps it leased.
-  Envelope Lease(const MessageId& id, const std::string& owner = "busy-relay") {
-    ClaimRequest request;
-    request.owner = owner;
-    request.max_messages = 10000;
-    Envelope leased;
-    std::vector<LeasedId> others;
-    for (auto& envelope : store_->Claim(request)) {
-      if (envelope.id == id) {
-        leased = std::move(envelope);
-      } else {
-        others.push_back(LeasedId::Of(envelope));
-      }
-    }
-    store_->Release(owner, others);
-    EXPECT_EQ(leased.id, id) << "message was not claimable";
-    return leased;
-  }
-
-  std::string Column(const MessageId& id, const std::string& column) {
-    return Scalar(schema_.conn(), "SELECT coalesce(" + column + "::text, '<null>') FROM " +
-                                      schema_.name() + ".messages WHERE id = '" + id.ToString() +
-                                      "'");
-  }
-
-  // Every column of every row, to compare before and after.
-  std::string Snapshot() {
-    return Scalar(schema_.conn(),
-                  "SELECT coalesce(string_agg(m::text, E'\\n' ORDER BY id), '') "
-                  "FROM " +
-                      schema_.name() + ".messages m");
-  }
-
-  static std::vector<MessageId> Ids(const postgres::MessagePage& page) {
-    std::vector<MessageId> ids;
-    for (const auto& message : page.messages) ids.push_back(message.id);
-    return ids;
-  }
-  std::vector<MessageId> ListAll(const MessageFilter& filter) {
-    return Ids(admin_->List(filter, Admin::kMaxListLimit));
-  }
-  static MessageFilter ById(std::vector<MessageId> ids) {
-    MessageFilter filter;
-    filter.ids = std::move(ids);
-    return filter;
-  }
+ private:
+  std::unique_ptr<TestSchema> schema_;
 };
 
-std::vector<MessageId> Concat(std::vector<MessageId> a, const std::vector<MessageId>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  std::sort(a.begin(), a.end());
-  return a;
-}
+PostgresAdminHarness harness;
+INSTANTIATE_TEST_SUITE_P(Postgres, AdminContractTest, ::testing::Values(&harness),
+                         [](const auto&) { return std::string{"libpq"}; });
 
-TEST_F(PgAdminTest, ListFiltersByStatusTopicStreamTargetAgeAndIds) {
-  const auto orders = Enqueue(3, "orders", "order-1");
-  const auto other_order = Enqueue(2, "orders", "order-2");
-  const auto clicks = Enqueue(4, "clicks", std::nullopt, "kafka");
-  const auto rejected = std::vector<MessageId>{orders[0], clicks[1]};
-  Abandon(rejected);
-  Sql(schema_.conn(), "UPDATE " + schema_.name() +
-                          ".messages SET created_at = now() - interval '2 hours' WHERE id IN ('" +
-                          clicks[2].ToString() + "', '" + orders[1].ToString() + "')");
+// The contract's fixture, with the schema at hand for what only PostgreSQL can do.
+class PgAdminTest : public AdminContractTest {
+ protected:
+  static TestSchema& schema() { return harness.schema(); }
+};
 
-  EXPECT_EQ(ListAll({}).size(), 9U);
-  MessageFilter filter;
-  filter.status = MessageStatus::kAbandoned;
-  EXPECT_EQ(ListAll(filter), rejected);
-  filter = {};
-  filter.topic = "orders";
-  EXPECT_EQ(ListAll(filter), Concat(orders, other_order));
-  filter.stream_key = "order-2";
-  EXPECT_EQ(ListAll(filter), other_order);
-  filter = {};
-  filter.target = "kafka";
-  EXPECT_EQ(ListAll(filter), clicks);
-  filter.status = MessageStatus::kPending;
-  EXPECT_EQ(ListAll(filter), (std::vector<MessageId>{clicks[0], clicks[2], clicks[3]}));
-  filter = {};
-  filter.older_than = std::chrono::hours{1};
-  EXPECT_EQ(ListAll(filter), Concat({orders[1]}, {clicks[2]}));
-  filter.older_than = std::chrono::hours{3};
-  EXPECT_TRUE(ListAll(filter).empty());
-  EXPECT_EQ(ListAll(ById({other_order[1], clicks[3]})), Concat({other_order[1]}, {clicks[3]}));
-  EXPECT_TRUE(ListAll(ById({})).empty()) << "an empty id list matches nothing";
-
-  // What a row says.
-  filter = ById({orders[0]});
-  const auto page = admin_->List(filter, 10);
-  ASSERT_EQ(page.messages.size(), 1U);
-  const auto& row = page.messages[0];
-  EXPECT_EQ(row.topic, "orders");
-  EXPECT_EQ(row.stream_key, "order-1");
-  EXPECT_EQ(row.stream_seq, 1);
-  EXPECT_EQ(row.target, "default");
-  EXPECT_EQ(row.status, MessageStatus::kAbandoned);
-  EXPECT_EQ(row.attempts, 1);
-  EXPECT_EQ(row.last_error, "rejected: NOT_FOUND - no queue");
-  EXPECT_EQ(row.payload_bytes, 7);  // {"n":0}
-  EXPECT_FALSE(page.more);
-  EXPECT_GE(page.database_now, row.created_at);
-}
-
-TEST_F(PgAdminTest, PagesCoverEveryMatchingMessageExactlyOnce) {
-  std::vector<MessageId> all;
-  for (int i = 0; i < 4; ++i) all = Concat(all, Enqueue(5, "t", "k" + std::to_string(i)));
-  const std::vector<MessageId> abandoned{all[3], all[4], all[9], all[17]};
-  Abandon(abandoned);
-
-  // 20 messages, pages of 5, 6 and 7: the last page's `more` is false even when it is full.
-  for (const int limit : {5, 6, 7, 20, 21}) {
-    std::vector<MessageId> seen;
-    std::optional<MessageId> after;
-    int pages = 0;
-    for (;;) {
-      const auto page = admin_->List({}, limit, after);
-      ++pages;
-      ASSERT_LE(page.messages.size(), static_cast<std::size_t>(limit));
-      for (const auto& message : page.messages) seen.push_back(message.id);
-      if (!page.more) break;
-      ASSERT_EQ(page.messages.size(), static_cast<std::size_t>(limit));
-      after = page.messages.back().id;
-      ASSERT_LT(pages, 100);
-    }
-    EXPECT_EQ(seen, all) << "limit " << limit;
-    EXPECT_EQ(pages, (20 + limit - 1) / limit) << "limit " << limit;
-  }
-
-  // Pages of a filtered listing, with messages written between pages.
-  MessageFilter pending;
-  pending.status = MessageStatus::kPending;
-  auto first = admin_->List(pending, 10);
-  ASSERT_TRUE(first.more);
-  const auto late = Enqueue(2, "t");
-  auto second = admin_->List(pending, 10, first.messages.back().id);
-  EXPECT_FALSE(second.more);
-  std::vector<MessageId> seen = Concat(Ids(first), Ids(second));
-  std::vector<MessageId> expected;
-  for (const auto& id : Concat(all, late)) {
-    if (std::find(abandoned.begin(), abandoned.end(), id) == abandoned.end()) {
-      expected.push_back(id);
-    }
-  }
-  EXPECT_EQ(seen, expected);
-  EXPECT_TRUE(admin_->List({}, 5, all.back()).messages.size() == 2U);  // only the late ones
-}
-
-TEST_F(PgAdminTest, ShowReturnsTheWholeMessage) {
-  NewMessage message;
-  message.topic = "bin";
-  message.payload = std::string("\x00\x01\xff", 3);
-  message.content_type = "application/octet-stream";
-  message.type = "Blob";
-  message.headers = {{"traceparent", "00-abc-01"}, {"tenant_id", "7"}};
-  const auto id = store_->Enqueue(std::span<const NewMessage>{&message, 1}).at(0);
-
-  const auto detail = admin_->Show(id);
-  ASSERT_TRUE(detail.has_value());
-  EXPECT_EQ(detail->summary.id, id);
-  EXPECT_EQ(detail->summary.type, "Blob");
-  EXPECT_EQ(detail->payload, message.payload);
-  EXPECT_EQ(detail->summary.payload_bytes, 3);
-  EXPECT_EQ(detail->content_type, "application/octet-stream");
-  EXPECT_EQ(detail->headers, message.headers);
-  EXPECT_EQ(detail->summary.status, MessageStatus::kPending);
-  EXPECT_FALSE(detail->abandoned_at.has_value());
-
-  EXPECT_FALSE(admin_->Show(NewUuidV7()).has_value());
-}
-
-TEST_F(PgAdminTest, ReplayKeepsTheIdAndMakesTheMessageClaimableWithAttemptsReset) {
-  const auto ids = Enqueue(3, "orders", "order-9");
-  Abandon({ids[0]});
-  ASSERT_EQ(Column(ids[0], "status"), "abandoned");
-  // The stream's later messages went on without it (abandoned does not block its stream).
-  MessageFilter filter = ById({ids[0], ids[1]});
-  const auto result = admin_->Replay(filter, /*dry_run=*/false);
-  EXPECT_EQ(result.count, 1);
-  EXPECT_EQ(result.ids, std::vector<MessageId>{ids[0]}) << "the pending one is not replayed";
-
-  const auto detail = admin_->Show(ids[0]);
-  ASSERT_TRUE(detail.has_value());
-  EXPECT_EQ(detail->summary.status, MessageStatus::kPending);
-  EXPECT_EQ(detail->summary.attempts, 0);
-  EXPECT_EQ(detail->summary.last_error,
-            "replayed by operator; was: rejected: NOT_FOUND - no queue");
-  EXPECT_FALSE(detail->abandoned_at.has_value());
-  EXPECT_LE(detail->summary.available_at, detail->database_now);
-  EXPECT_EQ(Column(ids[0], "stream_seq"), "1");
-
-  ClaimRequest request;
-  request.owner = "relay-2";
-  const auto batch = store_->Claim(request);
-  ASSERT_EQ(batch.size(), 3U);
-  EXPECT_EQ(batch[0].id, ids[0]) << "same id, still first in its stream";
-  EXPECT_EQ(batch[0].attempts, 0);
-  EXPECT_EQ(batch[0].stream_seq, 1);
-
-  // Replaying again finds nothing to do: it is processing now.
-  EXPECT_EQ(admin_->Replay(ById({ids[0]}), false).count, 0);
-}
-
-TEST_F(PgAdminTest, ReplayAlsoRetriesFailedMessagesNow) {
-  auto patient = OpenStore(/*max_attempts=*/5);
-  const auto ids = Enqueue(2, "t");
-  Reject(*patient, {ids[0]});
-  ASSERT_EQ(Column(ids[0], "status"), "failed");
-  ClaimRequest request;
-  request.owner = "relay";
-  ASSERT_EQ(store_->Claim(request).size(), 1U) << "the failed one waits an hour";
-  MessageFilter failed;
-  failed.status = MessageStatus::kFailed;
-  EXPECT_EQ(admin_->Replay(failed, false).ids, std::vector<MessageId>{ids[0]});
-  const auto batch = store_->Claim(request);
-  ASSERT_EQ(batch.size(), 1U);
-  EXPECT_EQ(batch[0].id, ids[0]);
-  EXPECT_EQ(batch[0].attempts, 0);
-}
-
-TEST_F(PgAdminTest, ReplayAndAbandonNeverTouchAProcessingRow) {
-  const auto ids = Enqueue(3, "orders");
-  Abandon({ids[0]});
-  // Replayed, then claimed: processing under a lease.
-  ASSERT_EQ(admin_->Replay(ById({ids[0]}), false).count, 1);
-  const Envelope leased = Lease(ids[0]);
-  const std::string before = Snapshot();
-
-  MessageFilter topic;
-  topic.topic = "orders";
-  EXPECT_EQ(admin_->Replay(ById({ids[0]}), false).count, 0);
-  EXPECT_EQ(admin_->Replay(topic, false).count, 0);
-  EXPECT_EQ(admin_->Abandon(ById({ids[0]}), "stop", false).count, 0);
-  EXPECT_EQ(Snapshot(), before);
-  const auto abandoned = admin_->Abandon(topic, "stop", false);
-  EXPECT_EQ(abandoned.ids, (std::vector<MessageId>{ids[1], ids[2]}));
-  EXPECT_EQ(Column(ids[0], "status"), "processing");
-  EXPECT_EQ(Column(ids[0], "lease_owner"), "busy-relay");
-
-  // The relay still settles it.
-  const LeasedId settled[] = {LeasedId::Of(leased)};
-  EXPECT_EQ(store_->Complete("busy-relay", settled).settled, 1);
-}
-
-TEST_F(PgAdminTest, ARowClaimedWhileReplayWaitsForItsLockIsLeftAlone) {
+TEST_P(PgAdminTest, ARowClaimedWhileReplayWaitsForItsLockIsLeftAlone) {
   const auto ids = Enqueue(1, "t");
   Abandon(ids);
   // Another session locks the abandoned row, so the replay's UPDATE waits for it...
   auto other = Connect();
   Sql(other.get(), "BEGIN");
-  Sql(other.get(), "SELECT 1 FROM " + schema_.name() + ".messages WHERE id = '" +
+  Sql(other.get(), "SELECT 1 FROM " + schema().name() + ".messages WHERE id = '" +
                        ids[0].ToString() + "' FOR UPDATE");
   auto replay = std::async(std::launch::async,
                            [this, &ids] { return admin_->Replay(ById(ids), false).count; });
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{10};
-  while (Scalar(schema_.conn(),
+  while (Scalar(schema().conn(),
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query "
                 "LIKE '%replayed by operator%'") != "1") {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the replay never waited";
     std::this_thread::sleep_for(std::chrono::milliseconds{10});
   }
   // ...while that session makes it processing, as a claim would, and commits.
-  Sql(other.get(), "UPDATE " + schema_.name() +
+  Sql(other.get(), "UPDATE " + schema().name() +
                        ".messages SET status = 'processing', lease_owner = 'fast-relay', "
                        "lease_until = now() + interval '1 minute' WHERE id = '" +
                        ids[0].ToString() + "'");
@@ -347,149 +93,37 @@ TEST_F(PgAdminTest, ARowClaimedWhileReplayWaitsForItsLockIsLeftAlone) {
   EXPECT_EQ(Column(ids[0], "lease_owner"), "fast-relay");
 }
 
-TEST_F(PgAdminTest, DryRunsChangeNothing) {
-  const auto ids = Enqueue(4, "t", "k");
-  Abandon({ids[0], ids[2]});
-  const std::string before = Snapshot();
-
-  MessageFilter abandoned;
-  abandoned.status = MessageStatus::kAbandoned;
-  const auto would_replay = admin_->Replay(abandoned, /*dry_run=*/true);
-  EXPECT_EQ(would_replay.count, 2);
-  EXPECT_EQ(would_replay.ids, (std::vector<MessageId>{ids[0], ids[2]}));
-  MessageFilter stream;
-  stream.stream_key = "k";
-  const auto would_abandon = admin_->Abandon(stream, "no", /*dry_run=*/true);
-  EXPECT_EQ(would_abandon.ids, (std::vector<MessageId>{ids[1], ids[3]}));
-  EXPECT_EQ(Snapshot(), before);
-
-  // And the real runs do what the dry runs said.
-  EXPECT_EQ(admin_->Replay(abandoned, false).ids, would_replay.ids);
-  MessageFilter pending_only = stream;
-  pending_only.ids = std::vector<MessageId>{ids[1], ids[3]};
-  EXPECT_EQ(admin_->Abandon(pending_only, "no", false).ids, would_abandon.ids);
+TEST_P(PgAdminTest, CountByTopicGivesUpAfterItsTimeout) {
+  Enqueue(3, "orders");
+  // Another session holds the table, so the grouped count waits for it until its timeout.
+  auto other = Connect();
+  Sql(other.get(), "BEGIN");
+  Sql(other.get(), "LOCK TABLE " + schema().name() + ".messages IN ACCESS EXCLUSIVE MODE");
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_FALSE(admin_->CountByTopic(std::chrono::milliseconds{200}).has_value());
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds{5});
+  Sql(other.get(), "COMMIT");
+  // The timeout ended with the count's transaction: the next count and listing work.
+  const auto counts = admin_->CountByTopic(std::chrono::seconds{5});
+  ASSERT_TRUE(counts.has_value());
+  ASSERT_EQ(counts->size(), 1U);
+  EXPECT_EQ(counts->front().messages, 3);
+  EXPECT_EQ(Scalar(schema().conn(), "SHOW statement_timeout"), "0");
+  EXPECT_EQ(admin_->List({}, 10).messages.size(), 3U);
 }
 
-TEST_F(PgAdminTest, AbandonRecordsTheReasonAndTheMessagesAreNoLongerClaimable) {
-  const auto keep = Enqueue(2, "orders");
-  const auto doomed = Enqueue(3, "poison", std::nullopt, "legacy");
-  MessageFilter filter;
-  filter.target = "legacy";
-  const auto result = admin_->Abandon(filter, "consumer retired", false);
-  EXPECT_EQ(result.ids, doomed);
-  for (const auto& id : doomed) {
-    EXPECT_EQ(Column(id, "status"), "abandoned");
-    EXPECT_EQ(Column(id, "last_error"), "abandoned by operator: consumer retired");
-    EXPECT_NE(Column(id, "abandoned_at"), "<null>");
-  }
-  ClaimRequest request;
-  request.owner = "relay";
-  const auto batch = store_->Claim(request);
-  ASSERT_EQ(batch.size(), 2U);
-  EXPECT_EQ(batch[0].id, keep[0]);
-  EXPECT_EQ(batch[1].id, keep[1]);
-}
-
-TEST_F(PgAdminTest, ReplayAndAbandonWorkThroughManyChunks) {
-  const int count = Admin::kChangeChunk * 2 + 17;
-  const auto ids = Enqueue(count, "bulk");
-  MessageFilter bulk;
-  bulk.topic = "bulk";
-  const auto abandoned = admin_->Abandon(bulk, "bulk", false);
-  EXPECT_EQ(abandoned.count, count);
-  EXPECT_EQ(abandoned.ids, ids);
-  EXPECT_EQ(admin_->Replay(bulk, true).count, count);
-  const auto replayed = admin_->Replay(bulk, false);
-  EXPECT_EQ(replayed.count, count);
-  EXPECT_EQ(replayed.ids, ids);
-  EXPECT_EQ(Scalar(schema_.conn(), "SELECT count(*) FROM " + schema_.name() +
-                                       ".messages WHERE status = 'pending' AND attempts = 0"),
-            std::to_string(count));
-}
-
-TEST_F(PgAdminTest, PurgeDeletesWhatIsPastItsRetentionInChunks) {
-  auto keeping = OpenStore(1, /*published_retention=*/std::chrono::hours{1});
-  const auto published = Enqueue(7, "done");
-  ClaimRequest request;
-  request.owner = "relay";
-  std::vector<LeasedId> leased;
-  for (const auto& envelope : keeping->Claim(request)) leased.push_back(LeasedId::Of(envelope));
-  ASSERT_EQ(keeping->Complete("relay", leased).settled, 7);
-  const auto abandoned = Enqueue(3, "bad");
-  Abandon(abandoned);
-  const auto pending = Enqueue(2, "waiting");
-
-  RetentionPolicy retention;
-  retention.published = std::chrono::hours{1};
-  retention.abandoned = std::chrono::hours{1};
-  EXPECT_EQ(admin_->Purge(retention, 2), 0) << "everything is younger than its retention";
-  retention.published = seconds{0};
-  retention.abandoned = seconds{0};
-  EXPECT_EQ(admin_->Purge(retention, 2), 10);
-  EXPECT_EQ(ListAll({}), pending);
-  EXPECT_EQ(admin_->Purge(retention, 2), 0);
-}
-
-TEST_F(PgAdminTest, BadFiltersAndArgumentsThrowInvalidArgument) {
-  const auto message_of = [](const auto& call) -> std::string {
-    try {
-      call();
-    } catch (const std::invalid_argument& error) {
-      return error.what();
-    }
-    return "<no std::invalid_argument>";
-  };
-  EXPECT_EQ(message_of([] { postgres::ParseMessageStatus("done"); }),
-            "unknown status 'done' (expected one of pending, processing, failed, published, "
-            "abandoned)");
-  EXPECT_EQ(postgres::ParseMessageStatus("failed"), MessageStatus::kFailed);
-  EXPECT_EQ(postgres::MessageStatusName(MessageStatus::kAbandoned), "abandoned");
-
-  MessageFilter unknown;
-  unknown.status = static_cast<MessageStatus>(9);
-  EXPECT_EQ(message_of([&] { admin_->List(unknown, 10); }), "list: unknown status 9");
-  MessageFilter negative;
-  negative.older_than = seconds{-5};
-  EXPECT_EQ(message_of([&] { admin_->List(negative, 10); }),
-            "list: older_than must not be negative, got -5 s");
-  EXPECT_EQ(message_of([&] { admin_->Replay(negative, true); }),
-            "replay: older_than must not be negative, got -5 s");
-  for (const int limit : {0, -1, Admin::kMaxListLimit + 1}) {
-    EXPECT_EQ(message_of([&] { admin_->List({}, limit); }),
-              "list: limit must be between 1 and 10000, got " + std::to_string(limit));
-  }
-  MessageFilter empty_topic;
-  empty_topic.topic = "";
-  EXPECT_EQ(message_of([&] { admin_->List(empty_topic, 10); }), "list: topic must not be empty");
-
-  EXPECT_EQ(message_of([&] { admin_->Replay({}, false); }),
-            "replay: refusing to act on every message; select by ids or a filter");
-  EXPECT_EQ(message_of([&] { admin_->Abandon({}, "why", true); }),
-            "abandon: refusing to act on every message; select by ids or a filter");
-  MessageFilter pending;
-  pending.status = MessageStatus::kPending;
-  EXPECT_EQ(message_of([&] { admin_->Replay(pending, false); }),
-            "replay: acts only on abandoned and failed messages, not on pending ones");
-  MessageFilter processing;
-  processing.status = MessageStatus::kProcessing;
-  EXPECT_EQ(message_of([&] { admin_->Abandon(processing, "why", false); }),
-            "abandon: acts only on pending and failed messages, not on processing ones");
-  EXPECT_EQ(message_of([&] { admin_->Abandon(ById({NewUuidV7()}), "", false); }),
-            "abandon: a reason is required");
-
-  RetentionPolicy retention;
-  retention.abandoned = seconds{-1};
-  EXPECT_EQ(message_of([&] { admin_->Purge(retention, 10); }),
-            "purge: retention must not be negative");
-  EXPECT_EQ(message_of([&] { admin_->Purge({}, 0); }), "purge: chunk must be >= 1");
-
-  EXPECT_NE(message_of([] { Admin::Open(PgUrl(), "Bad-Name"); }).find("plain lower-case"),
-            std::string::npos);
-}
-
-TEST_F(PgAdminTest, OpenRefusesAnUnmigratedSchemaAndAnUnreachableServer) {
+TEST_P(PgAdminTest, ABadSchemaNameIsRefusedBeforeConnecting) {
   try {
-    Admin::Open(PgUrl(), "no_such_schema_here");
+    postgres::OpenAdmin("postgresql://u:secret@127.0.0.1:1/x", "Bad-Name");
+    FAIL() << "opened a bad schema name";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string{error.what()}.find("plain lower-case"), std::string::npos);
+  }
+}
+
+TEST_P(PgAdminTest, OpenRefusesAnUnmigratedSchemaAndAnUnreachableServer) {
+  try {
+    postgres::OpenAdmin(PgUrl(), "no_such_schema_here");
     FAIL() << "opened an unmigrated schema";
   } catch (const StoreError& error) {
     EXPECT_EQ(error.kind(), FailureKind::kPermanent);
@@ -497,13 +131,16 @@ TEST_F(PgAdminTest, OpenRefusesAnUnmigratedSchemaAndAnUnreachableServer) {
     EXPECT_NE(std::string{error.what()}.find("run outboxctl migrate"), std::string::npos);
   }
   try {
-    Admin::Open("postgresql://u:secret@127.0.0.1:1/x", schema_.name());
+    postgres::OpenAdmin("postgresql://u:secret@127.0.0.1:1/x", schema().name());
     FAIL() << "connected to nothing";
   } catch (const StoreError& error) {
     EXPECT_EQ(error.kind(), FailureKind::kUnavailable);
     EXPECT_EQ(std::string{error.what()}.find("secret"), std::string::npos);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Postgres, PgAdminTest, ::testing::Values(&harness),
+                         [](const auto&) { return std::string{"libpq"}; });
 
 }  // namespace
 }  // namespace outbox::testing

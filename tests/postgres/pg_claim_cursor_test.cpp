@@ -66,8 +66,8 @@ TEST_F(PgClaimCursorTest, AMessageOfATransactionStillOpenIsClaimedOnceItCommits)
 
 TEST_F(PgClaimCursorTest, AReplayOfAMessageAbandonedBeforeItsFirstClaimIsClaimed) {
   const MessageId doomed = Enqueue("doomed");
-  auto admin = postgres::Admin::Open(PgUrl(), schema_.name());
-  postgres::MessageFilter only_it;
+  auto admin = postgres::OpenAdmin(PgUrl(), schema_.name());
+  MessageFilter only_it;
   only_it.ids = std::vector<MessageId>{doomed};
   ASSERT_EQ(admin->Abandon(only_it, "test", false).count, 1);
   MoveTheCursor();

@@ -1,4 +1,5 @@
-// The SQLite store: the Store contract suite, and the writer in the caller's transaction.
+// The SQLite store: the Store and Admin contract suites, the writer in the caller's transaction,
+// and what only SQLite's Admin has (its interrupted count, its file).
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -6,6 +7,7 @@
 #include <set>
 #include <thread>
 
+#include "../store/admin_contract.h"
 #include "../store/store_contract.h"
 #include "../support/header_limits.h"
 #include "outbox/store/sqlite.h"
@@ -64,6 +66,118 @@ Db OpenDb(const std::string& path) {
 void Exec(sqlite3* db, const char* sql) {
   ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
 }
+
+// The text of the first column of the first row of `sql`, "<null>" for NULL.
+std::string Scalar(sqlite3* db, const std::string& sql) {
+  sqlite3_stmt* raw = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(db, sql.c_str(), -1, &raw, nullptr), SQLITE_OK)
+      << sqlite3_errmsg(db);
+  const std::unique_ptr<sqlite3_stmt, decltype(&sqlite3_finalize)> statement{raw,
+                                                                             &sqlite3_finalize};
+  if (sqlite3_step(raw) != SQLITE_ROW || sqlite3_column_type(raw, 0) == SQLITE_NULL) {
+    return "<null>";
+  }
+  return reinterpret_cast<const char*>(sqlite3_column_text(raw, 0));
+}
+
+class SqliteAdminHarness final : public AdminHarness {
+ public:
+  ~SqliteAdminHarness() override {
+    if (!path_.empty()) RemoveDatabase(path_);
+  }
+  void Reset() override {
+    db_.reset();
+    if (!path_.empty()) RemoveDatabase(path_);
+    path_ = TempPath();
+    sqlite::Migrate(path_);
+    db_ = OpenDb(path_);
+  }
+  std::unique_ptr<Store> Open(const RetryPolicy& retry, const RetentionPolicy& retention) override {
+    return sqlite::OpenStore(
+        {.path = path_, .retry = retry, .retention = retention, .random = SeededRandom(7)});
+  }
+  std::unique_ptr<Admin> OpenAdmin() override { return sqlite::OpenAdmin(path_); }
+  std::string Column(const MessageId& id, const std::string& column) override {
+    return Scalar(db_.get(),
+                  "SELECT " + column + " FROM outbox_messages WHERE id = '" + id.ToString() + "'");
+  }
+  std::string Snapshot() override {
+    std::string rows;
+    sqlite3_stmt* raw = nullptr;
+    sqlite3_prepare_v2(db_.get(), "SELECT * FROM outbox_messages ORDER BY id", -1, &raw, nullptr);
+    const std::unique_ptr<sqlite3_stmt, decltype(&sqlite3_finalize)> statement{raw,
+                                                                               &sqlite3_finalize};
+    while (sqlite3_step(raw) == SQLITE_ROW) {
+      for (int column = 0; column < sqlite3_column_count(raw); ++column) {
+        const auto* text = sqlite3_column_text(raw, column);
+        rows += text == nullptr ? "<null>" : reinterpret_cast<const char*>(text);
+        rows += '|';
+      }
+      rows += '\n';
+    }
+    return rows;
+  }
+  void Backdate(const std::vector<MessageId>& ids, std::chrono::seconds age) override {
+    for (const auto& id : ids) {
+      Exec(db_.get(), ("UPDATE outbox_messages SET created_at = created_at - " +
+                       std::to_string(age.count() * 1000) + " WHERE id = '" + id.ToString() + "'")
+                          .c_str());
+    }
+  }
+  sqlite3* db() const { return db_.get(); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  Db db_;
+};
+
+SqliteAdminHarness admin_harness;
+INSTANTIATE_TEST_SUITE_P(Sqlite, AdminContractTest, ::testing::Values(&admin_harness),
+                         [](const auto&) { return std::string{"sqlite3"}; });
+
+// The contract's fixture, with the file at hand for what only SQLite's Admin does.
+class SqliteAdminTest : public AdminContractTest {};
+
+TEST_P(SqliteAdminTest, CountByTopicGivesUpAfterItsTimeout) {
+  // 200,000 rows in 1,000 groups: grouping them takes far longer than a millisecond.
+  Exec(admin_harness.db(),
+       "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200000)"
+       " INSERT INTO outbox_messages (id, topic, partition, target, payload, content_type,"
+       " headers, available_at, created_at)"
+       " SELECT printf('00000000-0000-7000-8000-%012d', i), 'topic-' || (i % 1000), 0,"
+       " 'default', '{}', 'application/json', '{}', 0, 0 FROM n");
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_FALSE(admin_->CountByTopic(std::chrono::milliseconds{1}).has_value());
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds{1});
+  // The watchdog ends with the count: the next one, with time enough, counts everything.
+  const auto counts = admin_->CountByTopic(std::chrono::seconds{30});
+  ASSERT_TRUE(counts.has_value());
+  std::int64_t sum = 0;
+  for (const auto& group : *counts) sum += group.messages;
+  EXPECT_EQ(sum, 200000);
+  EXPECT_EQ(counts->size(), static_cast<std::size_t>(Admin::kTopicGroups + 1));
+  EXPECT_EQ(admin_->List({}, 10).messages.size(), 10U);
+}
+
+TEST_P(SqliteAdminTest, OpenRefusesAnUnmigratedFileAndBadArguments) {
+  const std::string empty = TempPath();
+  try {
+    sqlite::OpenAdmin(empty);
+    FAIL() << "opened a database without outbox tables";
+  } catch (const StoreError& error) {
+    EXPECT_EQ(error.kind(), FailureKind::kPermanent);
+    EXPECT_NE(std::string{error.what()}.find("has no outbox tables"), std::string::npos);
+  }
+  RemoveDatabase(empty);
+  EXPECT_THROW(sqlite::OpenAdmin(""), std::invalid_argument);
+  EXPECT_THROW(sqlite::OpenAdmin(admin_harness.path(), std::chrono::milliseconds{-1}),
+               std::invalid_argument);
+  EXPECT_THROW(sqlite::OpenAdmin("/nonexistent-dir/outbox.db"), StoreError);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sqlite, SqliteAdminTest, ::testing::Values(&admin_harness),
+                         [](const auto&) { return std::string{"sqlite3"}; });
 
 class SqliteWriterTest : public ::testing::Test {
  protected:

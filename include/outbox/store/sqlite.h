@@ -17,6 +17,7 @@
 #include "outbox/core/message.h"
 #include "outbox/core/random.h"
 #include "outbox/core/retry_policy.h"
+#include "outbox/store/admin.h"
 #include "outbox/store/store.h"
 #include "outbox/store/wakeup.h"
 
@@ -54,6 +55,12 @@ struct StoreOptions {
 // Opens the relay-side Store on a connection of its own. The database must have been migrated.
 // Throws ConfigError for bad options, StoreError when the file cannot be opened.
 std::unique_ptr<Store> OpenStore(StoreOptions options);
+
+// Opens the operator's side (outbox/store/admin.h) on a connection of its own. The database must
+// have been migrated: StoreError(kPermanent) otherwise, StoreError when the file cannot be opened,
+// std::invalid_argument for an empty path or a negative busy_timeout.
+std::unique_ptr<Admin> OpenAdmin(const std::string& path,
+                                 std::chrono::milliseconds busy_timeout = std::chrono::seconds{5});
 
 // A Wakeup with no database side: Wait sleeps until Interrupt (the hand-off) or the deadline.
 std::unique_ptr<Wakeup> OpenWakeup();

@@ -1,9 +1,8 @@
-// The operator's side of the PostgreSQL store (outbox/store/postgres_admin.h).
-#include <array>
-#include <cstdlib>
-#include <initializer_list>
+// The operator's side of the PostgreSQL store (outbox/store/postgres_admin.h): the statements of
+// the Admin contract; the checks of its arguments are the contract's (src/store/admin.cpp).
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <string_view>
 
 #include "connection.h"
 #include "migrations.h"
@@ -12,9 +11,6 @@
 
 namespace outbox::postgres {
 namespace {
-
-constexpr std::array<std::string_view, 5> kStatusNames = {"pending", "processing", "failed",
-                                                          "published", "abandoned"};
 
 // The filter over `m`, on parameters $1 status, $2 topic, $3 stream_key, $4 target, $5
 // older_than seconds, $6 ids (uuid[]); NULL means "any". Statements are unnamed, so each is
@@ -98,6 +94,19 @@ constexpr const char* kAbandonSet = R"(
   status = 'abandoned', abandoned_at = now(), lease_owner = NULL, lease_until = NULL,
   last_error = 'abandoned by operator: ' || $9::text)";
 
+// The backlog by topic: one arm per partial index (sql/001 and 004), so that published rows are
+// never read; grouped, not ranked (the contract folds the groups).
+constexpr const char* kCountGroups = R"(
+SELECT status, target, topic, count(*) FROM (
+  SELECT status, target, topic FROM __TABLE__ WHERE status = 'pending' AND lease_epoch = 0
+  UNION ALL SELECT status, target, topic FROM __TABLE__
+    WHERE status IN ('pending', 'failed') AND lease_epoch > 0
+  UNION ALL SELECT status, target, topic FROM __TABLE__ WHERE status = 'processing'
+  UNION ALL SELECT status, target, topic FROM __TABLE__ WHERE status = 'abandoned') unpublished
+GROUP BY status, target, topic)";
+
+constexpr std::string_view kQueryCanceled = "57014";
+
 bool IsNull(const PGresult* result, int row, int column) {
   return PQgetisnull(result, row, column) != 0;
 }
@@ -147,48 +156,6 @@ std::vector<MessageId> ParseUuidArray(std::string_view literal) {
   return ids;
 }
 
-void ValidateFilter(std::string_view what, const MessageFilter& filter) {
-  const auto prefix = std::string{what} + ": ";
-  if (filter.status && static_cast<std::size_t>(*filter.status) >= kStatusNames.size()) {
-    throw std::invalid_argument(prefix + "unknown status " +
-                                std::to_string(static_cast<int>(*filter.status)));
-  }
-  if (filter.older_than && filter.older_than->count() < 0) {
-    throw std::invalid_argument(prefix + "older_than must not be negative, got " +
-                                std::to_string(filter.older_than->count()) + " s");
-  }
-  const auto non_empty = [&](const std::optional<std::string>& value, const char* name) {
-    if (value && value->empty()) throw std::invalid_argument(prefix + name + " must not be empty");
-  };
-  non_empty(filter.topic, "topic");
-  non_empty(filter.stream_key, "stream_key");
-  non_empty(filter.target, "target");
-}
-
-// For Replay and Abandon: a selection is required, and a status filter must be one they act on.
-void ValidateChange(std::string_view what, const MessageFilter& filter,
-                    std::initializer_list<MessageStatus> eligible) {
-  ValidateFilter(what, filter);
-  if (filter.MatchesEverything()) {
-    throw std::invalid_argument(std::string{what} +
-                                ": refusing to act on every message; select by ids or a filter");
-  }
-  if (filter.status) {
-    bool ok = false;
-    std::string names;
-    for (const MessageStatus status : eligible) {
-      ok = ok || status == *filter.status;
-      if (!names.empty()) names += " and ";
-      names += MessageStatusName(status);
-    }
-    if (!ok) {
-      throw std::invalid_argument(std::string{what} + ": acts only on " + names +
-                                  " messages, not on " +
-                                  std::string{MessageStatusName(*filter.status)} + " ones");
-    }
-  }
-}
-
 // The filter as parameters $1..$6, owning their text.
 class FilterParams {
  public:
@@ -216,29 +183,9 @@ class FilterParams {
   std::vector<Param> params_;
 };
 
-}  // namespace
-
-std::string_view MessageStatusName(MessageStatus status) {
-  const auto index = static_cast<std::size_t>(status);
-  return index < kStatusNames.size() ? kStatusNames[index] : "unknown";
-}
-
-MessageStatus ParseMessageStatus(std::string_view name) {
-  for (std::size_t i = 0; i < kStatusNames.size(); ++i) {
-    if (kStatusNames[i] == name) return static_cast<MessageStatus>(i);
-  }
-  std::string valid;
-  for (const auto known : kStatusNames) {
-    if (!valid.empty()) valid += ", ";
-    valid += known;
-  }
-  throw std::invalid_argument("unknown status '" + std::string{name} + "' (expected one of " +
-                              valid + ")");
-}
-
-class Admin::Impl {
+class PostgresAdmin final : public Admin {
  public:
-  Impl(const std::string& conninfo, const std::string& schema)
+  PostgresAdmin(const std::string& conninfo, const std::string& schema)
       : schema_(schema), table_(QuoteSchema(schema) + ".messages"), connection_(conninfo) {
     RequireSchemaVersion(connection_.Ready(), schema_, connection_.description());
     list_ = Build(kList);
@@ -249,18 +196,16 @@ class Admin::Impl {
     abandon_ = Build(ReplaceAll(ReplaceAll(kChangeChunkSql, "__SET__", kAbandonSet), "__ELIGIBLE__",
                                 kAbandonEligible));
     abandon_dry_run_ = Build(ReplaceAll(kChangeDryRun, "__ELIGIBLE__", kAbandonEligible));
+    count_groups_ = Build(kCountGroups);
   }
 
-  MessagePage List(const MessageFilter& filter, int limit, std::optional<MessageId> after) {
-    ValidateFilter("list", filter);
-    if (limit < 1 || limit > kMaxListLimit) {
-      throw std::invalid_argument("list: limit must be between 1 and " +
-                                  std::to_string(kMaxListLimit) + ", got " + std::to_string(limit));
-    }
+ protected:
+  MessagePage ListPage(const MessageFilter& filter, int limit,
+                       const std::optional<MessageId>& after) override {
     const FilterParams filter_params{filter};
     auto params = filter_params.params();
     const std::string after_text = after ? after->ToString() : "";
-    const std::string limit_text = std::to_string(limit + 1);  // one more: are there more?
+    const std::string limit_text = std::to_string(limit);
     params.push_back(after ? Param{after_text} : Param{});
     params.push_back(Param{limit_text});
     const auto result = Exec(connection_.Ready(), "list", list_, params, /*binary_results=*/true);
@@ -269,16 +214,12 @@ class Admin::Impl {
     for (int row = 0; row < PQntuples(rows); ++row) {
       page.database_now = ReadTimestamp(PQgetvalue(rows, row, kSummaryColumnCount));
       if (IsNull(rows, row, 0)) continue;  // the one row of an empty page
-      if (static_cast<int>(page.messages.size()) == limit) {
-        page.more = true;
-        break;
-      }
       page.messages.push_back(ReadSummary(rows, row));
     }
     return page;
   }
 
-  std::optional<MessageDetail> Show(const MessageId& id) {
+  std::optional<MessageDetail> Find(const MessageId& id) override {
     const std::string id_text = id.ToString();
     const auto result =
         Exec(connection_.Ready(), "show", show_, {Param{id_text}}, /*binary_results=*/true);
@@ -297,67 +238,76 @@ class Admin::Impl {
     return detail;
   }
 
-  ChangeResult Replay(const MessageFilter& filter, bool dry_run) {
-    ValidateChange("replay", filter, {MessageStatus::kAbandoned, MessageStatus::kFailed});
-    return Change("replay", dry_run ? replay_dry_run_ : replay_, filter, std::nullopt);
+  ChunkResult ChangeChunk(ChangeKind kind, const MessageFilter& filter,
+                          const std::optional<MessageId>& after, int limit,
+                          const std::string& reason, bool dry_run) override {
+    const bool replay = kind == ChangeKind::kReplay;
+    const std::string& sql =
+        replay ? (dry_run ? replay_dry_run_ : replay_) : (dry_run ? abandon_dry_run_ : abandon_);
+    const FilterParams filter_params{filter};
+    auto params = filter_params.params();
+    const std::string after_text = after ? after->ToString() : "";
+    const std::string limit_text = std::to_string(limit);
+    params.push_back(after ? Param{std::string_view{after_text}} : Param{});
+    params.push_back(Param{limit_text});
+    if (!replay && !dry_run) params.push_back(Param{std::string_view{reason}});
+    const auto result = Exec(connection_.Ready(), replay ? "replay" : "abandon", sql, params);
+    const PGresult* row = result.get();
+    ChunkResult chunk;
+    chunk.candidates = std::stoll(PQgetvalue(row, 0, 0));
+    if (!IsNull(row, 0, 1)) chunk.last_candidate = Uuid::Parse(Column(row, 0, 1));
+    chunk.changed = ParseUuidArray(Column(row, 0, 2));
+    return chunk;
   }
 
-  ChangeResult Abandon(const MessageFilter& filter, const std::string& reason, bool dry_run) {
-    ValidateChange("abandon", filter, {MessageStatus::kPending, MessageStatus::kFailed});
-    if (reason.empty()) throw std::invalid_argument("abandon: a reason is required");
-    return dry_run ? Change("abandon", abandon_dry_run_, filter, std::nullopt)
-                   : Change("abandon", abandon_, filter, reason);
-  }
-
-  std::int64_t Purge(const RetentionPolicy& retention, int chunk) {
-    if (retention.published.count() < 0 || retention.abandoned.count() < 0) {
-      throw std::invalid_argument("purge: retention must not be negative");
-    }
-    if (chunk < 1) throw std::invalid_argument("purge: chunk must be >= 1");
+  std::int64_t PurgeChunk(const RetentionPolicy& retention, int chunk) override {
     const Statements statements{schema_, /*keep_published=*/false};
     const std::string published = std::to_string(retention.published.count());
     const std::string abandoned = std::to_string(retention.abandoned.count());
     const std::string chunk_text = std::to_string(chunk);
-    std::int64_t total = 0;
-    for (;;) {
-      // Each chunk is a statement, and a transaction, of its own.
-      const auto result = Exec(connection_.Ready(), "purge", statements.purge,
-                               {Param{published}, Param{abandoned}, Param{chunk_text}});
-      const std::int64_t deleted = std::stoll(PQcmdTuples(result.get()));
-      total += deleted;
-      if (deleted < chunk) return total;
+    const auto result = Exec(connection_.Ready(), "purge", statements.purge,
+                             {Param{published}, Param{abandoned}, Param{chunk_text}});
+    return std::stoll(PQcmdTuples(result.get()));
+  }
+
+  // In a transaction of its own, under SET LOCAL statement_timeout, so that the timeout ends
+  // with it.
+  std::optional<std::vector<TopicCount>> CountGroups(std::chrono::milliseconds timeout) override {
+    PGconn* conn = connection_.Ready();
+    Exec(conn, "count by topic", "BEGIN");
+    try {
+      Exec(conn, "count by topic",
+           "SET LOCAL statement_timeout = " + std::to_string(timeout.count()));
+      const auto result = Exec(conn, "count by topic", count_groups_);
+      const PGresult* rows = result.get();
+      std::vector<TopicCount> groups;
+      for (int row = 0; row < PQntuples(rows); ++row) {
+        groups.push_back({.status = ParseMessageStatus(Column(rows, row, 0)),
+                          .target = std::string{Column(rows, row, 1)},
+                          .topic = std::string{Column(rows, row, 2)},
+                          .messages = ParseInt64(Column(rows, row, 3), "count by topic")});
+      }
+      Exec(conn, "count by topic", "COMMIT");
+      return groups;
+    } catch (const PgError& error) {
+      Rollback(conn);
+      if (error.sqlstate() == kQueryCanceled) return std::nullopt;
+      throw;
+    } catch (...) {
+      Rollback(conn);
+      throw;
     }
   }
 
  private:
+  static void Rollback(PGconn* conn) {
+    if (PQstatus(conn) == CONNECTION_OK) PQclear(PQexec(conn, "ROLLBACK"));
+  }
+
   std::string Build(const std::string& sql) const {
     return ReplaceAll(
         ReplaceAll(ReplaceAll(sql, "__SUMMARY__", kSummaryColumns), "__FILTER__", kFilter),
         "__TABLE__", table_);
-  }
-
-  // Runs a change (or dry-run) statement chunk by chunk until the candidates run out.
-  ChangeResult Change(std::string_view what, const std::string& sql, const MessageFilter& filter,
-                      const std::optional<std::string>& reason) {
-    ChangeResult outcome;
-    if (filter.ids && filter.ids->empty()) return outcome;
-    const FilterParams filter_params{filter};
-    const std::string chunk_text = std::to_string(kChangeChunk);
-    std::optional<std::string> after;
-    for (;;) {
-      auto params = filter_params.params();
-      params.push_back(after ? Param{std::string_view{*after}} : Param{});
-      params.push_back(Param{chunk_text});
-      if (reason) params.push_back(Param{std::string_view{*reason}});
-      const auto result = Exec(connection_.Ready(), what, sql, params);
-      const PGresult* row = result.get();
-      const std::int64_t candidates = std::stoll(PQgetvalue(row, 0, 0));
-      for (const auto& id : ParseUuidArray(Column(row, 0, 2))) outcome.ids.push_back(id);
-      if (candidates < kChangeChunk) break;
-      after = std::string{Column(row, 0, 1)};
-    }
-    outcome.count = static_cast<std::int64_t>(outcome.ids.size());
-    return outcome;
   }
 
   std::string schema_;
@@ -369,32 +319,14 @@ class Admin::Impl {
   std::string replay_dry_run_;
   std::string abandon_;
   std::string abandon_dry_run_;
+  std::string count_groups_;
 };
 
-std::unique_ptr<Admin> Admin::Open(const std::string& conninfo, const std::string& schema) {
+}  // namespace
+
+std::unique_ptr<Admin> OpenAdmin(const std::string& conninfo, const std::string& schema) {
   QuoteSchema(schema);  // std::invalid_argument before connecting
-  return std::unique_ptr<Admin>{new Admin{std::make_unique<Impl>(conninfo, schema)}};
-}
-
-Admin::Admin(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Admin::~Admin() = default;
-
-MessagePage Admin::List(const MessageFilter& filter, int limit, std::optional<MessageId> after) {
-  return impl_->List(filter, limit, after);
-}
-
-std::optional<MessageDetail> Admin::Show(const MessageId& id) { return impl_->Show(id); }
-
-ChangeResult Admin::Replay(const MessageFilter& filter, bool dry_run) {
-  return impl_->Replay(filter, dry_run);
-}
-
-ChangeResult Admin::Abandon(const MessageFilter& filter, const std::string& reason, bool dry_run) {
-  return impl_->Abandon(filter, reason, dry_run);
-}
-
-std::int64_t Admin::Purge(const RetentionPolicy& retention, int chunk) {
-  return impl_->Purge(retention, chunk);
+  return std::make_unique<PostgresAdmin>(conninfo, schema);
 }
 
 }  // namespace outbox::postgres

@@ -1,5 +1,7 @@
 #include "handle.h"
 
+#include <nlohmann/json.hpp>
+
 namespace outbox::sqlite {
 
 void ThrowError(sqlite3* db, int code, std::string_view what) {
@@ -86,6 +88,40 @@ std::string Statement::Text(int column) const {
 std::optional<std::string> Statement::OptionalText(int column) const {
   if (IsNull(column)) return std::nullopt;
   return Text(column);
+}
+
+void RequireTables(sqlite3* db, const std::string& path) {
+  Statement check{db, "SELECT count(*) FROM sqlite_master WHERE name = 'outbox_messages'"};
+  check.Step();
+  if (check.Int(0) == 0) {
+    throw StoreError(FailureKind::kPermanent,
+                     "the SQLite database '" + path +
+                         "' has no outbox tables: call outbox::sqlite::Migrate first");
+  }
+}
+
+Headers ParseHeaders(const std::string& json) {
+  Headers headers;
+  const nlohmann::json object = nlohmann::json::parse(json);
+  for (auto it = object.begin(); it != object.end(); ++it) {
+    headers.emplace(it.key(),
+                    it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
+  }
+  return headers;
+}
+
+std::int64_t PurgeChunk(sqlite3* db, const RetentionPolicy& retention, int max_rows) {
+  const std::string now = kNowMillis;
+  Statement purge{db,
+                  "DELETE FROM outbox_messages WHERE position IN (SELECT position FROM"
+                  " outbox_messages WHERE (status = 'published' AND published_at <= " +
+                      now + " - ?1) OR (status = 'abandoned' AND abandoned_at <= " + now +
+                      " - ?2) LIMIT ?3)"};  // <=: the clock has only millisecond steps
+  purge.Bind(1, static_cast<std::int64_t>(retention.published.count()) * 1000)
+      .Bind(2, static_cast<std::int64_t>(retention.abandoned.count()) * 1000)
+      .Bind(3, std::int64_t{max_rows});
+  purge.Step();
+  return purge.Changes();
 }
 
 }  // namespace outbox::sqlite

@@ -3,12 +3,15 @@
 
 #include <sqlite3.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "outbox/core/clock.h"
+#include "outbox/core/message.h"
 #include "outbox/store/store.h"
 
 namespace outbox::sqlite {
@@ -60,5 +63,39 @@ class Statement {
 // Milliseconds since the Unix epoch on SQLite's clock, as an SQL expression.
 inline constexpr const char* kNowMillis =
     "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+
+// What the store and the admin share.
+
+// A time stored as milliseconds since the Unix epoch.
+inline TimePoint FromMillis(std::int64_t millis) {
+  return TimePoint{
+      std::chrono::duration_cast<TimePoint::duration>(std::chrono::milliseconds{millis})};
+}
+
+// Throws StoreError(kPermanent) naming Migrate when `db` (the file at `path`) has no outbox
+// tables.
+void RequireTables(sqlite3* db, const std::string& path);
+
+// The headers column (a JSON object); values that are not strings are kept as their JSON text.
+Headers ParseHeaders(const std::string& json);
+
+// Deletes up to `max_rows` published and abandoned rows older than their retention; returns how
+// many.
+std::int64_t PurgeChunk(sqlite3* db, const RetentionPolicy& retention, int max_rows);
+
+// Runs `body` in a write transaction (BEGIN IMMEDIATE takes the write lock up front, so a
+// concurrent writer waits for busy_timeout instead of failing halfway).
+template <typename Body>
+auto InWriteTransaction(sqlite3* db, Body&& body) {
+  Run(db, "BEGIN IMMEDIATE", "begin");
+  try {
+    auto result = body();
+    Run(db, "COMMIT", "commit");
+    return result;
+  } catch (...) {
+    sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+}
 
 }  // namespace outbox::sqlite

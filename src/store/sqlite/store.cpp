@@ -54,26 +54,6 @@ constexpr const char* kPrevSeq =
     "   AND b.stream_key = a.stream_key AND b.stream_seq = a.stream_seq - 1)"
     "  ORDER BY a.stream_seq DESC LIMIT 1) END";
 
-TimePoint FromMillis(std::int64_t millis) {
-  return TimePoint{
-      std::chrono::duration_cast<TimePoint::duration>(std::chrono::milliseconds{millis})};
-}
-
-// Runs `body` in a write transaction (BEGIN IMMEDIATE takes the write lock up front, so a
-// concurrent writer waits for busy_timeout instead of failing halfway).
-template <typename Body>
-auto InWriteTransaction(sqlite3* db, Body&& body) {
-  Run(db, "BEGIN IMMEDIATE", "begin");
-  try {
-    auto result = body();
-    Run(db, "COMMIT", "commit");
-    return result;
-  } catch (...) {
-    sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
-    throw;
-  }
-}
-
 class SqliteStore final : public Store {
  public:
   explicit SqliteStore(StoreOptions options)
@@ -81,13 +61,7 @@ class SqliteStore final : public Store {
         db_(Open(options_.path, options_.busy_timeout)),
         writer_(options_.limits) {
     if (!options_.random) options_.random = DefaultRandom();
-    Statement check{db_.get(), "SELECT count(*) FROM sqlite_master WHERE name = 'outbox_messages'"};
-    check.Step();
-    if (check.Int(0) == 0) {
-      throw StoreError(FailureKind::kPermanent,
-                       "the SQLite database '" + options_.path +
-                           "' has no outbox tables: call outbox::sqlite::Migrate first");
-    }
+    RequireTables(db_.get(), options_.path);
   }
 
   std::vector<MessageId> Enqueue(std::span<const NewMessage> messages) override {
@@ -133,10 +107,7 @@ class SqliteStore final : public Store {
         envelope.type = claim.OptionalText(6);
         envelope.payload = claim.Text(7);
         envelope.content_type = claim.Text(8);
-        const nlohmann::json headers = nlohmann::json::parse(claim.Text(9));
-        for (auto it = headers.begin(); it != headers.end(); ++it) {
-          envelope.headers.emplace(it.key(), it.value().get<std::string>());
-        }
+        envelope.headers = ParseHeaders(claim.Text(9));
         envelope.attempts = static_cast<int>(claim.Int(10));
         envelope.created_at = FromMillis(claim.Int(11));
         envelope.lease_epoch = claim.Int(12);
@@ -240,16 +211,7 @@ class SqliteStore final : public Store {
 
   std::int64_t Purge(const RetentionPolicy& retention, int max_rows) override {
     if (max_rows < 1) throw std::invalid_argument("purge: max_rows must be >= 1");
-    Statement purge{db_.get(),
-                    "DELETE FROM outbox_messages WHERE position IN (SELECT position FROM"
-                    " outbox_messages WHERE (status = 'published' AND published_at <= " +
-                        kNow + " - ?1) OR (status = 'abandoned' AND abandoned_at <= " + kNow +
-                        " - ?2) LIMIT ?3)"};  // <=: the clock has only millisecond steps
-    purge.Bind(1, static_cast<std::int64_t>(retention.published.count()) * 1000)
-        .Bind(2, static_cast<std::int64_t>(retention.abandoned.count()) * 1000)
-        .Bind(3, std::int64_t{max_rows});
-    purge.Step();
-    return purge.Changes();
+    return PurgeChunk(db_.get(), retention, max_rows);
   }
 
   StoreStats Stats() override {
