@@ -218,17 +218,7 @@ void ParseHttp(const Section& root, const GetenvFn& getenv, Config& config) {
   const Section http = root.Table("http");
   http.AllowOnly({"listen", "token", "stats_interval", "ready_max_age"});
   HttpConfig& out = config.http;
-  const bool listen_set = http.Read("listen", out.listen);
-  if (config.database_type == DatabaseType::kSqlite) {
-    // The operations side reads its statistics from PostgreSQL only (for now).
-    if (listen_set && !out.listen.empty()) {
-      Fail("http.listen",
-           "is not available with database.type = \"sqlite\" yet; remove it or set it to \"\"",
-           http.Find("listen"));
-    }
-    out.listen.clear();
-  }
-  if (listen_set && !out.listen.empty() && !SplitListen(out.listen)) {
+  if (http.Read("listen", out.listen) && !out.listen.empty() && !SplitListen(out.listen)) {
     Fail("http.listen",
          "expected \"host:port\" (port 1 to 65535; \"[::1]:9780\" for IPv6) or \"\" to "
          "disable, got " +

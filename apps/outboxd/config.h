@@ -41,8 +41,6 @@ const SinkRegistry& SinkTypes();
 // [http]: the operations listener (/metrics, /api/outbox, /healthz, /readyz).
 struct HttpConfig {
   // host:port to listen on ("[::1]:9780" for IPv6); "" disables the listener. Port 1..65535.
-  // With [database] type = "sqlite" the listener is not available yet (its statistics are read
-  // from PostgreSQL only): listen defaults to "" there and any other value is an error.
   std::string listen = "127.0.0.1:9780";
   // When not empty, every path but /healthz requires "Authorization: Bearer <token>".
   // OUTBOX_HTTP_TOKEN wins over the file. Printable ASCII without spaces, at most 256 bytes.
@@ -62,7 +60,7 @@ struct HttpConfig {
 // [database] type: which store holds the outbox.
 enum class DatabaseType : std::uint8_t {
   kPostgres,  // "postgres" (the default): url and schema
-  kSqlite,    // "sqlite": path; no url, no schema, no [http] listener (see below)
+  kSqlite,    // "sqlite": path; no url, no schema
 };
 
 struct Config {

@@ -196,13 +196,11 @@ int main(int argc, char** argv) {
     options.partition_leases = database.partition_leases.get();
     outbox::Relay relay(options, std::move(database.store), std::move(database.wakeup),
                         OpenSinks(config), log_fn);
-    // The operations side (stats thread, HTTP listener) reads its counts from PostgreSQL only;
-    // with SQLite the configuration guarantees [http] listen = "" and it is not started.
+    // The operations side (stats thread, HTTP listener), on connections of its own to the same
+    // database, PostgreSQL or SQLite.
     std::optional<outbox::outboxd::Operations> operations;
-    if (config.database_type == outbox::outboxd::DatabaseType::kPostgres) {
-      operations.emplace(config, registry, relay.counters(), log_fn);
-      operations->Start();
-    }
+    operations.emplace(config, registry, relay.counters(), log_fn);
+    operations->Start();
     logger->info("outboxd {} relaying {} as {} to {} sink(s)", outbox::kVersion,
                  database.description, config.instance, config.sinks.size());
     outbox::outboxd::Operations* operations_ptr = operations ? &*operations : nullptr;

@@ -452,8 +452,8 @@ TEST(ConfigTest, SqliteNeedsAPathAndNoUrl) {
   EXPECT_EQ(config.database_type, DatabaseType::kSqlite);
   EXPECT_EQ(config.database_path, "/var/lib/app/app.db");
   EXPECT_TRUE(config.database_url.empty());
-  // The listener reads its counts from PostgreSQL only: off by default with SQLite.
-  EXPECT_EQ(config.http.listen, "");
+  // The listener serves SQLite too: on by default, as with PostgreSQL.
+  EXPECT_EQ(config.http.listen, HttpConfig{}.listen);
   // OUTBOX_DATABASE_URL may be set for other tools; it does not apply to a SQLite file.
   const Config with_env = Parse(kSqlite, {{"OUTBOX_DATABASE_URL", "postgresql://env@db/app"}});
   EXPECT_EQ(with_env.database_type, DatabaseType::kSqlite);
@@ -479,9 +479,10 @@ TEST(ConfigTest, SqliteNeedsAPathAndNoUrl) {
               "did you mean \"database.path\"");
 }
 
-TEST(ConfigTest, SqliteRefusesTheHttpListener) {
-  ExpectError(std::string{kSqlite} + "[http]\nlisten = \"127.0.0.1:9780\"\n", "http.listen",
-              "is not available with database.type = \"sqlite\" yet");
+TEST(ConfigTest, SqliteServesTheHttpListenerToo) {
+  const Config on = Parse(std::string{kSqlite} + "[http]\nlisten = \"127.0.0.1:9781\"\n");
+  EXPECT_EQ(on.http.listen, "127.0.0.1:9781");
+  EXPECT_EQ(Parse(kSqlite).http.listen, HttpConfig{}.listen);
   const Config off = Parse(std::string{kSqlite} + "[http]\nlisten = \"\"\n");
   EXPECT_EQ(off.http.listen, "");
 }
