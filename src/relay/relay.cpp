@@ -310,6 +310,20 @@ class Relay::Engine {
     }
   }
 
+  // What to give back: this relay's leases but `in_flight`, and sharing partitions only in those
+  // it holds (another relay's slow batch is its own; a takeover voids a dead relay's leases).
+  ReclaimRequest Reclaim(const std::vector<Envelope>& in_flight, bool own_unexpired) {
+    ReclaimRequest request;
+    request.owner = owner_;
+    request.own_unexpired = own_unexpired;
+    for (const auto& envelope : in_flight) request.in_flight.push_back(envelope.id);
+    if (options_.partition_leases != nullptr) {
+      std::lock_guard lock(membership_mutex_);
+      request.partitions = claimable_;
+    }
+    return request;
+  }
+
   // After a failed claim, before the next: gives back every lease this relay holds apart from
   // `in_flight`, so that a message leased by a claim whose reply was lost is claimable again
   // before its stream's later messages are claimed (they would otherwise be published first,
@@ -318,15 +332,8 @@ class Relay::Engine {
   std::optional<std::string> ReconcileLeases(const std::vector<Envelope>& in_flight) {
     if (!reconcile_leases_) return std::nullopt;
     try {
-      ReclaimRequest request;
-      request.owner = owner_;
-      request.own_unexpired = true;
-      for (const auto& envelope : in_flight) request.in_flight.push_back(envelope.id);
-      if (options_.partition_leases != nullptr) {
-        std::lock_guard lock(membership_mutex_);
-        request.partitions = claimable_;
-      }
-      const std::int64_t given_back = store_->ReclaimExpired(request);
+      const std::int64_t given_back =
+          store_->ReclaimExpired(Reclaim(in_flight, /*own_unexpired=*/true));
       reconcile_leases_ = false;
       if (given_back > 0) {
         Log(LogLevel::kWarn, std::to_string(given_back) +
@@ -522,16 +529,8 @@ class Relay::Engine {
         now + std::max(options_.sweep_interval,
                        std::chrono::duration_cast<std::chrono::milliseconds>(options_.lease / 4));
     try {
-      // Never this relay's own batch in flight, and sharing partitions only in those it holds
-      // (another relay's slow batch is its own; a takeover voids a dead relay's leases).
-      ReclaimRequest reclaim;
-      reclaim.owner = owner_;
-      for (const auto& envelope : in_flight) reclaim.in_flight.push_back(envelope.id);
-      if (options_.partition_leases != nullptr) {
-        std::lock_guard lock(membership_mutex_);
-        reclaim.partitions = claimable_;
-      }
-      const std::int64_t reclaimed = store_->ReclaimExpired(reclaim);
+      const std::int64_t reclaimed =
+          store_->ReclaimExpired(Reclaim(in_flight, /*own_unexpired=*/false));
       if (reclaimed > 0) {
         Log(LogLevel::kWarn, std::to_string(reclaimed) +
                                  " messages had expired leases (a relay stopped or stalled, or "
