@@ -1,6 +1,7 @@
 #include "message_json.h"
 
 #include <ctime>
+#include <stdexcept>
 
 #include "outbox/core/utf8.h"
 
@@ -19,23 +20,13 @@ Json OptionalTimeJson(const std::optional<TimePoint>& value) {
 
 }  // namespace
 
-std::string FormatTime(TimePoint time) {
-  const std::int64_t micros =
-      std::chrono::duration_cast<std::chrono::microseconds>(time.time_since_epoch()).count();
-  std::int64_t seconds = micros / 1000000;
-  std::int64_t fraction = micros % 1000000;
-  if (fraction < 0) {
-    fraction += 1000000;
-    --seconds;
-  }
-  const auto unix_seconds = static_cast<std::time_t>(seconds);
-  std::tm utc{};
-  gmtime_r(&unix_seconds, &utc);
-  char date[32];
-  const std::size_t length = std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S", &utc);
-  std::string fraction_text = std::to_string(fraction);
-  fraction_text.insert(0, 6 - fraction_text.size(), '0');
-  return std::string{date, length} + "." + fraction_text + "Z";
+std::string FormatTime(TimePoint time) { return FormatRfc3339(time, 6); }
+
+MessageId ParseMessageId(std::string_view text) {
+  if (auto id = MessageId::Parse(text)) return *id;
+  throw std::invalid_argument("'" + std::string{text} +
+                              "' is not a message id (expected a UUID such as "
+                              "0192f4e0-7c1a-7b3e-9f00-1a2b3c4d5e6f)");
 }
 
 std::string Hex(std::string_view bytes, std::size_t per_line) {

@@ -1,6 +1,6 @@
 #pragma once
-// How outboxctl (--json) and outboxd's admin API show messages: one rendering, so that the CLI
-// and the HTTP API cannot drift apart.
+// How outboxctl (--json) and outboxd's admin API show messages and read their ids: one way, so
+// that the CLI and the HTTP API cannot drift apart.
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -13,6 +13,9 @@ namespace outbox::apps {
 
 // RFC 3339 in UTC with microseconds: "2026-11-21T13:21:51.123456Z".
 std::string FormatTime(TimePoint time);
+
+// The message id `text` spells; std::invalid_argument naming it and the expected form otherwise.
+MessageId ParseMessageId(std::string_view text);
 
 // Lower-case hex, `per_line` bytes per line (0: one line).
 std::string Hex(std::string_view bytes, std::size_t per_line = 0);

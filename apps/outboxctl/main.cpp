@@ -54,10 +54,11 @@ class UsageError : public std::runtime_error {
 };
 
 MessageId ParseId(const std::string& text) {
-  if (auto id = outbox::Uuid::Parse(text)) return *id;
-  throw UsageError("'" + text +
-                   "' is not a message id (expected a UUID such as "
-                   "0192f4e0-7c1a-7b3e-9f00-1a2b3c4d5e6f)");
+  try {
+    return outbox::apps::ParseMessageId(text);
+  } catch (const std::invalid_argument& error) {
+    throw UsageError(error.what());
+  }
 }
 
 std::chrono::milliseconds Since(outbox::TimePoint earlier, outbox::TimePoint later) {

@@ -81,12 +81,6 @@ void ErrorReply(httplib::Response& response, int status, const std::string& mess
   JsonReply(response, status, Json{{"error", message}});
 }
 
-MessageId ParseId(std::string_view text) {
-  auto id = MessageId::Parse(text);
-  if (!id) throw std::invalid_argument("'" + std::string{text} + "' is not a message id (UUID)");
-  return *id;
-}
-
 // Sets the criterion `key` of `filter`; false when `key` is not a filter's.
 bool SetFilter(MessageFilter& filter, std::string_view key, const std::string& value) {
   if (key == "status") {
@@ -128,7 +122,7 @@ ListQuery ParseListQuery(const httplib::Request& request) {
                                     std::to_string(Admin::kMaxListLimit));
       }
     } else if (key == "after") {
-      query.after = ParseId(value);
+      query.after = apps::ParseMessageId(value);
     } else {
       throw std::invalid_argument("unknown parameter '" + key +
                                   "' (known: status, topic, stream, target, older_than, limit, "
@@ -161,7 +155,7 @@ ChangeRequest ParseChangeRequest(const std::string& body) {
       std::vector<MessageId> ids;
       for (const Json& id : value) {
         if (!id.is_string()) throw std::invalid_argument("ids must be an array of message ids");
-        ids.push_back(ParseId(id.get<std::string>()));
+        ids.push_back(apps::ParseMessageId(id.get<std::string>()));
       }
       change.filter.ids = std::move(ids);
     } else if (key == "dry_run") {
@@ -492,7 +486,7 @@ class Operations::Impl {
     server_.Get(R"(/api/messages/([^/]+))",
                 [this](const httplib::Request& request, httplib::Response& response) {
                   WithAdmin(response, [&](Admin& admin) {
-                    const MessageId id = ParseId(request.matches[1].str());
+                    const MessageId id = apps::ParseMessageId(request.matches[1].str());
                     const auto found = admin.Show(id);
                     if (!found) {
                       ErrorReply(response, 404, "message " + id.ToString() + " not found");
