@@ -293,6 +293,7 @@ class Relay::Engine {
         if (request.partitions->empty()) return {};  // no partition held (yet)
       }
       auto batch = store_->Claim(request);
+      if (static_cast<int>(batch.size()) < request.max_messages) EndIdlePauses(batch);
       counters_.claimed += batch.size();
       if (!batch.empty()) {
         metrics_.claimed.Increment(batch.size());
@@ -349,6 +350,20 @@ class Relay::Engine {
 
   // Nothing to do: tell writers, look once more, then sleep until notified or the sweep is due.
   std::vector<Envelope> IdleUntilWork() {
+    const auto now = SteadyClock::now();
+    std::optional<SteadyClock::time_point> next_probe;
+    for (const auto& [target, pause] : paused_) {
+      if (pause.probe_at > now)
+        next_probe = std::min(next_probe.value_or(pause.probe_at), pause.probe_at);
+    }
+    if (next_probe && PausedTargets(now).size() == sinks_.size()) {
+      // Every sink paused: nothing can be claimed before the first probe. No idle mark meanwhile,
+      // so that writers do not wake the relay for each commit only to claim nothing.
+      WithdrawIdle();
+      std::unique_lock lock(stop_mutex_);
+      stop_changed_.wait_until(lock, *next_probe, [this] { return stop_; });
+      return {};
+    }
     // Announce once per idle spell: after a sleep that ended without a notification the mark
     // still stands, so an idle relay costs the database one claim per sweep.
     if (!idle_announced_) {
@@ -364,9 +379,10 @@ class Relay::Engine {
       // A failed claim (reconcile_leases_) may have left leases behind: not a time to sleep.
       if (!batch.empty() || stopping() || reconcile_leases_) return batch;
     }
-    // A paused target's probe is due at its pause's end: wake for it.
-    auto until = SteadyClock::now() + options_.sweep_interval;
-    for (const auto& [target, pause] : paused_) until = std::min(until, pause.probe_at);
+    // A paused target's probe is due at its pause's end: wake for it (a probe already due was
+    // in the claim just made).
+    const auto until = std::min(SteadyClock::now() + options_.sweep_interval,
+                                next_probe.value_or(SteadyClock::time_point::max()));
     const auto reason = wakeup_->Wait(until);
     if (reason == WakeReason::kNotified || reason == WakeReason::kReconnected) {
       idle_announced_ = false;  // the mark was used up, or may have been missed
@@ -683,7 +699,25 @@ class Relay::Engine {
                                "targets flow; probing it again in " +
                                std::to_string(found->second.backoff.count()) + " ms");
     }
-    if (!changed) return;
+    if (changed) PausesChanged();
+  }
+
+  // A claim that could take every claimable message (it came back short of its limit) had none
+  // for a target whose probe is due: nothing of it waits to be published, so there is nothing to
+  // probe with and nothing held back; its pause ends (the next failure starts a new one).
+  void EndIdlePauses(const std::vector<Envelope>& batch) {
+    const auto now = SteadyClock::now();
+    const auto ended = std::erase_if(paused_, [&](const auto& entry) {
+      const auto& [target, pause] = entry;
+      if (pause.probe_at > now) return false;
+      return std::none_of(batch.begin(), batch.end(),
+                          [&](const Envelope& envelope) { return envelope.target == target; });
+    });
+    if (ended > 0) PausesChanged();
+  }
+
+  // Publishes the paused set: gauges, counters, Relay::paused_targets().
+  void PausesChanged() {
     std::vector<std::string> names;
     for (const auto& [target, gauge] : paused_gauges_) {
       const bool paused = paused_.contains(target);

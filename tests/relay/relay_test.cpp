@@ -542,6 +542,53 @@ TEST_F(RelayTest, AStreamKeepsItsOrderAcrossTargetsWhileOneIsPaused) {
             (std::vector<std::string>{"\"s1\"", "\"s2\"", "\"s3\"", "\"s4\"", "\"s5\"", "\"s6\""}));
 }
 
+// Issue #14: a paused target costs the database little. While the only sink is down, writers
+// keep writing and the relay does not wake for each of them; once the paused target's messages
+// are gone (abandoned by an operator) while its probe is due, the idle relay does not spin.
+TEST_F(RelayTest, APausedTargetKeepsTheRelayQuiet) {
+  std::atomic<bool> down{true};
+  auto owned = std::make_unique<TestSink>([&](const Envelope&) -> std::optional<Failure> {
+    if (down) return Failure{FailureKind::kUnavailable, "connection refused"};
+    return std::nullopt;
+  });
+  RelayOptions options;
+  options.min_backoff = milliseconds{50};
+  options.max_backoff = milliseconds{200};
+  options.sweep_interval = seconds{5};
+  RelayStatements();  // creates the extension before anything is counted
+  StartRelay(std::move(owned), options);
+  Enqueue("'t', '{}'");
+  ASSERT_TRUE(WaitFor([&] { return !relay_->paused_targets().empty(); }));
+
+  // 200 writers' commits in 2 s while the only sink is paused.
+  std::int64_t before = RelayStatements();
+  auto started = std::chrono::steady_clock::now();
+  for (int i = 0; i < 200; ++i) {
+    Enqueue("'t', '{}'");
+    std::this_thread::sleep_for(milliseconds{10});
+  }
+  double seconds_taken =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double while_writing = static_cast<double>(RelayStatements() - before) / seconds_taken;
+  // Probing every 200 ms costs a few statements a probe; waking per commit would be 100+/s.
+  EXPECT_LT(while_writing, 40.0) << "statements/s while writers wrote to a paused target";
+  EXPECT_EQ(Count("attempts > 0"), "0");
+
+  // An operator takes the messages away: the probe finds nothing to publish.
+  Sql(schema_.conn(), "UPDATE " + schema_.name() +
+                          ".messages SET status = 'abandoned', abandoned_at = now(), "
+                          "lease_owner = NULL, lease_until = NULL WHERE status <> 'processing'");
+  ASSERT_TRUE(WaitFor([&] { return Count("status <> 'abandoned'") == "0"; }));
+  before = RelayStatements();
+  started = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(seconds{2});
+  seconds_taken = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double idle = static_cast<double>(RelayStatements() - before) / seconds_taken;
+  EXPECT_LT(idle, 20.0) << "statements/s of an idle relay with a paused target";
+  std::printf("[ relay ] paused target: %.1f statements/s while writing, %.1f idle\n",
+              while_writing, idle);
+}
+
 TEST_F(RelayTest, LosingTheDatabaseConnectionLosesNothing) { DrainThroughDatabaseOutages(false); }
 
 TEST_F(RelayTest, LosingTheDatabaseConnectionLosesNothingWithPartitionLeases) {
