@@ -616,7 +616,6 @@ class Relay::Engine {
     }
     // One lane per target; the first runs on this thread (deferred: when its outcomes are asked).
     std::vector<std::pair<std::string_view, std::future<std::vector<PublishOutcome>>>> lanes;
-    std::vector<std::pair<std::string_view, std::vector<PublishOutcome>>> results;
     for (const auto& [target, indexes] : by_target) {
       const auto sink = sinks_.find(target);
       if (sink == sinks_.end()) {
@@ -637,8 +636,8 @@ class Relay::Engine {
       const auto policy = lanes.empty() ? std::launch::deferred : std::launch::async;
       lanes.emplace_back(target, std::async(policy, std::move(lane)));
     }
-    for (auto& [target, lane] : lanes) results.emplace_back(target, lane.get());
-    for (auto& [target, lane_outcomes] : results) {
+    for (auto& [target, lane] : lanes) {
+      auto lane_outcomes = lane.get();
       const auto& indexes = by_target[target];
       bool all_unavailable = !lane_outcomes.empty();
       for (std::size_t k = 0; k < indexes.size(); ++k) {
