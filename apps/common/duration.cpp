@@ -24,12 +24,14 @@ std::chrono::seconds ParseDuration(std::string_view text) {
   }
   if (text == "0") return std::chrono::seconds{0};
   const std::size_t digits = std::min(text.find_first_not_of("0123456789"), text.size());
-  const auto parsed = config::ParseDuration(text);
-  if (!parsed || text.substr(digits) == "ms") {
-    if (digits > 12)
-      throw std::invalid_argument("duration " + quoted + " is too large (at most 100 years)");
+  const std::string_view unit = text.substr(digits);
+  if (digits == 0 || (unit != "s" && unit != "m" && unit != "h" && unit != "d")) {
     throw std::invalid_argument("bad duration " + quoted + expected);
   }
+  // A number and a unit that config::ParseDuration still refuses is one too large for it.
+  const auto parsed = config::ParseDuration(text);
+  if (!parsed)
+    throw std::invalid_argument("duration " + quoted + " is too large (at most 100 years)");
   const auto duration = std::chrono::duration_cast<std::chrono::seconds>(*parsed);
   if (duration > kMaxDuration) {
     throw std::invalid_argument("duration " + quoted + " is too large (at most 100 years)");

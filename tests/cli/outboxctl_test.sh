@@ -138,6 +138,10 @@ expect 2 "--older-than: bad duration '10x': expected a whole number and a unit, 
   "${c[@]}" list --older-than 10x
 expect 2 "--older-than: duration '-5m' must not be negative" "${c[@]}" list --older-than=-5m
 expect 2 "--abandoned: bad duration '5'" "${c[@]}" purge --abandoned 5
+expect 2 "--older-than: bad duration '250ms'" "${c[@]}" list --older-than 250ms
+expect 2 "--older-than: duration '36700d' is too large" "${c[@]}" list --older-than 36700d
+expect 2 "--older-than: duration '999999999999d' is too large" "${c[@]}" list --older-than 999999999999d
+expect 2 "--older-than: duration '9999999999999s' is too large" "${c[@]}" list --older-than 9999999999999s
 expect 2 "--limit must be between 1 and 10000, got 0" "${c[@]}" list --limit 0
 expect 2 "'x' is not a message id" "${c[@]}" list --after x
 expect 2 "--topic must not be empty" "${c[@]}" list --topic ""
