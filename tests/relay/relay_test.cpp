@@ -31,15 +31,17 @@ class RelayTest : public ::testing::Test {
     sinks.emplace("default", std::move(sink));
     StartRelay(std::move(sinks), std::move(options), retry);
   }
-  void StartRelay(SinkMap sinks, RelayOptions options, RetryPolicy retry = {}) {
+  // The store and the wake-up connect to `store_url` and `wakeup_url` (default: PgUrl()).
+  void StartRelay(SinkMap sinks, RelayOptions options, RetryPolicy retry = {},
+                  const std::string& store_url = PgUrl(), const std::string& wakeup_url = PgUrl()) {
     if (options.instance.empty()) options.instance = "relay-test";
     postgres::StoreOptions store_options;
-    store_options.conninfo = PgUrl();
+    store_options.conninfo = store_url;
     store_options.schema = schema_.name();
     store_options.retry = retry;
     relay_ =
         std::make_unique<Relay>(options, postgres::OpenStore(store_options),
-                                postgres::OpenWakeup(PgUrl(), schema_.name()), std::move(sinks));
+                                postgres::OpenWakeup(wakeup_url, schema_.name()), std::move(sinks));
     thread_ = std::thread([this] { relay_->Run(); });
   }
   void StopRelay() {
@@ -377,14 +379,9 @@ void RelayTest::DrainThroughDatabaseOutages(bool with_partition_leases) {
     options.lease = seconds{4};
     options.publish_timeout = seconds{2};
   }
-  postgres::StoreOptions store_options;
-  store_options.conninfo = url;
-  store_options.schema = schema_.name();
   SinkMap sinks;
   sinks.emplace("default", std::move(owned));
-  relay_ = std::make_unique<Relay>(options, postgres::OpenStore(store_options),
-                                   postgres::OpenWakeup(url, schema_.name()), std::move(sinks));
-  thread_ = std::thread([this] { relay_->Run(); });
+  StartRelay(std::move(sinks), options, {}, url, url);
   int cuts = 0;
   for (int i = 0; i < 3; ++i) {
     std::this_thread::sleep_for(milliseconds{300});
@@ -436,14 +433,9 @@ TEST_F(RelayTest, AClaimWhoseReplyIsLostReordersNoStream) {
   options.sweep_interval = seconds{60};  // no sweep (or lease reclaim) during the test
   options.lease = seconds{60};
   options.min_backoff = milliseconds{50};
-  postgres::StoreOptions store_options;
-  store_options.conninfo = via_proxy;
-  store_options.schema = schema_.name();
   SinkMap sinks;
   sinks.emplace("default", std::move(owned));
-  relay_ = std::make_unique<Relay>(options, postgres::OpenStore(store_options),
-                                   postgres::OpenWakeup(direct, schema_.name()), std::move(sinks));
-  thread_ = std::thread([this] { relay_->Run(); });
+  StartRelay(std::move(sinks), options, {}, via_proxy, direct);
   // Asleep: the idle mark stands, and the last look for work (the claim after the mark) has been
   // answered. Holding replies before that answer would strand the relay in an empty claim.
   ASSERT_TRUE(WaitFor([&] {
