@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "connection.h"  // src/store/postgres: RAII and error classification over libpq
+#include "outbox/store/postgres_libpq.h"
 
 namespace outbox::inbox {
 namespace {

@@ -1,8 +1,7 @@
 #pragma once
-// RAII over libpq (STYLE.md point 3): one deleter and one alias per handle type, a connection that
-// connects or throws, and errors classified once into outbox::FailureKind.
-
-#include <libpq-fe.h>
+// The store's libpq layer: the RAII handles, errors and Exec of outbox/store/postgres_libpq.h
+// (STYLE.md point 3, public so that the inbox and tools share them), and what only the store uses:
+// a connection that connects or throws, array literals, column readers.
 
 #include <chrono>
 #include <cstdint>
@@ -16,56 +15,14 @@
 #include "outbox/core/clock.h"
 #include "outbox/core/message.h"
 #include "outbox/core/uuid.h"
+#include "outbox/store/postgres_libpq.h"
 #include "outbox/store/store.h"
 
 namespace outbox::postgres {
 
-struct ConnDeleter {
-  void operator()(PGconn* conn) const noexcept { PQfinish(conn); }
-};
-using ConnPtr = std::unique_ptr<PGconn, ConnDeleter>;
-
-struct ResultDeleter {
-  void operator()(PGresult* result) const noexcept { PQclear(result); }
-};
-using ResultPtr = std::unique_ptr<PGresult, ResultDeleter>;
-
-// A StoreError that also carries PostgreSQL's SQLSTATE (empty when the connection failed).
-class PgError : public StoreError {
- public:
-  PgError(FailureKind kind, const std::string& message, std::string sqlstate)
-      : StoreError(kind, message), sqlstate_(std::move(sqlstate)) {}
-  [[nodiscard]] const std::string& sqlstate() const { return sqlstate_; }
-
- private:
-  std::string sqlstate_;
-};
-
-// The failure kind of a SQLSTATE: connection and resource errors are kUnavailable, everything
-// else kPermanent.
-FailureKind KindOfSqlState(std::string_view sqlstate);
-
-// Throws the PgError for a failed statement on `conn`. A connection lost under a statement leaves
-// its outcome unknown (kOutcomeUnknown); `what` names the operation in the message.
-[[noreturn]] void ThrowStatementError(PGconn* conn, const PGresult* result, std::string_view what);
-
 // "host=... port=... dbname=... user=..." from a conninfo string, never including the password;
 // empty when the string does not parse.
 std::string DescribeConninfo(const std::string& conninfo);
-
-// A statement parameter: text format unless `binary` (used for bytea); nullopt is SQL NULL.
-struct Param {
-  std::optional<std::string_view> value;
-  bool binary = false;
-};
-
-// Runs one statement with parameters; text results unless `binary_results`. Throws PgError.
-ResultPtr Exec(PGconn* conn, std::string_view what, const std::string& sql,
-               const std::vector<Param>& params = {}, bool binary_results = false);
-
-// Quotes `name` as an SQL identifier after checking that it is a plain lower-case identifier
-// ([a-z_][a-z0-9_]*, at most 63 bytes); throws std::invalid_argument otherwise.
-std::string QuoteSchema(const std::string& name);
 
 // QuoteSchema's check as the Open* functions report it: ConfigError naming "schema".
 void CheckSchemaOption(const std::string& name);
