@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "../support/header_limits.h"
-#include "name_template.h"
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
+#include "outbox/sink/name_template.h"
 #include "outbox/sink/rabbitmq.h"
 #include "rabbit_test_support.h"
 #include "../support/tcp_proxy.h"
@@ -114,7 +114,7 @@ TEST(RabbitSinkOptionsTest, TemplatesExpandTopicTargetAndType) {
   envelope.target = "main";
   envelope.type = "OrderPlaced";
   const auto expand = [&](const std::string& text) {
-    return rabbitmq::NameTemplate::Parse(text, "routing_key").Expand(envelope);
+    return NameTemplate::Parse(text, "routing_key").Expand(envelope);
   };
   EXPECT_EQ(expand("{topic}"), "orders");
   EXPECT_EQ(expand("{target}.{topic}.{type}"), "main.orders.OrderPlaced");
@@ -122,8 +122,8 @@ TEST(RabbitSinkOptionsTest, TemplatesExpandTopicTargetAndType) {
   EXPECT_EQ(expand(""), "");
   envelope.type.reset();
   EXPECT_EQ(expand("x.{type}"), "x.");
-  EXPECT_TRUE(rabbitmq::NameTemplate::Parse("plain", "exchange").is_literal());
-  EXPECT_FALSE(rabbitmq::NameTemplate::Parse("a{topic}", "exchange").is_literal());
+  EXPECT_TRUE(NameTemplate::Parse("plain", "exchange").is_literal());
+  EXPECT_FALSE(NameTemplate::Parse("a{topic}", "exchange").is_literal());
 }
 
 TEST(RabbitSinkTest, OpeningDoesNotNeedTheBroker) {

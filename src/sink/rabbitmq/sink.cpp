@@ -33,9 +33,9 @@
 #include <vector>
 
 #include "connection.h"
-#include "name_template.h"
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
+#include "outbox/sink/name_template.h"
 #include "outbox/sink/rabbitmq.h"
 
 namespace outbox::rabbitmq {

@@ -1,7 +1,6 @@
-#include <charconv>
-
-#include "name_template.h"
 #include "outbox/core/error.h"
+#include "outbox/sink/host_port.h"
+#include "outbox/sink/name_template.h"
 #include "outbox/sink/rabbitmq_type.h"
 
 namespace outbox::rabbitmq {
@@ -107,28 +106,10 @@ std::optional<SinkEndpoint> AmqpEndpoint(std::string_view url) {
   if (const std::size_t at = rest.rfind('@'); at != std::string_view::npos) {
     rest = rest.substr(at + 1);
   }
-  std::string_view host = rest;
-  std::string_view port_text;
-  if (rest.starts_with('[')) {
-    const std::size_t close = rest.find(']');
-    if (close == std::string_view::npos) return std::nullopt;
-    host = rest.substr(1, close - 1);
-    if (close + 1 < rest.size() && rest[close + 1] == ':') port_text = rest.substr(close + 2);
-  } else if (const std::size_t colon = rest.rfind(':'); colon != std::string_view::npos) {
-    host = rest.substr(0, colon);
-    port_text = rest.substr(colon + 1);
-  }
-  if (host.empty()) host = "localhost";  // librabbitmq's default as well
-  int port = 5672;
-  if (!port_text.empty()) {
-    const auto [end, error] =
-        std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-    if (error != std::errc{} || end != port_text.data() + port_text.size() || port < 1 ||
-        port > 65535) {
-      return std::nullopt;
-    }
-  }
-  return SinkEndpoint{std::string{host}, port};
+  auto address = ParseHostPort(rest, 5672);
+  if (!address) return std::nullopt;
+  if (address->host.empty()) address->host = "localhost";  // librabbitmq's default as well
+  return SinkEndpoint{std::move(address->host), address->port};
 }
 
 }  // namespace outbox::rabbitmq

@@ -1,5 +1,6 @@
 #pragma once
-// Exchange and routing-key templates: "{topic}", "orders.{type}", "{target}.{topic}".
+// Destination-name templates shared by the sinks (RabbitMQ exchanges and routing keys, Kafka
+// topics): "{topic}", "orders.{type}", "{target}.{topic}".
 
 #include <string>
 #include <string_view>
@@ -7,7 +8,7 @@
 
 #include "outbox/core/message.h"
 
-namespace outbox::rabbitmq {
+namespace outbox {
 
 class NameTemplate {
  public:
@@ -32,4 +33,4 @@ class NameTemplate {
   std::vector<Part> parts_;
 };
 
-}  // namespace outbox::rabbitmq
+}  // namespace outbox

@@ -1,8 +1,8 @@
-#include "name_template.h"
+#include "outbox/sink/name_template.h"
 
 #include "outbox/core/error.h"
 
-namespace outbox::rabbitmq {
+namespace outbox {
 
 NameTemplate NameTemplate::Parse(std::string_view text, const std::string& key) {
   NameTemplate parsed;
@@ -76,4 +76,4 @@ bool NameTemplate::is_literal() const {
   return true;
 }
 
-}  // namespace outbox::rabbitmq
+}  // namespace outbox

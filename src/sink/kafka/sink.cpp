@@ -1,0 +1,510 @@
+// The Kafka sink: one idempotent librdkafka producer; a batch is produced whole, then flushed
+// until every message of it has its delivery report or the deadline passes.
+//
+// How a batch goes out. Each message gets a token (a number that grows across batches) as its
+// librdkafka opaque; the delivery-report callback, served on the calling thread by
+// rd_kafka_flush, turns the token back into the batch index, and ignores the reports of earlier
+// batches' messages (answered already as outcome-unknown). Once the last message of the batch is
+// reported the callback yields, so flush returns without waiting for older messages.
+// At the deadline the messages still in the client's queue (never sent) are purged, so they are
+// not sent later: their reports say so (kUnavailable). Those in flight keep their chance, are
+// answered kOutcomeUnknown now, and their late reports are ignored.
+// A fatal error of the idempotent producer (rd_kafka_fatal_error) ends the batch: what it had in
+// flight is kOutcomeUnknown, and the producer is destroyed and made anew before the next batch.
+
+#include <librdkafka/rdkafka.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "classify.h"
+#include "handles.h"
+#include "outbox/core/error.h"
+#include "outbox/core/wire_names.h"
+#include "outbox/sink/kafka.h"
+#include "outbox/sink/name_template.h"
+
+namespace outbox::kafka {
+namespace {
+
+using std::chrono::milliseconds;
+using SteadyClock = std::chrono::steady_clock;
+
+constexpr milliseconds kCloseFlush{2000};
+constexpr milliseconds kQueueFullWait{50};
+constexpr milliseconds kFlushSlice{1000};  // how often a long wait looks for a fatal error
+constexpr std::size_t kMaxCachedTopics = 1024;
+
+// Properties the sink sets itself, with the aliases librdkafka knows them by.
+constexpr std::array<std::string_view, 19> kReservedProperties = {
+    "bootstrap.servers",
+    "metadata.broker.list",
+    "enable.idempotence",
+    "acks",
+    "request.required.acks",
+    "compression.codec",
+    "compression.type",
+    "linger.ms",
+    "queue.buffering.max.ms",
+    "max.in.flight.requests.per.connection",
+    "max.in.flight",
+    "message.max.bytes",
+    "transactional.id",
+    "delivery.report.only.error",
+    "dr_cb",
+    "dr_msg_cb",
+    "opaque",
+    "log_cb",
+    "error_cb",
+};
+
+constexpr std::array<std::string_view, 5> kCompressions = {"none", "gzip", "snappy", "lz4", "zstd"};
+
+std::string Quote(std::string_view text) { return "'" + std::string{text} + "'"; }
+
+// Sets one property; the error names `key` and, for a secret, never shows the value.
+void Set(rd_kafka_conf_t* conf, const std::string& key, const std::string& name,
+         const std::string& value) {
+  std::array<char, 512> error{};
+  if (rd_kafka_conf_set(conf, name.c_str(), value.c_str(), error.data(), error.size()) ==
+      RD_KAFKA_CONF_OK) {
+    return;
+  }
+  if (IsSecretProperty(name)) throw ConfigError(key, "librdkafka refuses this value");
+  throw ConfigError(key, error.data());
+}
+
+ConfPtr BuildConf(const SinkOptions& options) {
+  if (!ParseBrokers(options.brokers)) {
+    throw ConfigError("brokers",
+                      "expected host:port[,host:port...], got " + Quote(options.brokers));
+  }
+  NameTemplate::Parse(options.topic, "topic");
+  if (std::find(kCompressions.begin(), kCompressions.end(), options.compression) ==
+      kCompressions.end()) {
+    throw ConfigError("compression",
+                      "must be none, gzip, snappy, lz4 or zstd; got " + Quote(options.compression));
+  }
+  if (options.linger < milliseconds::zero() || options.linger > milliseconds{900000}) {
+    throw ConfigError("linger", "must be between 0 and 900000 ms");
+  }
+  if (options.max_in_flight < 1 || options.max_in_flight > 5) {
+    throw ConfigError("max_in_flight",
+                      "must be between 1 and 5 (the idempotent producer keeps order up to 5)");
+  }
+  if (options.max_message_bytes < 1000 || options.max_message_bytes > 1000000000) {
+    throw ConfigError("max_message_bytes", "must be between 1000 and 1000000000");
+  }
+  ConfPtr conf{rd_kafka_conf_new()};
+  Set(conf.get(), "brokers", "bootstrap.servers", options.brokers);
+  Set(conf.get(), "enable.idempotence", "enable.idempotence", "true");
+  Set(conf.get(), "acks", "acks", "all");
+  Set(conf.get(), "compression", "compression.codec", options.compression);
+  Set(conf.get(), "linger", "linger.ms", std::to_string(options.linger.count()));
+  Set(conf.get(), "max_in_flight", "max.in.flight.requests.per.connection",
+      std::to_string(options.max_in_flight));
+  Set(conf.get(), "max_message_bytes", "message.max.bytes",
+      std::to_string(options.max_message_bytes));
+  // Defaults a user may override: the Java client's partitioner (a key lands where a Java
+  // producer would put it), and an unknown topic reported within a usual publish timeout.
+  Set(conf.get(), "partitioner", "partitioner", "murmur2_random");
+  Set(conf.get(), "topic.metadata.propagation.max.ms", "topic.metadata.propagation.max.ms", "5000");
+  for (const auto& [name, value] : options.properties) {
+    const std::string key = "librdkafka." + name;
+    if (IsReservedProperty(name)) {
+      throw ConfigError(key,
+                        "is set by the sink itself (use the sink's own keys: brokers, "
+                        "compression, linger, max_in_flight, max_message_bytes; "
+                        "enable.idempotence and acks=all are always on)");
+    }
+    Set(conf.get(), key, name, value);
+  }
+  return conf;
+}
+
+void LogCallback(const rd_kafka_t* handle, int level, const char* facility, const char* text);
+
+// One prepared record: what rd_kafka_produceva needs, kept alive until it returns.
+struct Record {
+  std::string topic;
+  std::string message_id;
+  std::string numbers[4];  // decimal stream seq, prev seq, partition, attempts
+  HeadersPtr headers;
+};
+
+class KafkaSink final : public Sink {
+ public:
+  explicit KafkaSink(SinkOptions options)
+      : options_(std::move(options)), topic_(NameTemplate::Parse(options_.topic, "topic")) {
+    std::string error;
+    if (!CreateProducer(error)) throw ConfigError("librdkafka", error);
+  }
+
+  KafkaSink(const KafkaSink&) = delete;
+  KafkaSink& operator=(const KafkaSink&) = delete;
+  ~KafkaSink() override { Close(); }
+
+  [[nodiscard]] std::string_view Name() const override { return kSinkName; }
+
+  std::vector<PublishOutcome> Publish(std::span<const Envelope> batch, Deadline deadline) override;
+
+  void Close() override {
+    if (!producer_) return;
+    rd_kafka_flush(producer_.get(), static_cast<int>(kCloseFlush.count()));
+    DestroyProducer();
+  }
+
+  void Log(int level, std::string_view text) const {
+    if (!options_.log || level >= 7) return;  // 7: LOG_DEBUG
+    const LogLevel to = level <= 3   ? LogLevel::kError
+                        : level == 4 ? LogLevel::kWarn
+                                     : LogLevel::kInfo;
+    options_.log(to, text);
+  }
+
+ private:
+  // The verdicts of one Publish call.
+  struct BatchState {
+    BatchState(std::size_t size, std::uint64_t first) : first_token(first), verdicts(size) {
+      settled.assign(size, false);
+      produced.assign(size, false);
+    }
+    std::uint64_t first_token;
+    std::vector<std::optional<Failure>> verdicts;
+    std::vector<bool> settled;
+    std::vector<bool> produced;
+    std::size_t waiting = 0;  // produced, no report yet
+    std::string stop_reason;  // why the rest of the batch was not produced
+  };
+
+  static void DeliveryCallback(rd_kafka_t* handle, const rd_kafka_message_t* message,
+                               void* opaque) {
+    static_cast<KafkaSink*>(opaque)->OnDelivery(handle, *message);
+  }
+
+  void OnDelivery(rd_kafka_t* handle, const rd_kafka_message_t& message) {
+    if (!batch_) return;
+    BatchState* const state = &*batch_;
+    const auto token = reinterpret_cast<std::uintptr_t>(message._private);
+    if (token < state->first_token || token - state->first_token >= state->settled.size()) return;
+    const std::size_t index = token - state->first_token;
+    if (state->settled[index]) return;
+    std::string fatal;
+    if (message.err != RD_KAFKA_RESP_ERR_NO_ERROR) fatal = FatalError();
+    state->verdicts[index] =
+        ClassifyDelivery(message.err, rd_kafka_message_status(&message), fatal);
+    state->settled[index] = true;
+    if (--state->waiting == 0) rd_kafka_yield(handle);
+  }
+
+  std::string FatalError() const {
+    if (!producer_) return {};
+    std::array<char, 512> text{};
+    const rd_kafka_resp_err_t error =
+        rd_kafka_fatal_error(producer_.get(), text.data(), text.size());
+    if (error == RD_KAFKA_RESP_ERR_NO_ERROR) return {};
+    return std::string{rd_kafka_err2name(error)} + ": " + text.data();
+  }
+
+  bool CreateProducer(std::string& error) {
+    ConfPtr conf = BuildConf(options_);
+    rd_kafka_conf_set_opaque(conf.get(), this);
+    rd_kafka_conf_set_dr_msg_cb(conf.get(), DeliveryCallback);
+    if (options_.log) rd_kafka_conf_set_log_cb(conf.get(), LogCallback);
+    std::array<char, 512> text{};
+    rd_kafka_t* handle = rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), text.data(), text.size());
+    if (handle == nullptr) {
+      error = text.data();
+      return false;
+    }
+    conf.release();  // rd_kafka_new took it over
+    producer_.reset(handle);
+    return true;
+  }
+
+  // Drops every message the producer still holds and destroys it. Called between batches, so
+  // that the purged messages' reports are ignored.
+  void DestroyProducer() {
+    if (!producer_) return;
+    rd_kafka_purge(producer_.get(), RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT |
+                                        RD_KAFKA_PURGE_F_NON_BLOCKING);
+    rd_kafka_poll(producer_.get(), 0);
+    topics_.clear();  // before the handle they belong to
+    producer_.reset();
+  }
+
+  rd_kafka_topic_t* Topic(const std::string& name) {
+    if (const auto found = topics_.find(name); found != topics_.end()) return found->second.get();
+    if (topics_.size() >= kMaxCachedTopics) topics_.clear();
+    TopicPtr topic{rd_kafka_topic_new(producer_.get(), name.c_str(), nullptr)};
+    if (!topic) return nullptr;
+    return topics_.emplace(name, std::move(topic)).first->second.get();
+  }
+
+  std::optional<Failure> Prepare(const Envelope& envelope, Record& out) const;
+  void ProduceAll(std::span<const Envelope> batch, Deadline deadline);
+  void AwaitReports(Deadline deadline);
+  void PurgeQueued();
+
+  SinkOptions options_;
+  NameTemplate topic_;
+  HandlePtr producer_;
+  std::map<std::string, TopicPtr, std::less<>> topics_;
+  std::uint64_t next_token_ = 1;
+  std::optional<BatchState> batch_;  // the Publish call in progress
+};
+
+void LogCallback(const rd_kafka_t* handle, int level, const char* facility, const char* text) {
+  const auto* sink = static_cast<const KafkaSink*>(rd_kafka_opaque(handle));
+  if (sink != nullptr) sink->Log(level, std::string{"librdkafka "} + facility + ": " + text);
+}
+
+std::vector<PublishOutcome> KafkaSink::Publish(std::span<const Envelope> batch, Deadline deadline) {
+  if (producer_ && !batch.empty() && !FatalError().empty()) DestroyProducer();
+  BatchState& state = batch_.emplace(batch.size(), next_token_);
+  next_token_ += batch.size();
+  if (!batch.empty()) {
+    std::string error;
+    if (!producer_ && !CreateProducer(error)) {
+      state.stop_reason = "cannot create the producer: " + error;
+    } else if (SteadyClock::now() >= deadline) {
+      state.stop_reason = "the deadline had already passed";
+    } else {
+      ProduceAll(batch, deadline);
+      AwaitReports(deadline);
+      if (state.waiting > 0) PurgeQueued();
+    }
+  }
+  const std::string fatal = FatalError();
+
+  std::vector<PublishOutcome> outcomes;
+  outcomes.reserve(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    std::optional<Failure> failure = std::move(state.verdicts[i]);
+    if (!state.settled[i]) {
+      if (state.produced[i]) {
+        failure =
+            Failure{.kind = FailureKind::kOutcomeUnknown,
+                    .reason = fatal.empty() ? "sent, but no delivery report by the deadline"
+                                            : "sent, but the producer had a fatal error: " + fatal};
+      } else {
+        failure =
+            Failure{.kind = FailureKind::kUnavailable,
+                    .reason = "not sent: " + (state.stop_reason.empty() ? std::string{"stopped"}
+                                                                        : state.stop_reason)};
+      }
+    }
+    outcomes.push_back({.id = batch[i].id, .failure = std::move(failure)});
+  }
+  batch_.reset();
+  // A fatal producer can do nothing more: make the next batch start with a new one.
+  if (!fatal.empty()) DestroyProducer();
+  return outcomes;
+}
+
+std::optional<Failure> KafkaSink::Prepare(const Envelope& envelope, Record& out) const {
+  if (envelope.payload.size() > options_.max_message_bytes) {
+    return Failure{.kind = FailureKind::kPermanent,
+                   .reason = "payload is " + std::to_string(envelope.payload.size()) +
+                             " bytes, over max_message_bytes (" +
+                             std::to_string(options_.max_message_bytes) + ")"};
+  }
+  out.topic = topic_.Expand(envelope);
+  if (out.topic.empty()) {
+    return Failure{
+        .kind = FailureKind::kPermanent,
+        .reason = "the topic template " + Quote(options_.topic) + " gives an empty topic name"};
+  }
+  out.message_id = envelope.id.ToString();
+  const bool debezium = options_.header_style == HeaderStyle::kDebezium;
+  const bool has_type = envelope.type && !envelope.type->empty();
+  const bool has_content_type = !envelope.content_type.empty();
+  out.headers.reset(rd_kafka_headers_new(envelope.headers.size() + 10));
+  rd_kafka_headers_t* headers = out.headers.get();
+  const auto add = [headers](std::string_view name, std::string_view value) {
+    rd_kafka_header_add(headers, name.data(), static_cast<ssize_t>(name.size()), value.data(),
+                        static_cast<ssize_t>(value.size()));
+  };
+  for (const auto& [name, value] : envelope.headers) {
+    // The store refuses the reserved names; skip them anyway, and the names set below.
+    if (name == wire::kMessageId || name.starts_with(wire::kReservedHeaderPrefix)) continue;
+    if ((has_type && name == kTypeHeader) || (has_content_type && name == kContentTypeHeader) ||
+        (debezium && name == kDebeziumIdHeader)) {
+      continue;
+    }
+    add(name, value);
+  }
+  add(wire::kMessageId, out.message_id);
+  if (debezium) add(kDebeziumIdHeader, out.message_id);
+  if (has_type) add(kTypeHeader, *envelope.type);
+  if (has_content_type) add(kContentTypeHeader, envelope.content_type);
+  add(wire::kTopicHeader, envelope.topic);
+  if (envelope.stream_key) add(wire::kStreamKeyHeader, *envelope.stream_key);
+  if (envelope.stream_seq) {
+    out.numbers[0] = std::to_string(*envelope.stream_seq);
+    add(wire::kStreamSeqHeader, out.numbers[0]);
+  }
+  if (envelope.stream_prev_seq) {
+    out.numbers[1] = std::to_string(*envelope.stream_prev_seq);
+    add(wire::kStreamPrevSeqHeader, out.numbers[1]);
+  }
+  out.numbers[2] = std::to_string(envelope.partition);
+  add(wire::kPartitionHeader, out.numbers[2]);
+  out.numbers[3] = std::to_string(envelope.attempts);
+  add(wire::kAttemptsHeader, out.numbers[3]);
+  return std::nullopt;
+}
+
+void KafkaSink::ProduceAll(std::span<const Envelope> batch, Deadline deadline) {
+  BatchState& state = *batch_;
+  Record record;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const Envelope& envelope = batch[i];
+    if (SteadyClock::now() >= deadline) {
+      state.stop_reason = "the deadline passed before its turn";
+      return;
+    }
+    if (auto failure = Prepare(envelope, record)) {
+      state.verdicts[i] = std::move(failure);
+      state.settled[i] = true;
+      continue;
+    }
+    rd_kafka_topic_t* topic = Topic(record.topic);
+    if (topic == nullptr) {
+      state.verdicts[i] =
+          ClassifyProduceError(rd_kafka_last_error(), "topic " + Quote(record.topic));
+      state.settled[i] = true;
+      continue;
+    }
+    std::array<rd_kafka_vu_t, 7> values{};
+    std::size_t count = 0;
+    values[count].vtype = RD_KAFKA_VTYPE_RKT;
+    values[count++].u.rkt = topic;
+    values[count].vtype = RD_KAFKA_VTYPE_MSGFLAGS;
+    values[count++].u.i = RD_KAFKA_MSG_F_COPY;
+    values[count].vtype = RD_KAFKA_VTYPE_VALUE;
+    values[count].u.mem.ptr = const_cast<char*>(envelope.payload.data());
+    values[count++].u.mem.size = envelope.payload.size();
+    if (envelope.stream_key) {
+      values[count].vtype = RD_KAFKA_VTYPE_KEY;
+      values[count].u.mem.ptr = const_cast<char*>(envelope.stream_key->data());
+      values[count++].u.mem.size = envelope.stream_key->size();
+    }
+    values[count].vtype = RD_KAFKA_VTYPE_TIMESTAMP;
+    values[count++].u.i64 =
+        std::chrono::duration_cast<milliseconds>(envelope.created_at.time_since_epoch()).count();
+    values[count].vtype = RD_KAFKA_VTYPE_HEADERS;
+    values[count++].u.headers = record.headers.get();
+    values[count].vtype = RD_KAFKA_VTYPE_OPAQUE;
+    values[count++].u.ptr =
+        reinterpret_cast<void*>(static_cast<std::uintptr_t>(state.first_token + i));
+    for (;;) {
+      ErrorPtr error{rd_kafka_produceva(producer_.get(), values.data(), count)};
+      if (!error) {
+        record.headers.release();  // librdkafka owns them now
+        state.produced[i] = true;
+        ++state.waiting;
+        break;
+      }
+      const rd_kafka_resp_err_t code = rd_kafka_error_code(error.get());
+      if (code == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+        // Serve reports (which frees room) until the deadline.
+        const auto remaining = deadline - SteadyClock::now();
+        if (remaining <= SteadyClock::duration::zero()) {
+          state.stop_reason = "the client's queue stayed full until the deadline";
+          return;
+        }
+        rd_kafka_poll(
+            producer_.get(),
+            static_cast<int>(
+                std::min(kQueueFullWait, std::chrono::ceil<milliseconds>(remaining)).count()));
+        continue;
+      }
+      state.verdicts[i] = ClassifyProduceError(code, rd_kafka_error_string(error.get()));
+      state.settled[i] = true;
+      if (code == RD_KAFKA_RESP_ERR__FATAL) {
+        state.stop_reason = "the producer had a fatal error: " + FatalError();
+        return;
+      }
+      break;
+    }
+  }
+}
+
+void KafkaSink::AwaitReports(Deadline deadline) {
+  BatchState& state = *batch_;
+  while (state.waiting > 0) {
+    const auto remaining = std::chrono::ceil<milliseconds>(deadline - SteadyClock::now());
+    if (remaining <= milliseconds::zero()) return;
+    // Sends what linger.ms would still hold, serves reports, and returns when the callback
+    // yields (the batch is complete), everything is delivered, or the slice is over.
+    const rd_kafka_resp_err_t result =
+        rd_kafka_flush(producer_.get(), static_cast<int>(std::min(remaining, kFlushSlice).count()));
+    if (!FatalError().empty()) return;
+    if (result == RD_KAFKA_RESP_ERR_NO_ERROR && state.waiting > 0) {
+      rd_kafka_poll(producer_.get(), 0);  // nothing left in the client: collect the last reports
+      if (state.waiting > 0) return;
+    }
+  }
+}
+
+void KafkaSink::PurgeQueued() {
+  // Blocking: when it returns, the purged messages' reports are queued for the poll below.
+  rd_kafka_purge(producer_.get(), RD_KAFKA_PURGE_F_QUEUE);
+  while (batch_->waiting > 0 && rd_kafka_poll(producer_.get(), 0) > 0) {
+  }
+}
+
+}  // namespace
+
+std::optional<std::vector<HostPort>> ParseBrokers(std::string_view list) {
+  std::vector<HostPort> brokers;
+  while (!list.empty()) {
+    const std::size_t comma = list.find(',');
+    std::string_view entry = list.substr(0, comma);
+    list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
+    while (!entry.empty() && entry.front() == ' ') entry.remove_prefix(1);
+    while (!entry.empty() && entry.back() == ' ') entry.remove_suffix(1);
+    if (entry.empty()) {
+      if (comma == std::string_view::npos && !brokers.empty()) break;  // a trailing comma
+      return std::nullopt;
+    }
+    if (const std::size_t scheme = entry.find("://"); scheme != std::string_view::npos) {
+      entry.remove_prefix(scheme + 3);
+    }
+    auto broker = ParseHostPort(entry, 9092);
+    if (!broker || broker->host.empty() || broker->host.find_first_of(" /@") != std::string::npos ||
+        (!entry.starts_with('[') && broker->host.find(':') != std::string::npos)) {
+      return std::nullopt;
+    }
+    brokers.push_back(std::move(*broker));
+  }
+  if (brokers.empty()) return std::nullopt;
+  return brokers;
+}
+
+bool IsReservedProperty(std::string_view name) {
+  return std::find(kReservedProperties.begin(), kReservedProperties.end(), name) !=
+         kReservedProperties.end();
+}
+
+bool IsSecretProperty(std::string_view name) {
+  return name.find("password") != std::string_view::npos ||
+         name.find("secret") != std::string_view::npos || name.starts_with("sasl.oauthbearer") ||
+         name == "ssl.key.pem";
+}
+
+void ValidateOptions(const SinkOptions& options) { BuildConf(options); }
+
+std::unique_ptr<Sink> OpenSink(SinkOptions options) {
+  ValidateOptions(options);
+  return std::make_unique<KafkaSink>(std::move(options));
+}
+
+}  // namespace outbox::kafka
