@@ -2,6 +2,7 @@
 
 #include "config.h"
 #include "outbox/sink/file_type.h"
+#include "outbox/sink/kafka_type.h"
 #include "outbox/sink/rabbitmq_type.h"
 
 namespace outbox::outboxd {
@@ -11,6 +12,7 @@ const SinkRegistry& SinkTypes() {
     SinkRegistry types;
     types.Add(rabbitmq::Type());
     types.Add(file::Type());
+    types.Add(kafka::Type());
     return types;
   }();
   return registry;

@@ -377,8 +377,8 @@ TEST(ConfigTest, DurationsAreStringsWithAUnit) {
 // ---- Sinks ----
 
 TEST(ConfigTest, SinkTypeIsRequiredAndKnown) {
-  ExpectError(WithSink("type = \"kafka\""), "sinks.default.type",
-              "unknown sink type \"kafka\"; expected \"rabbitmq\" or \"file\"");
+  ExpectError(WithSink("type = \"nats\""), "sinks.default.type",
+              "unknown sink type \"nats\"; expected \"rabbitmq\", \"file\" or \"kafka\"");
   ExpectError(WithSink("path = \"-\""), "sinks.default.type", "is required");
   ExpectError(WithSink("type = 1"), "sinks.default.type", "expected a string, got integer");
   ExpectError("[database]\nurl = \"x\"\n", "sinks", "at least one sink is required");

@@ -123,9 +123,10 @@ bool IsSecretProperty(std::string_view name);
 // refuses); messages never contain a secret property's value.
 void ValidateOptions(const SinkOptions& options);
 
-// Checks `options` and creates the sink with its producer; connecting happens in the background,
-// so this works while the brokers are down. Throws outbox::ConfigError as ValidateOptions does,
-// and ConfigError("librdkafka", ...) when librdkafka refuses the combination.
+// Checks `options` (librdkafka checks the whole configuration, without connecting) and creates
+// the sink; its producer is made by the first Publish, and connects in the background, so this
+// works while the brokers are down. Throws outbox::ConfigError as ValidateOptions does, and
+// ConfigError("librdkafka", ...) when librdkafka refuses the combination.
 std::unique_ptr<Sink> OpenSink(SinkOptions options);
 
 }  // namespace outbox::kafka

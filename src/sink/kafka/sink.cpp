@@ -80,7 +80,9 @@ void Set(rd_kafka_conf_t* conf, const std::string& key, const std::string& name,
   throw ConfigError(key, error.data());
 }
 
-ConfPtr BuildConf(const SinkOptions& options) {
+// The producer's configuration. A `probe` has no brokers and does not log: rd_kafka_new on it
+// checks the whole configuration without connecting anywhere.
+ConfPtr BuildConf(const SinkOptions& options, bool probe = false) {
   if (!ParseBrokers(options.brokers)) {
     throw ConfigError("brokers",
                       "expected host:port[,host:port...], got " + Quote(options.brokers));
@@ -102,7 +104,7 @@ ConfPtr BuildConf(const SinkOptions& options) {
     throw ConfigError("max_message_bytes", "must be between 1000 and 1000000000");
   }
   ConfPtr conf{rd_kafka_conf_new()};
-  Set(conf.get(), "brokers", "bootstrap.servers", options.brokers);
+  if (!probe) Set(conf.get(), "brokers", "bootstrap.servers", options.brokers);
   Set(conf.get(), "enable.idempotence", "enable.idempotence", "true");
   Set(conf.get(), "acks", "acks", "all");
   Set(conf.get(), "compression", "compression.codec", options.compression);
@@ -125,6 +127,7 @@ ConfPtr BuildConf(const SinkOptions& options) {
     }
     Set(conf.get(), key, name, value);
   }
+  if (probe) Set(conf.get(), "librdkafka.log_level", "log_level", "0");
   return conf;
 }
 
@@ -142,8 +145,14 @@ class KafkaSink final : public Sink {
  public:
   explicit KafkaSink(SinkOptions options)
       : options_(std::move(options)), topic_(NameTemplate::Parse(options_.topic, "topic")) {
-    std::string error;
-    if (!CreateProducer(error)) throw ConfigError("librdkafka", error);
+    // What only rd_kafka_new checks (combinations of properties), without connecting: the
+    // producer itself is made by the first Publish, so that opening (and --check-config) sends
+    // nothing.
+    ConfPtr conf = BuildConf(options_, /*probe=*/true);
+    std::array<char, 512> text{};
+    HandlePtr probe{rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), text.data(), text.size())};
+    if (!probe) throw ConfigError("librdkafka", text.data());
+    conf.release();  // rd_kafka_new took it over
   }
 
   KafkaSink(const KafkaSink&) = delete;
