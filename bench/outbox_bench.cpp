@@ -41,15 +41,15 @@
 #include <thread>
 #include <vector>
 
-#include "../tests/e2e/amqp_test_client.h"
-#include "../tests/e2e/child_process.h"
-#include "../tests/postgres/pg_test_support.h"
-#include "../tests/support/free_port.h"
-#include "connection.h"  // the store's RAII over libpq
 #include "outbox/core/uuid.h"
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/rabbitmq.h"
 #include "outbox/store/postgres.h"
+#include "outbox/store/postgres_libpq.h"  // the store's RAII over libpq
+#include "support/amqp_test_client.h"
+#include "support/child_process.h"
+#include "support/free_port.h"
+#include "support/pg_test_support.h"
 
 namespace {
 
@@ -1324,7 +1324,7 @@ int main(int argc, char** argv) {
   sink->add_option("--messages", sink_messages)->check(CLI::Range(2, 100000000));
   sink->add_option("--naive-messages", naive_messages)->check(CLI::Range(1, 100000000));
   CLI11_PARSE(app, argc, argv);
-  // The consumer, the ceilings and the queue set-up (tests/e2e/amqp_test_client.h) read the
+  // The consumer, the ceilings and the queue set-up (tests/support/amqp_test_client.h) read the
   // broker from the environment: the same broker outboxd publishes to.
   setenv("OUTBOX_TEST_AMQP_URL", env.amqp_url.c_str(), 1);
 

@@ -20,8 +20,8 @@
 #include <string>
 #include <thread>
 
-#include "../postgres/pg_test_support.h"
-#include "child_process.h"
+#include "support/child_process.h"
+#include "support/pg_test_support.h"
 
 namespace outbox::testing {
 

@@ -22,10 +22,10 @@
 #include <string>
 #include <thread>
 
-#include "../postgres/pg_test_support.h"
-#include "../support/free_port.h"
-#include "amqp_test_client.h"
-#include "child_process.h"
+#include "support/amqp_test_client.h"
+#include "support/child_process.h"
+#include "support/free_port.h"
+#include "support/pg_test_support.h"
 
 namespace outbox::testing {
 namespace {

@@ -12,12 +12,12 @@
 #include <random>
 #include <set>
 
-#include "../postgres/pg_test_support.h"
-#include "amqp_test_client.h"
-#include "child_process.h"
 #include "outbox/core/uuid.h"
 #include "outbox/core/wire_names.h"
 #include "outbox/store/postgres_admin.h"
+#include "support/amqp_test_client.h"
+#include "support/child_process.h"
+#include "support/pg_test_support.h"
 
 namespace outbox::testing {
 namespace {

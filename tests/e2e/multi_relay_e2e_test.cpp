@@ -32,11 +32,11 @@
 #include <utility>
 #include <vector>
 
-#include "../postgres/pg_test_support.h"
-#include "../support/free_port.h"
-#include "amqp_test_client.h"
-#include "child_process.h"
 #include "frozen_relay.h"
+#include "support/amqp_test_client.h"
+#include "support/child_process.h"
+#include "support/free_port.h"
+#include "support/pg_test_support.h"
 
 namespace outbox::testing {
 namespace {

@@ -19,11 +19,11 @@
 #include <random>
 #include <set>
 
-#include "../postgres/pg_test_support.h"
-#include "../support/wait.h"
-#include "amqp_test_client.h"
-#include "child_process.h"
 #include "frozen_relay.h"
+#include "support/amqp_test_client.h"
+#include "support/child_process.h"
+#include "support/pg_test_support.h"
+#include "support/wait.h"
 
 namespace outbox::testing {
 namespace {

@@ -13,10 +13,10 @@
 #include <string>
 #include <thread>
 
-#include "../support/free_port.h"
-#include "child_process.h"
 #include "outbox/store/admin.h"
 #include "outbox/store/sqlite.h"
+#include "support/child_process.h"
+#include "support/free_port.h"
 
 namespace outbox::testing {
 namespace {

@@ -11,12 +11,12 @@
 #include <map>
 #include <set>
 
-#include "../postgres/pg_test_support.h"
-#include "../support/free_port.h"
-#include "../support/tcp_proxy.h"
-#include "../support/wait.h"
-#include "amqp_test_client.h"
-#include "child_process.h"
+#include "support/amqp_test_client.h"
+#include "support/child_process.h"
+#include "support/free_port.h"
+#include "support/pg_test_support.h"
+#include "support/tcp_proxy.h"
+#include "support/wait.h"
 
 namespace outbox::testing {
 namespace {

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "../sink/sink_contract.h"
-#include "../support/wait.h"
 #include "outbox/sink/file.h"
+#include "support/wait.h"
 
 namespace outbox::testing {
 namespace {

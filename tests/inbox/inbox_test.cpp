@@ -11,9 +11,9 @@
 #include <random>
 #include <thread>
 
-#include "../postgres/pg_test_support.h"
 #include "outbox/core/wire_names.h"
 #include "outbox/inbox/rabbitmq.h"
+#include "support/pg_test_support.h"
 
 namespace outbox::testing {
 namespace {

@@ -14,8 +14,8 @@
 #include <string>
 #include <thread>
 
-#include "../support/free_port.h"
 #include "outbox/sink/rabbitmq_type.h"
+#include "support/free_port.h"
 
 namespace outbox::outboxd {
 namespace {

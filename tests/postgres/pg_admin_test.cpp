@@ -9,7 +9,7 @@
 
 #include "../store/admin_contract.h"
 #include "outbox/store/postgres_admin.h"
-#include "pg_test_support.h"
+#include "support/pg_test_support.h"
 
 namespace outbox::testing {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "connection.h"
 #include "outbox/core/error.h"
-#include "pg_test_support.h"
+#include "support/pg_test_support.h"
 
 namespace outbox::testing {
 namespace {

@@ -5,9 +5,9 @@
 #include <thread>
 #include <vector>
 
-#include "../support/header_limits.h"
 #include "outbox/core/partition.h"
-#include "pg_test_support.h"
+#include "support/header_limits.h"
+#include "support/pg_test_support.h"
 
 namespace outbox::testing {
 namespace {

@@ -1,6 +1,6 @@
 // The Store contract suite against PostgreSQL.
 #include "../store/store_contract.h"
-#include "pg_test_support.h"
+#include "support/pg_test_support.h"
 
 namespace outbox::testing {
 namespace {

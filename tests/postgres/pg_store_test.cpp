@@ -8,9 +8,9 @@
 #include <sstream>
 #include <thread>
 
-#include "../support/header_limits.h"
 #include "outbox/core/error.h"
-#include "pg_test_support.h"
+#include "support/header_limits.h"
+#include "support/pg_test_support.h"
 
 namespace outbox::testing {
 namespace {

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "../sink/sink_contract.h"
-#include "../support/tcp_proxy.h"
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/rabbitmq.h"
 #include "rabbit_test_support.h"
+#include "support/tcp_proxy.h"
 
 namespace outbox::testing {
 namespace {

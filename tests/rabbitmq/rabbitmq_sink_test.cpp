@@ -13,13 +13,13 @@
 #include <thread>
 #include <vector>
 
-#include "../support/header_limits.h"
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/rabbitmq.h"
 #include "rabbit_test_support.h"
-#include "../support/tcp_proxy.h"
+#include "support/header_limits.h"
+#include "support/tcp_proxy.h"
 
 namespace outbox::testing {
 namespace {

@@ -10,9 +10,9 @@
 #include <set>
 #include <thread>
 
-#include "../postgres/pg_test_support.h"
-#include "../support/tcp_proxy.h"
 #include "outbox/core/error.h"
+#include "support/pg_test_support.h"
+#include "support/tcp_proxy.h"
 #include "test_sink.h"
 
 namespace outbox::testing {

@@ -9,8 +9,8 @@
 
 #include "../store/admin_contract.h"
 #include "../store/store_contract.h"
-#include "../support/header_limits.h"
 #include "outbox/store/sqlite.h"
+#include "support/header_limits.h"
 
 namespace outbox::testing {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "../support/header_limits.h"
+#include "support/header_limits.h"
 
 namespace outbox {
 namespace {

@@ -11,8 +11,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "connection.h"
 #include "outbox/store/postgres.h"
+#include "outbox/store/postgres_libpq.h"
 
 namespace outbox::testing {
 
@@ -23,7 +23,7 @@ inline std::string PgUrl() {
              : "postgresql://outbox:outbox@127.0.0.1:15432/outbox_test";
 }
 
-// The store's own RAII handles (src/store/postgres/connection.h).
+// The store's own RAII handles (outbox/store/postgres_libpq.h).
 using PgConn = postgres::ConnPtr;
 using PgResult = postgres::ResultPtr;
 
