@@ -37,11 +37,8 @@ using config::TypeName;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-constexpr std::string_view kDatabaseUrlEnv = "OUTBOX_DATABASE_URL";
 constexpr std::string_view kHttpTokenEnv = "OUTBOX_HTTP_TOKEN";
 constexpr std::size_t kMaxTokenBytes = 256;
-constexpr std::string_view kPostgresType = "postgres";
-constexpr std::string_view kSqliteType = "sqlite";
 constexpr std::size_t kMaxInstanceBytes = 255;
 constexpr std::size_t kMaxSinkNameBytes = 64;
 constexpr std::int64_t kMaxBatchSize = 10000;
@@ -62,53 +59,15 @@ std::string DefaultInstance() {
 
 void ParseDatabase(const Section& root, const GetenvFn& getenv, Config& config) {
   const Section database = root.Table("database");
-  database.AllowOnly({"type", "url", "schema", "path"});
-  std::string type{kPostgresType};
-  database.ReadChoice("type", {kPostgresType, kSqliteType}, type);
-  if (type == kSqliteType) {
-    config.database_type = DatabaseType::kSqlite;
-    // A SQLite database is a file: a url or schema here is a mistake, not something to ignore.
-    // (OUTBOX_DATABASE_URL is ignored: it may be set for other tools.)
-    for (const std::string_view key : {"url", "schema"}) {
-      if (const TomlValue* value = database.Find(key)) {
-        Fail(database.Key(key),
-             "is for type = \"postgres\"; a \"sqlite\" database is named by database.path", value);
-      }
-    }
-    if (!database.Read("path", config.database_path)) {
-      Fail("database.path",
-           "is required with type = \"sqlite\": the database file (created if missing)",
-           database.Find("type"));
-    }
-    if (config.database_path.empty() || HasControlCharacter(config.database_path)) {
-      Fail("database.path", "must be a file path (not empty, no control characters)",
-           database.Find("path"));
-    }
-    return;
+  const StoreRegistry& types = StoreTypes();
+  database.Read("type", config.database_type);
+  const StoreType* type = types.Find(config.database_type);
+  if (type == nullptr) {
+    Fail("database.type",
+         "unknown store type " + Quoted(config.database_type) + "; expected " + types.Names(),
+         database.Find("type"));
   }
-  if (const TomlValue* path = database.Find("path")) {
-    Fail("database.path",
-         "is only for type = \"sqlite\"; a PostgreSQL database is named by database.url", path);
-  }
-  database.Read("url", config.database_url);
-  if (auto url = Env(getenv, std::string{kDatabaseUrlEnv})) config.database_url = std::move(*url);
-  if (config.database_url.empty()) {
-    Fail("database.url", "is required (or set " + std::string{kDatabaseUrlEnv} + ")",
-         database.Find("url"));
-  }
-  if (database.Read("schema", config.schema)) {
-    const std::string& schema = config.schema;
-    const bool valid =
-        !schema.empty() && schema.size() <= 63 &&
-        ((schema[0] >= 'a' && schema[0] <= 'z') || schema[0] == '_') &&
-        schema.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
-    if (!valid) {
-      Fail("database.schema",
-           "must be a plain lower-case identifier ([a-z_][a-z0-9_]*, at most 63 bytes), got " +
-               Quoted(schema),
-           database.Find("schema"));
-    }
-  }
+  config.database = type->parse(database, getenv);
 }
 
 void ParseRelay(const Section& root, Config& config) {
@@ -361,14 +320,8 @@ Config LoadConfig(const std::string& path, const GetenvFn& getenv) {
 std::string Describe(const Config& config) {
   config::TomlWriter out;
   out.Header("database");
-  if (config.database_type == DatabaseType::kSqlite) {
-    out.String("type", kSqliteType);
-    out.String("path", config.database_path);
-  } else {
-    out.String("type", kPostgresType);
-    out.String("url", MaskPassword(config.database_url));
-    out.String("schema", config.schema);
-  }
+  out.String("type", config.database_type);
+  config.database->Describe(out);
 
   out.Header("relay");
   out.String("instance", config.instance);

@@ -5,7 +5,7 @@
 //
 // Secrets may come from the environment instead of the file; a set, non-empty variable wins over
 // the file:
-//   OUTBOX_DATABASE_URL       [database] url (ignored when [database] type = "sqlite")
+//   OUTBOX_DATABASE_URL       [database] url of a postgres store (ignored by type = "sqlite")
 //   OUTBOX_SINK_<NAME>_URL    [sinks.<name>] url of a rabbitmq sink (SinkSecretEnv); <NAME> is
 //                             the sink's name upper-cased with '-' replaced by '_' (sink
 //                             "audit-log" reads OUTBOX_SINK_AUDIT_LOG_URL)
@@ -24,6 +24,7 @@
 #include "outbox/config/toml_table.h"
 #include "outbox/core/retry_policy.h"
 #include "outbox/sink/registry.h"
+#include "outbox/store/registry.h"
 #include "outbox/store/store.h"
 
 namespace outbox::outboxd {
@@ -57,21 +58,14 @@ struct HttpConfig {
   [[nodiscard]] int port() const;
 };
 
-// [database] type: which store holds the outbox.
-enum class DatabaseType : std::uint8_t {
-  kPostgres,  // "postgres" (the default): url and schema
-  kSqlite,    // "sqlite": path; no url, no schema
-};
+// The store types outboxd knows, one registration line each (stores.cpp).
+const StoreRegistry& StoreTypes();
 
 struct Config {
-  // [database]
-  DatabaseType database_type = DatabaseType::kPostgres;
-  // postgres: url, required unless OUTBOX_DATABASE_URL is set, which wins; and the schema.
-  std::string database_url;
-  std::string schema = "outbox";
-  // sqlite: the database file, required (created and migrated at start when missing; a relative
-  // path is relative to outboxd's working directory).
-  std::string database_path;
+  // [database]: a store of a registered type (StoreTypes()), "postgres" unless `type` says
+  // otherwise, with the settings its type read (url and schema; or path for "sqlite").
+  std::string database_type = "postgres";
+  std::shared_ptr<const StoreSettings> database;
 
   // [relay]
   std::string instance;  // lease owner name; default "<hostname>-<pid>"

@@ -25,8 +25,6 @@
 #include "outbox/core/version.h"
 #include "outbox/observe/metrics.h"
 #include "outbox/relay/relay.h"
-#include "outbox/store/postgres.h"
-#include "outbox/store/sqlite.h"
 
 namespace {
 
@@ -79,36 +77,20 @@ outbox::SinkMap OpenSinks(const outbox::outboxd::Config& config) {
   return sinks;
 }
 
-// The relay's store and wake-up for [database] type. SQLite: the tables are created or upgraded
-// first (idempotent), so that the embedded store needs no separate migrate step.
+// The relay's store, wake-up and partition leases on [database], whatever its type.
 struct Database {
   std::unique_ptr<outbox::Store> store;
   std::unique_ptr<outbox::Wakeup> wakeup;
-  // PostgreSQL: always, so that a second outboxd on the same database just works. SQLite: none
-  // (one relay per embedded database).
+  // Where several relays may share the database (PostgreSQL): always, so that a second outboxd
+  // just works. Null for one relay per database (SQLite).
   std::unique_ptr<outbox::PartitionLeases> partition_leases;
-  std::string description;  // for the start-up log line
 };
 
 Database OpenDatabase(const outbox::outboxd::Config& config) {
-  if (config.database_type == outbox::outboxd::DatabaseType::kSqlite) {
-    outbox::sqlite::Migrate(config.database_path);
-    outbox::sqlite::StoreOptions options;
-    options.path = config.database_path;
-    options.retry = config.retry;
-    options.retention = config.retention;
-    return {outbox::sqlite::OpenStore(std::move(options)), outbox::sqlite::OpenWakeup(), nullptr,
-            "SQLite database " + config.database_path};
-  }
-  outbox::postgres::StoreOptions options;
-  options.conninfo = config.database_url;
-  options.schema = config.schema;
-  options.retry = config.retry;
-  options.retention = config.retention;
-  return {outbox::postgres::OpenStore(std::move(options)),
-          outbox::postgres::OpenWakeup(config.database_url, config.schema),
-          outbox::postgres::OpenPartitionLeases(config.database_url, config.schema),
-          "schema " + config.schema};
+  const outbox::StoreSettings& database = *config.database;
+  database.Prepare();
+  return {database.OpenStore(config.retry, config.retention), database.OpenWakeup(),
+          database.OpenPartitionLeases()};
 }
 
 // Waits for SIGTERM/SIGINT on a thread of its own (the signals are blocked everywhere else): the
@@ -199,10 +181,11 @@ int main(int argc, char** argv) {
     // The operations side (stats thread, HTTP listener), on connections of its own to the same
     // database, PostgreSQL or SQLite.
     std::optional<outbox::outboxd::Operations> operations;
-    operations.emplace(config, registry, relay.counters(), log_fn);
+    operations.emplace(config, registry, relay.counters(), log_fn,
+                       [&relay] { return relay.paused_targets(); });
     operations->Start();
     logger->info("outboxd {} relaying {} as {} to {} sink(s)", outbox::kVersion,
-                 database.description, config.instance, config.sinks.size());
+                 config.database->Description(), config.instance, config.sinks.size());
     outbox::outboxd::Operations* operations_ptr = operations ? &*operations : nullptr;
     std::thread signal_thread([&] { HandleSignals(relay, operations_ptr, logger, signals); });
     signal_thread.detach();  // it either exits the process or waits forever

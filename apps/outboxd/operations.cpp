@@ -21,9 +21,6 @@
 #include "message_json.h"
 #include "outbox/core/version.h"
 #include "outbox/store/admin.h"
-#include "outbox/store/postgres.h"
-#include "outbox/store/postgres_admin.h"
-#include "outbox/store/sqlite.h"
 
 namespace outbox::outboxd {
 namespace {
@@ -180,24 +177,6 @@ ChangeRequest ParseChangeRequest(const std::string& body) {
   return change;
 }
 
-// The relay-side store of [database], for Store::Stats, on a connection of its own.
-std::unique_ptr<Store> OpenStatsStore(const Config& config) {
-  if (config.database_type == DatabaseType::kSqlite) {
-    return sqlite::OpenStore(
-        {.path = config.database_path, .retry = config.retry, .retention = config.retention});
-  }
-  return postgres::OpenStore({.conninfo = config.database_url,
-                              .schema = config.schema,
-                              .retry = config.retry,
-                              .retention = config.retention});
-}
-
-// The operator's side of [database] (outbox/store/admin.h), on a connection of its own.
-std::unique_ptr<Admin> OpenAdmin(const Config& config) {
-  if (config.database_type == DatabaseType::kSqlite) return sqlite::OpenAdmin(config.database_path);
-  return postgres::OpenAdmin(config.database_url, config.schema);
-}
-
 }  // namespace
 
 bool TcpReachable(const std::string& host, int port, milliseconds timeout) {
@@ -243,11 +222,13 @@ bool BearerTokenMatches(std::string_view authorization, std::string_view token) 
 
 class Operations::Impl {
  public:
-  Impl(const Config& config, observe::Registry& registry, const RelayCounters& relay, LogFn log)
+  Impl(const Config& config, observe::Registry& registry, const RelayCounters& relay, LogFn log,
+       PausedTargetsFn paused_targets)
       : config_(config),
         registry_(registry),
         relay_(relay),
         log_(std::move(log)),
+        paused_targets_(std::move(paused_targets)),
         ready_(registry.AddGauge("outbox_ready", "1 when /readyz answers 200, else 0.")),
         stats_age_(registry.AddGauge(
             "outbox_stats_age_seconds",
@@ -377,9 +358,18 @@ class Operations::Impl {
       }
     }
     if (relay_.broker_unavailable) {
-      line(false,
-           "relay: a target is paused, its last batch found no broker (outbox_relay_target_paused "
-           "names it); the other targets flow");
+      const std::vector<std::string> paused =
+          paused_targets_ ? paused_targets_() : std::vector<std::string>{};
+      for (const std::string& target : paused) {
+        line(false, "target " + target +
+                        ": paused, its last batch found no broker; its messages wait, no attempt "
+                        "spent, and the other targets flow");
+      }
+      if (paused.empty()) {  // resumed since the flag was read, or no names to tell
+        line(false,
+             "relay: a target is paused, its last batch found no broker "
+             "(outbox_relay_target_paused names it); the other targets flow");
+      }
     }
     ready_.Set(readiness.ready ? 1.0 : 0.0);
     stats_age_.Set(stats_ok_at_ ? Seconds(now - *stats_ok_at_) : -1.0);
@@ -545,7 +535,7 @@ class Operations::Impl {
       return;
     }
     try {
-      if (!admin_) admin_ = OpenAdmin(config_);
+      if (!admin_) admin_ = config_.database->OpenAdmin();
       work(*admin_);
     } catch (const std::invalid_argument& bad) {
       ErrorReply(response, 400, bad.what());
@@ -582,7 +572,7 @@ class Operations::Impl {
     std::string error;
     const auto started = SteadyClock::now();
     try {
-      if (!store) store = OpenStatsStore(config_);
+      if (!store) store = config_.database->OpenStore(config_.retry, config_.retention);
       const StoreStats stats = store->Stats();
       stats_duration_.Set(Seconds(SteadyClock::now() - started));
       const std::array<std::int64_t, 5> counts{stats.pending, stats.processing, stats.failed,
@@ -634,7 +624,7 @@ class Operations::Impl {
       return;
     }
     try {
-      if (!topic_admin_) topic_admin_ = OpenAdmin(config_);
+      if (!topic_admin_) topic_admin_ = config_.database->OpenAdmin();
       const auto timeout =
           std::clamp(std::chrono::duration_cast<milliseconds>(config_.http.ready_max_age / 4),
                      milliseconds{100}, milliseconds{2000});
@@ -695,6 +685,7 @@ class Operations::Impl {
   observe::Registry& registry_;
   const RelayCounters& relay_;
   LogFn log_;
+  PausedTargetsFn paused_targets_;
   observe::Gauge& ready_;
   observe::Gauge& stats_age_;
   observe::Gauge& stats_duration_;
@@ -727,8 +718,9 @@ class Operations::Impl {
 };
 
 Operations::Operations(const Config& config, observe::Registry& registry,
-                       const RelayCounters& relay, LogFn log)
-    : impl_(std::make_unique<Impl>(config, registry, relay, std::move(log))) {}
+                       const RelayCounters& relay, LogFn log, PausedTargetsFn paused_targets)
+    : impl_(std::make_unique<Impl>(config, registry, relay, std::move(log),
+                                   std::move(paused_targets))) {}
 
 Operations::~Operations() = default;
 

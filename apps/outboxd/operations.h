@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -39,9 +40,12 @@ bool BearerTokenMatches(std::string_view authorization, std::string_view token);
 
 class Operations {
  public:
+  // The targets whose sink is paused right now (Relay::paused_targets), for /readyz.
+  using PausedTargetsFn = std::function<std::vector<std::string>()>;
+
   // Registers its gauges in `registry`; starts nothing. `relay` must outlive this object.
   Operations(const Config& config, observe::Registry& registry, const RelayCounters& relay,
-             LogFn log);
+             LogFn log, PausedTargetsFn paused_targets = {});
   ~Operations();
   Operations(const Operations&) = delete;
   Operations& operator=(const Operations&) = delete;

@@ -1,4 +1,4 @@
-// The sink types outboxd can run: one line each (sink/registry.h says how to write a new one).
+// The sink types outboxd can run: one entry each (sink/registry.h says how to write a new one).
 
 #include "config.h"
 #include "outbox/sink/file_type.h"
@@ -8,13 +8,7 @@
 namespace outbox::outboxd {
 
 const SinkRegistry& SinkTypes() {
-  static const SinkRegistry registry = [] {
-    SinkRegistry types;
-    types.Add(rabbitmq::Type());
-    types.Add(file::Type());
-    types.Add(kafka::Type());
-    return types;
-  }();
+  static const SinkRegistry registry{rabbitmq::Type(), file::Type(), kafka::Type()};
   return registry;
 }
 

@@ -12,6 +12,9 @@
 #include "outbox/core/error.h"
 #include "outbox/sink/file_type.h"
 #include "outbox/sink/rabbitmq_type.h"
+#include "outbox/store/postgres.h"
+#include "outbox/store/postgres_type.h"
+#include "outbox/store/sqlite_type.h"
 
 namespace outbox::outboxd {
 namespace {
@@ -22,6 +25,13 @@ const rabbitmq::SinkOptions& Rabbit(const SinkConfig& sink) {
 }
 const file::SinkOptions& File(const SinkConfig& sink) {
   return dynamic_cast<const file::SinkSettings&>(*sink.settings).options();
+}
+// The [database] settings, as the store type read them.
+const postgres::StoreSettings& Pg(const Config& config) {
+  return dynamic_cast<const postgres::StoreSettings&>(*config.database);
+}
+const sqlite::StoreSettings& Lite(const Config& config) {
+  return dynamic_cast<const sqlite::StoreSettings&>(*config.database);
 }
 
 using std::chrono::milliseconds;
@@ -77,8 +87,8 @@ TEST(ConfigTest, ExampleFileIsValidAndStatesTheDefaults) {
   const Config config = LoadConfig(OUTBOX_EXAMPLE_CONFIG, FakeEnv({}));
   const Config defaults;
   EXPECT_EQ(config.database_type, defaults.database_type);
-  EXPECT_EQ(config.database_url, "postgresql://outbox@127.0.0.1:5432/app");
-  EXPECT_EQ(config.schema, defaults.schema);
+  EXPECT_EQ(Pg(config).url(), "postgresql://outbox@127.0.0.1:5432/app");
+  EXPECT_EQ(Pg(config).schema(), postgres::kDefaultSchema);
   EXPECT_EQ(config.batch_size, defaults.batch_size);
   EXPECT_EQ(config.lease, defaults.lease);
   EXPECT_EQ(config.sweep_interval, defaults.sweep_interval);
@@ -146,8 +156,8 @@ TEST(ConfigTest, ExampleFileMentionsEveryKey) {
 TEST(ConfigTest, MinimalFileGetsDefaults) {
   const Config config = Parse(kMinimal);
   const Config defaults;
-  EXPECT_EQ(config.database_url, "postgresql://outbox@db/app");
-  EXPECT_EQ(config.schema, "outbox");
+  EXPECT_EQ(Pg(config).url(), "postgresql://outbox@db/app");
+  EXPECT_EQ(Pg(config).schema(), "outbox");
   EXPECT_EQ(config.batch_size, 500);
   EXPECT_EQ(config.lease, milliseconds{30000});
   EXPECT_EQ(config.sweep_interval, milliseconds{1000});
@@ -408,18 +418,18 @@ TEST(ConfigTest, EnvironmentOverridesWin) {
                 {"OUTBOX_SINK_AUDIT_LOG_URL", "amqp://env:pw@mq/"}};
   // Without the keys in the file.
   Config config = Parse("[sinks.audit-log]\ntype = \"rabbitmq\"\n", env);
-  EXPECT_EQ(config.database_url, "postgresql://env@db/app");
+  EXPECT_EQ(Pg(config).url(), "postgresql://env@db/app");
   EXPECT_EQ(Rabbit(config.sinks[0]).url, "amqp://env:pw@mq/");
   // Over the keys in the file.
   config = Parse(
       "[database]\nurl = \"postgresql://file@db/app\"\n"
       "[sinks.audit-log]\ntype = \"rabbitmq\"\nurl = \"amqp://file@mq/\"\n",
       env);
-  EXPECT_EQ(config.database_url, "postgresql://env@db/app");
+  EXPECT_EQ(Pg(config).url(), "postgresql://env@db/app");
   EXPECT_EQ(Rabbit(config.sinks[0]).url, "amqp://env:pw@mq/");
   // Empty variables are unset.
   config = Parse(kMinimal, {{"OUTBOX_DATABASE_URL", ""}});
-  EXPECT_EQ(config.database_url, "postgresql://outbox@db/app");
+  EXPECT_EQ(Pg(config).url(), "postgresql://outbox@db/app");
   // A bad value from the environment is named as such.
   ExpectError(WithSink("type = \"rabbitmq\""), "sinks.default.url",
               "(from OUTBOX_SINK_DEFAULT_URL)", {{"OUTBOX_SINK_DEFAULT_URL", "nats://mq"}});
@@ -438,26 +448,25 @@ type = "file"
 
 TEST(ConfigTest, DatabaseTypeDefaultsToPostgres) {
   const Config config = Parse(kMinimal);
-  EXPECT_EQ(config.database_type, DatabaseType::kPostgres);
-  EXPECT_TRUE(config.database_path.empty());
+  EXPECT_EQ(config.database_type, "postgres");
+  EXPECT_EQ(Pg(config).url(), "postgresql://outbox@db/app");
   const Config explicit_type = Parse(
       "[database]\ntype = \"postgres\"\nurl = \"postgresql://db/app\"\n"
       "[sinks.default]\ntype = \"file\"\n");
-  EXPECT_EQ(explicit_type.database_type, DatabaseType::kPostgres);
-  EXPECT_EQ(explicit_type.database_url, "postgresql://db/app");
+  EXPECT_EQ(explicit_type.database_type, "postgres");
+  EXPECT_EQ(Pg(explicit_type).url(), "postgresql://db/app");
 }
 
 TEST(ConfigTest, SqliteNeedsAPathAndNoUrl) {
   const Config config = Parse(kSqlite);
-  EXPECT_EQ(config.database_type, DatabaseType::kSqlite);
-  EXPECT_EQ(config.database_path, "/var/lib/app/app.db");
-  EXPECT_TRUE(config.database_url.empty());
+  EXPECT_EQ(config.database_type, "sqlite");
+  EXPECT_EQ(Lite(config).path(), "/var/lib/app/app.db");
   // The listener serves SQLite too: on by default, as with PostgreSQL.
   EXPECT_EQ(config.http.listen, HttpConfig{}.listen);
   // OUTBOX_DATABASE_URL may be set for other tools; it does not apply to a SQLite file.
   const Config with_env = Parse(kSqlite, {{"OUTBOX_DATABASE_URL", "postgresql://env@db/app"}});
-  EXPECT_EQ(with_env.database_type, DatabaseType::kSqlite);
-  EXPECT_TRUE(with_env.database_url.empty());
+  EXPECT_EQ(with_env.database_type, "sqlite");
+  EXPECT_EQ(Lite(with_env).path(), "/var/lib/app/app.db");
 
   const std::string sink = "[sinks.default]\ntype = \"file\"\n";
   ExpectError("[database]\ntype = \"sqlite\"\n" + sink, "database.path",
@@ -474,7 +483,7 @@ TEST(ConfigTest, SqliteNeedsAPathAndNoUrl) {
   ExpectError("[database]\nurl = \"postgresql://db/app\"\npath = \"a.db\"\n" + sink,
               "database.path", "is only for type = \"sqlite\"");
   ExpectError("[database]\ntype = \"mysql\"\nurl = \"x\"\n" + sink, "database.type",
-              "must be one of \"postgres\", \"sqlite\"; got \"mysql\"");
+              "unknown store type \"mysql\"; expected \"postgres\" or \"sqlite\"");
   ExpectError("[database]\ntype = \"sqlite\"\npaht = \"a.db\"\n" + sink, "database.paht",
               "did you mean \"database.path\"");
 }
@@ -609,7 +618,7 @@ TEST_F(ConfigFileTest, UnreadableAndMalformedFilesAreFileErrors) {
 
 TEST_F(ConfigFileTest, LoadsAFile) {
   const Config config = LoadConfig(Write("ok.toml", kMinimal), FakeEnv({}));
-  EXPECT_EQ(config.database_url, "postgresql://outbox@db/app");
+  EXPECT_EQ(Pg(config).url(), "postgresql://outbox@db/app");
 }
 
 TEST_F(ConfigFileTest, ErrorLocationsNameTheFileAndLine) {
@@ -663,7 +672,8 @@ url = "amqp://u@mq/?password=pw-mq-3"
   EXPECT_NE(described.find("password=***"), std::string::npos) << described;
   EXPECT_NE(described.find("amqp://u:***@mq/"), std::string::npos) << described;
 
-  config.database_url = "postgresql://app:pw-db-2@db/app";
+  config.database =
+      std::make_shared<const postgres::StoreSettings>("postgresql://app:pw-db-2@db/app", "outbox");
   EXPECT_EQ(Describe(config).find("pw-"), std::string::npos);
 }
 
@@ -711,7 +721,7 @@ TEST(ConfigTest, DescribeEscapesDelInTheDatabaseUrl) {
   const std::string described =
       Describe(Parse(kMinimal, {{"OUTBOX_DATABASE_URL", "postgresql://db/a\x7f"}}));
   EXPECT_NE(described.find(R"(url = "postgresql://db/a\u007F")"), std::string::npos) << described;
-  EXPECT_EQ(Parse(described).database_url, "postgresql://db/a\x7f");
+  EXPECT_EQ(Pg(Parse(described)).url(), "postgresql://db/a\x7f");
 }
 
 // The one duration reader (config/duration.h) that outboxd, the sink types and outboxctl share.
@@ -743,6 +753,18 @@ TEST(SinkRegistryTest, NamesItsTypesAndRefusesASecondOfTheSameName) {
   EXPECT_EQ(registry.Find("kafka"), nullptr);
   EXPECT_THROW(registry.Add(file::Type()), std::logic_error);
   EXPECT_EQ(SinkSecretEnv("audit-log", "url"), "OUTBOX_SINK_AUDIT_LOG_URL");
+}
+
+// A store type registers once, like a sink type; outboxd knows PostgreSQL and SQLite.
+TEST(StoreRegistryTest, NamesItsTypesAndRefusesASecondOfTheSameName) {
+  StoreRegistry registry;
+  registry.Add(postgres::Type());
+  registry.Add(sqlite::Type());
+  EXPECT_EQ(registry.Names(), "\"postgres\" or \"sqlite\"");
+  EXPECT_NE(registry.Find("sqlite"), nullptr);
+  EXPECT_EQ(registry.Find("mysql"), nullptr);
+  EXPECT_THROW(registry.Add(sqlite::Type()), std::logic_error);
+  EXPECT_EQ(StoreTypes().Names(), registry.Names());
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "outbox/sink/rabbitmq_type.h"
+#include "outbox/store/postgres_type.h"
 #include "support/free_port.h"
 
 namespace outbox::outboxd {
@@ -59,7 +60,8 @@ class OperationsServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     port_ = FreePort();
-    config_.database_url = "postgresql://outbox:pw-canary-db@127.0.0.1:1/none";
+    config_.database = std::make_shared<const postgres::StoreSettings>(
+        "postgresql://outbox:pw-canary-db@127.0.0.1:1/none", "outbox");
     config_.instance = "unit";
     config_.http.listen = "127.0.0.1:" + std::to_string(port_);
     config_.http.token = "tok-canary-1";
@@ -173,10 +175,36 @@ TEST_F(OperationsServerTest, GarbageGetsA4xxAndTheServerKeepsServing) {
   EXPECT_EQ(healthz->status, 200);
 }
 
+// A paused target is named in /readyz, each on its own line, while the flag is up.
+TEST(OperationsTest, ReadinessNamesEachPausedTarget) {
+  Config config;
+  config.database =
+      std::make_shared<const postgres::StoreSettings>("postgresql://127.0.0.1:1/none", "outbox");
+  observe::Registry registry;
+  RelayCounters counters;
+  std::vector<std::string> paused{"other", "audit-log"};
+  Operations operations(config, registry, counters, LogFn{}, [&paused] { return paused; });
+  EXPECT_EQ(operations.CheckReadiness().report.find("paused"), std::string::npos);
+  counters.broker_unavailable = true;
+  Operations::Readiness readiness = operations.CheckReadiness();
+  EXPECT_FALSE(readiness.ready);
+  EXPECT_NE(readiness.report.find("target other: paused, its last batch found no broker"),
+            std::string::npos)
+      << readiness.report;
+  EXPECT_NE(readiness.report.find("target audit-log: paused"), std::string::npos)
+      << readiness.report;
+  // Resumed between the flag and the names: still not ready, and it says so without a name.
+  paused.clear();
+  readiness = operations.CheckReadiness();
+  EXPECT_NE(readiness.report.find("relay: a target is paused"), std::string::npos)
+      << readiness.report;
+}
+
 TEST(OperationsTest, AnAddressInUseIsAnError) {
   const int port = FreePort();
   Config config;
-  config.database_url = "postgresql://127.0.0.1:1/none";
+  config.database =
+      std::make_shared<const postgres::StoreSettings>("postgresql://127.0.0.1:1/none", "outbox");
   config.http.listen = "127.0.0.1:" + std::to_string(port);
   observe::Registry registry;
   RelayCounters counters;

@@ -5,16 +5,16 @@
 // new sink type adds its own files (include/outbox/sink/<type>*.h, src/sink/<type>/) and one
 // registration line (apps/outboxd/sinks.cpp).
 
-#include <algorithm>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "outbox/config/registry.h"
 #include "outbox/config/toml_table.h"
 #include "outbox/sink/sink.h"
 
@@ -70,31 +70,11 @@ inline std::string SinkSecretEnv(std::string_view sink_name, std::string_view ke
   return name;
 }
 
-class SinkRegistry {
+// The sink types a program knows (outboxd: apps/outboxd/sinks.cpp).
+class SinkRegistry : public config::Registry<SinkType> {
  public:
-  // Throws std::logic_error for a second type of the same name.
-  void Add(SinkType type) {
-    if (Find(type.name) != nullptr)
-      throw std::logic_error("sink type registered twice: " + type.name);
-    types_.push_back(std::move(type));
-  }
-  [[nodiscard]] const SinkType* Find(std::string_view name) const {
-    const auto found = std::find_if(types_.begin(), types_.end(),
-                                    [&](const SinkType& type) { return type.name == name; });
-    return found == types_.end() ? nullptr : &*found;
-  }
-  // The names for a message: "\"rabbitmq\" or \"file\"".
-  [[nodiscard]] std::string Names() const {
-    std::string names;
-    for (std::size_t i = 0; i < types_.size(); ++i) {
-      if (i > 0) names += i + 1 == types_.size() ? " or " : ", ";
-      names += config::Quoted(types_[i].name);
-    }
-    return names;
-  }
-
- private:
-  std::vector<SinkType> types_;
+  // NOLINTNEXTLINE(google-explicit-constructor): a registry is its list of types
+  SinkRegistry(std::initializer_list<SinkType> types = {}) : Registry("sink", types) {}
 };
 
 }  // namespace outbox

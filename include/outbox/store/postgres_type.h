@@ -1,0 +1,43 @@
+#pragma once
+// The PostgreSQL store type for outboxd's [database] table (store/registry.h):
+//
+//   [database]
+//   type = "postgres"   # the default
+//   url = "postgresql://user:password@host:5432/db"   # required, or OUTBOX_DATABASE_URL (wins)
+//   schema = "outbox"   # a plain lower-case identifier; migrated by `outboxctl migrate`
+//
+// Several relays may share one database: outboxd always takes partition leases here.
+
+#include <string>
+#include <utility>
+
+#include "outbox/store/registry.h"
+
+namespace outbox::postgres {
+
+// The environment variable that wins over [database] url.
+inline constexpr const char* kDatabaseUrlEnv = "OUTBOX_DATABASE_URL";
+
+class StoreSettings final : public outbox::StoreSettings {
+ public:
+  StoreSettings(std::string url, std::string schema)
+      : url_(std::move(url)), schema_(std::move(schema)) {}
+  void Describe(config::TomlWriter& out) const override;
+  [[nodiscard]] std::string Description() const override { return "schema " + schema_; }
+  [[nodiscard]] std::unique_ptr<Store> OpenStore(const RetryPolicy& retry,
+                                                 const RetentionPolicy& retention) const override;
+  [[nodiscard]] std::unique_ptr<Wakeup> OpenWakeup() const override;
+  [[nodiscard]] std::unique_ptr<PartitionLeases> OpenPartitionLeases() const override;
+  [[nodiscard]] std::unique_ptr<Admin> OpenAdmin() const override;
+  [[nodiscard]] const std::string& url() const { return url_; }
+  [[nodiscard]] const std::string& schema() const { return schema_; }
+
+ private:
+  std::string url_;  // a libpq URI or key=value string
+  std::string schema_;
+};
+
+// type = "postgres".
+StoreType Type();
+
+}  // namespace outbox::postgres

@@ -1,0 +1,67 @@
+#pragma once
+// How a store type plugs into outboxd: it registers its name (`[database] type`), a parser for the
+// [database] table and, through what the parser returns, everything outboxd opens on that
+// database (the relay's store and wake-up, the partition leases when several relays may share it,
+// the operator's admin) and its part of --check-config. outboxd loops over the registry; a new
+// store type adds its own files (include/outbox/store/<type>*.h, src/store/<type>/) and one
+// registration line (apps/outboxd/stores.cpp).
+
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+
+#include "outbox/config/registry.h"
+#include "outbox/config/toml_table.h"
+#include "outbox/core/retry_policy.h"
+#include "outbox/store/admin.h"
+#include "outbox/store/partitions.h"
+#include "outbox/store/store.h"
+#include "outbox/store/wakeup.h"
+
+namespace outbox {
+
+// One [database] table, read and checked by its store type. Immutable once parsed. Each Open*
+// returns an object with a connection of its own; they throw StoreError when the database cannot
+// be reached and ConfigError for what only opening can tell.
+class StoreSettings {
+ public:
+  virtual ~StoreSettings() = default;
+  // The table's keys with their effective values (defaults included), secrets masked, for
+  // --check-config; the caller has written the section header and the type.
+  virtual void Describe(config::TomlWriter& out) const = 0;
+  // What the relay works on, for the start-up log line ("schema outbox", "SQLite database x.db");
+  // no secret.
+  [[nodiscard]] virtual std::string Description() const = 0;
+  // Readies the database before anything opens it (SQLite creates or upgrades its tables, so the
+  // embedded store needs no migrate step); nothing where migration is an operator's step.
+  virtual void Prepare() const {}
+  [[nodiscard]] virtual std::unique_ptr<Store> OpenStore(
+      const RetryPolicy& retry, const RetentionPolicy& retention) const = 0;
+  [[nodiscard]] virtual std::unique_ptr<Wakeup> OpenWakeup() const = 0;
+  // The partition leases of a database that several relays may share; null when one relay per
+  // database is the rule (it then claims every partition).
+  [[nodiscard]] virtual std::unique_ptr<PartitionLeases> OpenPartitionLeases() const {
+    return nullptr;
+  }
+  [[nodiscard]] virtual std::unique_ptr<Admin> OpenAdmin() const = 0;
+};
+
+struct StoreType {
+  std::string name;  // `type = "<name>"` in [database], e.g. "postgres"
+  // Reads the [database] table (its `type` already read), rejecting unknown keys by name
+  // (Section::AllowOnly, with "type" among them) and bad values through config::Fail. Secrets
+  // may come from the environment through `getenv`.
+  std::function<std::unique_ptr<const StoreSettings>(const config::Section& table,
+                                                     const config::GetenvFn& getenv)>
+      parse;
+};
+
+// The store types a program knows (outboxd: apps/outboxd/stores.cpp).
+class StoreRegistry : public config::Registry<StoreType> {
+ public:
+  // NOLINTNEXTLINE(google-explicit-constructor): a registry is its list of types
+  StoreRegistry(std::initializer_list<StoreType> types = {}) : Registry("store", types) {}
+};
+
+}  // namespace outbox

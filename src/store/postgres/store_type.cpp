@@ -1,0 +1,71 @@
+#include "outbox/store/postgres.h"
+#include "outbox/store/postgres_admin.h"
+#include "outbox/store/postgres_type.h"
+
+namespace outbox::postgres {
+namespace {
+
+constexpr std::size_t kMaxSchemaBytes = 63;  // PostgreSQL's identifier length (NAMEDATALEN - 1)
+
+bool IsPlainIdentifier(const std::string& name) {
+  return !name.empty() && name.size() <= kMaxSchemaBytes &&
+         ((name[0] >= 'a' && name[0] <= 'z') || name[0] == '_') &&
+         name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
+}
+
+std::unique_ptr<const outbox::StoreSettings> Parse(const config::Section& database,
+                                                   const config::GetenvFn& getenv) {
+  database.AllowOnly({"type", "url", "schema", "path"});
+  // Another store type's key is a mistake worth naming, not an unknown key.
+  if (const config::TomlValue* path = database.Find("path")) {
+    config::Fail(
+        database.Key("path"),
+        "is only for type = \"sqlite\"; a PostgreSQL database is named by " + database.Key("url"),
+        path);
+  }
+  std::string url;
+  database.Read("url", url);
+  if (auto from_env = config::Env(getenv, kDatabaseUrlEnv)) url = std::move(*from_env);
+  if (url.empty()) {
+    config::Fail(database.Key("url"), "is required (or set " + std::string{kDatabaseUrlEnv} + ")",
+                 database.Find("url"));
+  }
+  std::string schema{kDefaultSchema};
+  if (database.Read("schema", schema) && !IsPlainIdentifier(schema)) {
+    config::Fail(database.Key("schema"),
+                 "must be a plain lower-case identifier ([a-z_][a-z0-9_]*, at most 63 bytes), "
+                 "got " +
+                     config::Quoted(schema),
+                 database.Find("schema"));
+  }
+  return std::make_unique<const StoreSettings>(std::move(url), std::move(schema));
+}
+
+}  // namespace
+
+void StoreSettings::Describe(config::TomlWriter& out) const {
+  out.String("url", config::MaskPassword(url_));
+  out.String("schema", schema_);
+}
+
+std::unique_ptr<Store> StoreSettings::OpenStore(const RetryPolicy& retry,
+                                                const RetentionPolicy& retention) const {
+  return postgres::OpenStore(
+      {.conninfo = url_, .schema = schema_, .retry = retry, .retention = retention});
+}
+
+std::unique_ptr<Wakeup> StoreSettings::OpenWakeup() const {
+  return postgres::OpenWakeup(url_, schema_);
+}
+
+std::unique_ptr<PartitionLeases> StoreSettings::OpenPartitionLeases() const {
+  return postgres::OpenPartitionLeases(url_, schema_);
+}
+
+std::unique_ptr<Admin> StoreSettings::OpenAdmin() const {
+  return postgres::OpenAdmin(url_, schema_);
+}
+
+StoreType Type() { return {.name = "postgres", .parse = Parse}; }
+
+}  // namespace outbox::postgres
