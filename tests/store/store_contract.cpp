@@ -212,15 +212,18 @@ TEST_P(StoreContractTest, OwnUnexpiredLeasesAreGivenBackOnlyWhenAsked) {
   EXPECT_EQ(again[0].id, mine[0].id);
 }
 
+// A message of topic "t" for `target`.
+NewMessage ForTarget(std::string target, std::optional<std::string> stream) {
+  NewMessage message = Message("t", std::move(stream));
+  message.target = std::move(target);
+  return message;
+}
+
 // A paused target's messages are not claimed, nor the later messages of their streams whatever
 // their target (a stream stays in order across targets); everything else is.
 TEST_P(StoreContractTest, PausedTargetsAreNotClaimedAndHoldBackTheirStreams) {
   auto store = OpenFresh(GetParam());
-  const auto to = [](std::string target, std::optional<std::string> stream) {
-    NewMessage message = Message("t", std::move(stream));
-    message.target = std::move(target);
-    return message;
-  };
+  const auto to = ForTarget;
   std::vector<NewMessage> messages{
       to("dead", "s"),             // 0: paused
       to("default", "s"),          // 1: behind 0 in its stream
@@ -246,6 +249,34 @@ TEST_P(StoreContractTest, PausedTargetsAreNotClaimedAndHoldBackTheirStreams) {
     EXPECT_EQ(envelope.attempts, 0);
   }
   EXPECT_EQ(claimed, (std::vector<MessageId>{ids[0], ids[1], ids[3]}));
+}
+
+// Claims made while a target is paused may move past its messages (PostgreSQL's claim cursor
+// does): once the target resumes, they are claimed, oldest first, and so is the later message of
+// their stream that they held back.
+TEST_P(StoreContractTest, APausedTargetsMessagesAreClaimedWhenItResumesAfterManyClaims) {
+  auto store = OpenFresh(GetParam());
+  const auto to = ForTarget;
+  const std::vector<NewMessage> waiting{to("dead", "s"), to("dead", std::nullopt)};
+  const auto dead = store->Enqueue(waiting);
+  ClaimRequest paused = Request("relay");
+  paused.paused_targets = {"dead"};
+  for (int round = 0; round < 4; ++round) {
+    const std::vector<NewMessage> filler{to("default", "f"), to("default", std::nullopt)};
+    store->Enqueue(filler);
+    const auto batch = store->Claim(paused);
+    ASSERT_EQ(batch.size(), 2U) << "round " << round;
+    for (const auto& envelope : batch) EXPECT_EQ(envelope.target, "default");
+    EXPECT_EQ(store->Complete("relay", Leases(batch)).settled, 2);
+  }
+  const std::vector<NewMessage> held{to("default", "s")};
+  const auto behind = store->Enqueue(held);
+  EXPECT_TRUE(store->Claim(paused).empty()) << "held behind the paused target's message";
+
+  const auto resumed = store->Claim(Request("relay"));
+  std::vector<MessageId> claimed;
+  for (const auto& envelope : resumed) claimed.push_back(envelope.id);
+  EXPECT_EQ(claimed, (std::vector<MessageId>{dead[0], dead[1], behind[0]}));
 }
 
 TEST_P(StoreContractTest, RenewKeepsTheLease) {

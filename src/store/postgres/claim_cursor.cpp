@@ -24,13 +24,22 @@ bool ClaimCursor::Gained(const Partitions& partitions) const {
   });
 }
 
-Uuid ClaimCursor::Next(const Partitions& partitions, std::chrono::steady_clock::time_point now) {
-  if (first_ || Gained(partitions) || now - last_full_walk_ >= kFullWalkInterval) {
+bool ClaimCursor::Resumed(const std::vector<std::string>& paused) const {
+  return std::any_of(paused_.begin(), paused_.end(), [&](const std::string& target) {
+    return std::find(paused.begin(), paused.end(), target) == paused.end();
+  });
+}
+
+Uuid ClaimCursor::Next(const Partitions& partitions, std::chrono::steady_clock::time_point now,
+                       const std::vector<std::string>& paused) {
+  if (first_ || Gained(partitions) || Resumed(paused) ||
+      now - last_full_walk_ >= kFullWalkInterval) {
     cursor_ = Uuid{};
     last_full_walk_ = now;
     first_ = false;
   }
   partitions_ = partitions;
+  paused_ = paused;
   return cursor_;
 }
 

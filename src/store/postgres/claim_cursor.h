@@ -16,6 +16,9 @@
 //   otherwise a transaction id newer than the claim's could carry an id older than T.
 // - a message in a partition this relay did not hold: when a partition is gained, the walk starts
 //   from the oldest id again.
+// - a message for a paused target (ClaimRequest::paused_targets): the frontier passes them, so that
+//   a claim does not walk a paused target's backlog each time (issue #14, bench/RESULTS.md); when a
+//   target leaves the paused set, the walk starts from the oldest id again.
 // Messages given back after a claim (released, retried, voided, replayed) are "returned" and are
 // found in their own index, not through the cursor. As a net for what this reasoning missed (a
 // clock stepped backwards between two claims is caught; other steps are not), the walk starts from
@@ -25,6 +28,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "outbox/core/clock.h"
@@ -47,8 +51,10 @@ class ClaimCursor {
   static constexpr std::chrono::seconds kFullWalkInterval{60};
   static constexpr std::size_t kMaxWaiting = 256;
 
-  // The cursor for a claim over `partitions`, made at `now` (a steady clock).
-  Uuid Next(const Partitions& partitions, std::chrono::steady_clock::time_point now);
+  // The cursor for a claim over `partitions` that excludes the `paused` targets, made at `now` (a
+  // steady clock).
+  Uuid Next(const Partitions& partitions, std::chrono::steady_clock::time_point now,
+            const std::vector<std::string>& paused = {});
   // Moves the cursor after the claim that Next() was asked for.
   void Observe(const ClaimObservation& observation);
 
@@ -61,9 +67,11 @@ class ClaimCursor {
     std::uint64_t xid = 0;
   };
   bool Gained(const Partitions& partitions) const;
+  bool Resumed(const std::vector<std::string>& paused) const;
 
   Uuid cursor_;  // nil: from the oldest
   Partitions partitions_;
+  std::vector<std::string> paused_;
   bool first_ = true;
   std::chrono::steady_clock::time_point last_full_walk_;
   std::optional<TimePoint> horizon_;

@@ -30,9 +30,15 @@ constexpr const char* kFenced = R"(
 // under those epochs: FOR KEY SHARE conflicts with the FOR UPDATE a takeover takes first, so the
 // claim either commits before the takeover (which then voids its leases) or waits and, rechecking
 // the lease row, finds it taken and claims nothing there. Without ($2 null) every partition.
+// While a target is paused, the last clause costs each keyed candidate one probe of the index of
+// waiting messages by (target, stream) (sql/009_waiting_streams.sql); without it, each candidate
+// scanned every older message of the table (3.3 s per claim of 500 behind 10,000 paused messages,
+// bench/RESULTS.md).
 // One row comes back even when nothing is claimed: its last four columns tell the cursor where
-// the next claim may start (the first fresh message at or after $6, the transaction's start, the
-// oldest running transaction id, this transaction's id).
+// the next claim may start (the first fresh message at or after $6 that is not for a paused
+// target, the transaction's start, the oldest running transaction id, this transaction's id). The
+// cursor thus passes a paused target's backlog once instead of walking it on every claim; it
+// starts from the oldest again when the target resumes (claim_cursor.h).
 constexpr const char* kHeadOfLine = R"(
     AND (m.stream_key IS NULL OR NOT EXISTS (
       SELECT 1 FROM __TABLE__ e
@@ -97,6 +103,7 @@ WITH __HELD__,
 frontier AS (
   SELECT m.id FROM __TABLE__ m
   WHERE m.status = 'pending' AND m.lease_epoch = 0 AND m.id >= $6::uuid __IN_HELD__
+    AND m.target <> ALL ($7::text[])
   ORDER BY m.id
   LIMIT 1),
 fresh AS (

@@ -85,7 +85,8 @@ class PostgresStore final : public Store {
     const HeldParams held{request.partitions};
     if (held.none) return {};
     const std::string cursor =
-        cursor_.Next(request.partitions, std::chrono::steady_clock::now()).ToString();
+        cursor_.Next(request.partitions, std::chrono::steady_clock::now(), request.paused_targets)
+            .ToString();
     const std::vector<Param> params{Param{limit},
                                     held.partitions,
                                     Param{request.owner},
