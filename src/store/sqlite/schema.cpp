@@ -45,6 +45,11 @@ CREATE INDEX IF NOT EXISTS outbox_messages_claimable ON outbox_messages (positio
 CREATE INDEX IF NOT EXISTS outbox_messages_in_flight ON outbox_messages (stream_key, position)
   WHERE status IN ('processing', 'failed');
 CREATE INDEX IF NOT EXISTS outbox_messages_status ON outbox_messages (status);
+-- The claim's head-of-line check for paused targets ("an earlier message of this stream waits for
+-- a paused target"): one probe per candidate. Without it each candidate scanned every older
+-- waiting message: 4 s per claim of 500 behind 100,000 paused messages, 17 ms with it.
+CREATE INDEX IF NOT EXISTS outbox_messages_waiting_streams
+  ON outbox_messages (target, stream_key, position) WHERE status IN ('pending', 'failed');
 -- Small: only abandoned rows. The claim's lookup of abandoned predecessors (stream_prev_seq).
 CREATE INDEX IF NOT EXISTS outbox_messages_abandoned_streams
   ON outbox_messages (stream_key, stream_seq) WHERE status = 'abandoned';

@@ -20,11 +20,13 @@ const std::string kFence =
 
 // Oldest first (commit order); a keyed message waits while an earlier message of its stream is
 // leased by another owner or waits for its retry or for a paused target (?5, a JSON array of the
-// targets whose sink is unavailable, whose own messages are not claimed).
+// targets whose sink is unavailable, whose own messages are not claimed; tested first, so that a
+// paused message costs no index probe). The paused clause probes outbox_messages_waiting_streams.
 const std::string kClaimableIds =
     "SELECT m.position FROM outbox_messages m"
     " WHERE m.status IN ('pending', 'failed') AND m.available_at <= " +
     kNow +
+    "  AND m.target NOT IN (SELECT value FROM json_each(?5))"
     "  AND (m.stream_key IS NULL OR NOT EXISTS ("
     "   SELECT 1 FROM outbox_messages e WHERE e.stream_key = m.stream_key"
     "    AND e.position < m.position AND e.status IN ('processing', 'failed')"
@@ -32,7 +34,6 @@ const std::string kClaimableIds =
     "         (e.status = 'failed' AND e.available_at > " +
     kNow +
     "))))"
-    "  AND m.target NOT IN (SELECT value FROM json_each(?5))"
     "  AND (m.stream_key IS NULL OR ?5 = '[]' OR NOT EXISTS ("
     "   SELECT 1 FROM outbox_messages e WHERE e.stream_key = m.stream_key"
     "    AND e.position < m.position AND e.status IN ('pending', 'failed')"
