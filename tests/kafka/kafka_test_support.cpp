@@ -104,10 +104,7 @@ Consumer::Consumer(const std::string& bootstraps)
                                             {"enable.partition.eof", "false"},
                                             {"log_level", "3"}})) {}
 
-std::vector<Record> Consumer::ReadAll(const std::string& topic, std::size_t expected,
-                                      std::chrono::milliseconds timeout,
-                                      std::chrono::milliseconds quiet) {
-  // Every partition of the topic, from its first offset.
+int Consumer::Partitions(const std::string& topic) {
   const rd_kafka_metadata_t* metadata = nullptr;
   kafka::TopicPtr handle{rd_kafka_topic_new(handle_.get(), topic.c_str(), nullptr)};
   Check(rd_kafka_metadata(handle_.get(), 0, handle.get(), &metadata, 10000),
@@ -117,7 +114,27 @@ std::vector<Record> Consumer::ReadAll(const std::string& topic, std::size_t expe
   if (metadata->topic_cnt != 1 || metadata->topics[0].err != RD_KAFKA_RESP_ERR_NO_ERROR) {
     throw std::runtime_error("no metadata for topic " + topic);
   }
-  const int partitions = metadata->topics[0].partition_cnt;
+  return metadata->topics[0].partition_cnt;
+}
+
+std::size_t Consumer::Stored(const std::string& topic) {
+  std::size_t stored = 0;
+  for (int partition = 0, partitions = Partitions(topic); partition < partitions; ++partition) {
+    std::int64_t low = 0;
+    std::int64_t high = 0;
+    Check(rd_kafka_query_watermark_offsets(handle_.get(), topic.c_str(), partition, &low, &high,
+                                           10000),
+          "watermarks of " + topic);
+    stored += static_cast<std::size_t>(high - low);
+  }
+  return stored;
+}
+
+std::vector<Record> Consumer::ReadAll(const std::string& topic, std::size_t expected,
+                                      std::chrono::milliseconds timeout,
+                                      std::chrono::milliseconds quiet) {
+  // Every partition of the topic, from its first offset.
+  const int partitions = Partitions(topic);
   std::unique_ptr<rd_kafka_topic_partition_list_t, void (*)(rd_kafka_topic_partition_list_t*)>
       assignment{rd_kafka_topic_partition_list_new(partitions),
                  rd_kafka_topic_partition_list_destroy};

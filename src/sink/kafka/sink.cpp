@@ -11,6 +11,9 @@
 // answered kOutcomeUnknown now, and their late reports are ignored.
 // A fatal error of the idempotent producer (rd_kafka_fatal_error) ends the batch: what it had in
 // flight is kOutcomeUnknown, and the producer is destroyed and made anew before the next batch.
+// So does the loss of every broker connection during the batch (librdkafka's ALL_BROKERS_DOWN
+// error, served by the same flush): what was queued is purged (kUnavailable) and what was in
+// flight is kOutcomeUnknown at once, not at the deadline; librdkafka reconnects on its own.
 
 #include <librdkafka/rdkafka.h>
 
@@ -18,6 +21,8 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <utility>
@@ -190,7 +195,26 @@ class KafkaSink final : public Sink {
     std::vector<bool> produced;
     std::size_t waiting = 0;  // produced, no report yet
     std::string stop_reason;  // why the rest of the batch was not produced
+    std::string cut_off;      // why every broker connection was lost during the batch, if it was
   };
+
+  static void ErrorCallback(rd_kafka_t* handle, int error, const char* reason, void* opaque) {
+    static_cast<KafkaSink*>(opaque)->OnError(handle, static_cast<rd_kafka_resp_err_t>(error),
+                                             reason);
+  }
+
+  void OnError(rd_kafka_t* handle, rd_kafka_resp_err_t error, const char* reason) {
+    // Logged as librdkafka logs an error that no callback takes.
+    const std::string text = std::string{rd_kafka_err2name(error)} + ": " + reason;
+    if (options_.log) {
+      Log(3, "librdkafka error: " + text);
+    } else if (log_level_ >= 3) {
+      std::fprintf(stderr, "%%3|ERROR|%s| %s\n", rd_kafka_name(handle), text.c_str());
+    }
+    if (error != RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN || !batch_) return;
+    batch_->cut_off = text;
+    rd_kafka_yield(handle);
+  }
 
   static void DeliveryCallback(rd_kafka_t* handle, const rd_kafka_message_t* message,
                                void* opaque) {
@@ -225,6 +249,12 @@ class KafkaSink final : public Sink {
     ConfPtr conf = BuildConf(options_);
     rd_kafka_conf_set_opaque(conf.get(), this);
     rd_kafka_conf_set_dr_msg_cb(conf.get(), DeliveryCallback);
+    rd_kafka_conf_set_error_cb(conf.get(), ErrorCallback);
+    std::array<char, 16> level{};
+    std::size_t level_size = level.size();
+    if (rd_kafka_conf_get(conf.get(), "log_level", level.data(), &level_size) == RD_KAFKA_CONF_OK) {
+      log_level_ = std::atoi(level.data());
+    }
     if (options_.log) rd_kafka_conf_set_log_cb(conf.get(), LogCallback);
     std::array<char, 512> text{};
     rd_kafka_t* handle = rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), text.data(), text.size());
@@ -266,6 +296,7 @@ class KafkaSink final : public Sink {
   HandlePtr producer_;
   std::map<std::string, TopicPtr, std::less<>> topics_;
   std::uint64_t next_token_ = 1;
+  int log_level_ = 6;                // librdkafka's log_level property
   std::optional<BatchState> batch_;  // the Publish call in progress
 };
 
@@ -276,6 +307,8 @@ void LogCallback(const rd_kafka_t* handle, int level, const char* facility, cons
 
 std::vector<PublishOutcome> KafkaSink::Publish(std::span<const Envelope> batch, Deadline deadline) {
   if (producer_ && !batch.empty() && !FatalError().empty()) DestroyProducer();
+  // Errors raised between batches (brokers down while idle) are not this batch's.
+  if (producer_ && !batch.empty()) rd_kafka_poll(producer_.get(), 0);
   BatchState& state = batch_.emplace(batch.size(), next_token_);
   next_token_ += batch.size();
   if (!batch.empty()) {
@@ -298,10 +331,14 @@ std::vector<PublishOutcome> KafkaSink::Publish(std::span<const Envelope> batch, 
     std::optional<Failure> failure = std::move(state.verdicts[i]);
     if (!state.settled[i]) {
       if (state.produced[i]) {
-        failure =
-            Failure{.kind = FailureKind::kOutcomeUnknown,
-                    .reason = fatal.empty() ? "sent, but no delivery report by the deadline"
-                                            : "sent, but the producer had a fatal error: " + fatal};
+        failure = Failure{
+            .kind = FailureKind::kOutcomeUnknown,
+            .reason = !fatal.empty() ? "sent, but the producer had a fatal error: " + fatal
+                      : !state.cut_off.empty()
+                          ? "sent, but every broker connection was lost before its delivery "
+                            "report (" +
+                                state.cut_off + ")"
+                          : "sent, but no delivery report by the deadline"};
       } else {
         failure =
             Failure{.kind = FailureKind::kUnavailable,
@@ -455,7 +492,7 @@ void KafkaSink::AwaitReports(Deadline deadline) {
     // yields (the batch is complete), everything is delivered, or the slice is over.
     const rd_kafka_resp_err_t result =
         rd_kafka_flush(producer_.get(), static_cast<int>(std::min(remaining, kFlushSlice).count()));
-    if (!FatalError().empty()) return;
+    if (!FatalError().empty() || !state.cut_off.empty()) return;
     if (result == RD_KAFKA_RESP_ERR_NO_ERROR && state.waiting > 0) {
       rd_kafka_poll(producer_.get(), 0);  // nothing left in the client: collect the last reports
       if (state.waiting > 0) return;
