@@ -117,16 +117,22 @@ int Consumer::Partitions(const std::string& topic) {
   return metadata->topics[0].partition_cnt;
 }
 
-std::size_t Consumer::Stored(const std::string& topic) {
-  std::size_t stored = 0;
+std::vector<std::size_t> Consumer::StoredByPartition(const std::string& topic) {
+  std::vector<std::size_t> stored;
   for (int partition = 0, partitions = Partitions(topic); partition < partitions; ++partition) {
     std::int64_t low = 0;
     std::int64_t high = 0;
     Check(rd_kafka_query_watermark_offsets(handle_.get(), topic.c_str(), partition, &low, &high,
                                            10000),
           "watermarks of " + topic);
-    stored += static_cast<std::size_t>(high - low);
+    stored.push_back(static_cast<std::size_t>(high - low));
   }
+  return stored;
+}
+
+std::size_t Consumer::Stored(const std::string& topic) {
+  std::size_t stored = 0;
+  for (const std::size_t count : StoredByPartition(topic)) stored += count;
   return stored;
 }
 

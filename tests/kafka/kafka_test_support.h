@@ -94,8 +94,10 @@ class Consumer {
   std::vector<Record> ReadAll(const std::string& topic, std::size_t expected,
                               std::chrono::milliseconds timeout = std::chrono::seconds{20},
                               std::chrono::milliseconds quiet = std::chrono::milliseconds{300});
-  // How many records `topic` holds now (its partitions' high watermarks less their low ones).
+  // How many records `topic` holds now (its partitions' high watermarks less their low ones), in
+  // all and by partition.
   std::size_t Stored(const std::string& topic);
+  std::vector<std::size_t> StoredByPartition(const std::string& topic);
 
  private:
   // How many partitions `topic` has (throws when the cluster does not know it).
