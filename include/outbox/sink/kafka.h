@@ -40,7 +40,9 @@
 //                    while the message was still queued in the client (it is then purged, so it
 //                    is not sent later), or the client's queue stayed full until the deadline.
 //   kOutcomeUnknown  may have been written: sent, and no report by the deadline (it may still be
-//                    written later; its late report is ignored), a transport error or timeout
+//                    written later; its late report is ignored), sent when every broker
+//                    connection was lost (librdkafka's ALL_BROKERS_DOWN ends the batch at once:
+//                    what was still queued is kUnavailable), a transport error or timeout
 //                    after it was sent (POSSIBLY_PERSISTED), a fatal error of the idempotent
 //                    producer (the producer is then destroyed and a new one made; the messages
 //                    are published again). When in doubt the sink says kOutcomeUnknown: the relay
