@@ -5,6 +5,9 @@
 //
 //   outbox-bench idle     [--seconds 30] [--latency-messages 1000]
 //   outbox-bench drain    [--messages 100000,1000000] [--payload 256,1024] [--streams 1000]
+//   outbox-bench drain --sink kafka [--kafka BROKERS] [--partitions 6] [--batch-size 500]
+//                         (into Kafka, next to a raw librdkafka producer; default: a fresh
+//                         outbox-kafka-mock per case)
 //   outbox-bench steady   [--rate 1000] [--seconds 60] [--payload 256] [--streams 1000]
 //   outbox-bench backlog  [--rows 10000000] [--measure 200000]
 //   outbox-bench bloat    [--rate 2000] [--seconds 600]     (steady load, old snapshot held open)
@@ -18,22 +21,29 @@
 // own statements are tagged /*bench*/ and left out, as are the writers' (enqueue, BEGIN, COMMIT;
 // the relay issues none of these).
 
+#include <fcntl.h>
 #include <libpq-fe.h>
+#include <librdkafka/rdkafka.h>
 #include <netinet/in.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <stdexcept>
@@ -41,8 +51,10 @@
 #include <thread>
 #include <vector>
 
+#include "handles.h"  // the Kafka sink's RAII over librdkafka (src/sink/kafka)
 #include "outbox/core/uuid.h"
 #include "outbox/core/wire_names.h"
+#include "outbox/sink/kafka.h"
 #include "outbox/sink/rabbitmq.h"
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_libpq.h"  // the store's RAII over libpq
@@ -510,22 +522,28 @@ ProcSample SampleProcess(pid_t pid) {
 }
 
 // Writes outboxd's config: its defaults (batch 500, confirm window 1000, sweep 1 s, lease 30 s,
-// HTTP listener with stats every 5 s, published messages deleted at once) plus the servers.
-std::string WriteConfig(Env& env, const std::string& schema) {
+// HTTP listener with stats every 5 s, published messages deleted at once) plus the servers. `sink`
+// is the body of [sinks.default] (default: RabbitMQ, routing key = topic); `relay`, lines added to
+// [relay].
+std::string WriteConfig(Env& env, const std::string& schema, const std::string& sink,
+                        const std::string& relay) {
   const auto path = env.dir / (schema + ".toml");
   std::ofstream out(path);
   out << "[database]\nurl = \"" << env.bench_url << "\"\nschema = \"" << schema
-      << "\"\n\n[relay]\ninstance = \"bench\"\n\n[log]\nlevel = \"warn\"\n\n[http]\nlisten = "
-         "\"127.0.0.1:"
-      << FreePort() << "\"\n\n[sinks.default]\ntype = \"rabbitmq\"\nurl = \"" << env.amqp_url
-      << "\"\nrouting_key = \"{topic}\"\n";
+      << "\"\n\n[relay]\ninstance = \"bench\"\n"
+      << relay << "\n[log]\nlevel = \"warn\"\n\n[http]\nlisten = \"127.0.0.1:" << FreePort()
+      << "\"\n\n[sinks.default]\n"
+      << (sink.empty()
+              ? "type = \"rabbitmq\"\nurl = \"" + env.amqp_url + "\"\nrouting_key = \"{topic}\"\n"
+              : sink);
   return path.string();
 }
 
 class Outboxd {
  public:
-  Outboxd(Env& env, const std::string& schema)
-      : config_(WriteConfig(env, schema)),
+  Outboxd(Env& env, const std::string& schema, const std::string& sink = {},
+          const std::string& relay = {})
+      : config_(WriteConfig(env, schema, sink, relay)),
         process_({env.outboxd, "--config", config_}, config_ + ".log") {}
   ProcSample Sample() const { return SampleProcess(process_.pid()); }
   // SIGTERM; throws if it does not exit cleanly.
@@ -774,6 +792,525 @@ void Drain(Env& env, const std::vector<std::int64_t>& counts,
           r.process.cpu_seconds / static_cast<double>(count) * 1e5, Mib(r.process.hwm_kib).c_str(),
           r.statements / static_cast<double>(count));
       Flush();
+    }
+  }
+  std::printf("\n");
+}
+
+// --- workload: drain into Kafka, with the raw librdkafka ceiling ------------------------------
+
+struct KafkaOptions {
+  std::string brokers;  // --kafka; empty or "mock": outbox-kafka-mock, started here per case
+  std::string mock_program = KAFKA_MOCK_PATH;
+  int mock_brokers = 3;
+  int partitions = 6;
+  int batch_size = 500;  // outboxd's relay.batch_size
+  int linger_ms = 5;     // the sink's linger (its default) and the ceiling's linger.ms
+  int repeat = 1;
+  [[nodiscard]] bool own_mock() const { return brokers.empty() || brokers == "mock"; }
+};
+
+void CheckKafka(rd_kafka_resp_err_t error, const std::string& what) {
+  if (error != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    throw std::runtime_error(what + ": " + rd_kafka_err2str(error));
+  }
+}
+
+// A librdkafka client with `properties`; `setup` may add callbacks to the configuration first.
+outbox::kafka::HandlePtr NewKafkaClient(
+    rd_kafka_type_t type, const std::vector<std::pair<std::string, std::string>>& properties,
+    const std::function<void(rd_kafka_conf_t*)>& setup = {}) {
+  outbox::kafka::ConfPtr conf{rd_kafka_conf_new()};
+  std::array<char, 512> error{};
+  for (const auto& [name, value] : properties) {
+    if (rd_kafka_conf_set(conf.get(), name.c_str(), value.c_str(), error.data(), error.size()) !=
+        RD_KAFKA_CONF_OK) {
+      throw std::runtime_error("librdkafka " + name + ": " + error.data());
+    }
+  }
+  if (setup) setup(conf.get());
+  rd_kafka_t* handle = rd_kafka_new(type, conf.get(), error.data(), error.size());
+  if (handle == nullptr) throw std::runtime_error(std::string{"rd_kafka_new: "} + error.data());
+  conf.release();  // rd_kafka_new took it over
+  return outbox::kafka::HandlePtr{handle};
+}
+
+// outbox-kafka-mock as a child process: its bootstrap servers from its first line of output, its
+// commands through its standard input. SIGTERM when this object dies (SIGKILL if this program
+// dies first).
+class KafkaMock {
+ public:
+  KafkaMock(const std::string& program, int brokers) {
+    std::array<int, 2> in{};
+    std::array<int, 2> out{};
+    if (pipe2(in.data(), O_CLOEXEC) != 0 || pipe2(out.data(), O_CLOEXEC) != 0) {
+      throw std::runtime_error("pipe2 failed");
+    }
+    const std::string count = std::to_string(brokers);
+    std::vector<char*> argv{const_cast<char*>(program.c_str()),  // NOLINT: execv's signature
+                            const_cast<char*>("--brokers"),      // NOLINT
+                            const_cast<char*>(count.c_str()), nullptr};
+    std::fflush(nullptr);
+    const pid_t parent = getpid();
+    pid_ = fork();
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(126);
+      dup2(in[0], STDIN_FILENO);
+      dup2(out[1], STDOUT_FILENO);
+      close_range(3, ~0U, 0);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    to_ = fdopen(in[1], "w");
+    from_ = fdopen(out[0], "r");
+    if (pid_ > 0) bootstraps_ = ReadLine();
+    if (bootstraps_.find(':') == std::string::npos) {
+      End();
+      throw std::runtime_error(program + " printed no bootstrap servers");
+    }
+  }
+  ~KafkaMock() { End(); }
+  KafkaMock(const KafkaMock&) = delete;
+  KafkaMock& operator=(const KafkaMock&) = delete;
+
+  const std::string& bootstraps() const { return bootstraps_; }
+  pid_t pid() const { return pid_; }
+  // One command (see outbox-kafka-mock --help); throws unless it answers "ok".
+  void Command(const std::string& line) {
+    std::fprintf(to_, "%s\n", line.c_str());
+    std::fflush(to_);
+    const std::string answer = ReadLine();
+    if (answer != "ok") throw std::runtime_error("outbox-kafka-mock: " + line + ": " + answer);
+  }
+
+ private:
+  std::string ReadLine() {
+    std::array<char, 4096> line{};
+    if (std::fgets(line.data(), static_cast<int>(line.size()), from_) == nullptr) return "(exited)";
+    std::string text = line.data();
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+    return text;
+  }
+  // SIGTERM, then SIGKILL if it has not exited after 10 s.
+  void End() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      const auto until = Clock::now() + std::chrono::seconds{10};
+      while (waitpid(pid_, nullptr, WNOHANG) != pid_) {
+        if (Clock::now() > until) {
+          kill(pid_, SIGKILL);
+          waitpid(pid_, nullptr, 0);
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds{20});
+      }
+      pid_ = -1;
+    }
+    if (to_ != nullptr) std::fclose(to_);
+    if (from_ != nullptr) std::fclose(from_);
+    to_ = from_ = nullptr;
+  }
+
+  pid_t pid_ = -1;
+  FILE* to_ = nullptr;
+  FILE* from_ = nullptr;
+  std::string bootstraps_;
+};
+
+// The cluster of one case (a ceiling and a drain): a fresh outbox-kafka-mock, whose in-memory log
+// goes with it, or the cluster given with --kafka.
+class KafkaCluster {
+ public:
+  explicit KafkaCluster(const KafkaOptions& options) : options_(options) {
+    if (options.own_mock()) {
+      mock_.emplace(options.mock_program, options.mock_brokers);
+      brokers_ = mock_->bootstraps();
+    } else {
+      brokers_ = options.brokers;
+    }
+  }
+  const std::string& brokers() const { return brokers_; }
+  // The mock's resident memory (its log is there); 0 for a cluster given with --kafka.
+  double mock_rss_kib() const { return mock_ ? SampleProcess(mock_->pid()).rss_kib : 0; }
+
+  // A topic of `options.partitions` partitions: the mock's `topic` command, or the admin API on
+  // a real cluster (a broker that refuses it auto-creates the topic with its own default).
+  void CreateTopic(const std::string& topic) {
+    if (mock_) {
+      mock_->Command("topic " + topic + " " + std::to_string(options_.partitions));
+      return;
+    }
+    const auto admin = NewKafkaClient(RD_KAFKA_PRODUCER, {{"bootstrap.servers", brokers_}});
+    std::array<char, 512> error{};
+    rd_kafka_NewTopic_t* spec =
+        rd_kafka_NewTopic_new(topic.c_str(), options_.partitions, -1, error.data(), error.size());
+    if (spec == nullptr) throw std::runtime_error("topic " + topic + ": " + error.data());
+    rd_kafka_queue_t* queue = rd_kafka_queue_new(admin.get());
+    rd_kafka_CreateTopics(admin.get(), &spec, 1, nullptr, queue);
+    rd_kafka_event_t* event = rd_kafka_queue_poll(queue, 30000);
+    if (event == nullptr || rd_kafka_event_error(event) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      std::printf("  (CreateTopics %s: %s; the topic is auto-created instead)\n", topic.c_str(),
+                  event == nullptr ? "no answer" : rd_kafka_event_error_string(event));
+    }
+    if (event != nullptr) rd_kafka_event_destroy(event);
+    rd_kafka_queue_destroy(queue);
+    rd_kafka_NewTopic_destroy(spec);
+  }
+
+  // "N partitions, replication factor R, leaders on brokers ...": from the topic's metadata.
+  std::string Layout(const std::string& topic) const {
+    const auto client = NewKafkaClient(RD_KAFKA_PRODUCER, {{"bootstrap.servers", brokers_}});
+    const outbox::kafka::TopicPtr handle{rd_kafka_topic_new(client.get(), topic.c_str(), nullptr)};
+    const rd_kafka_metadata_t* metadata = nullptr;
+    CheckKafka(rd_kafka_metadata(client.get(), 0, handle.get(), &metadata, 10000),
+               "metadata of " + topic);
+    const std::unique_ptr<const rd_kafka_metadata_t, void (*)(const rd_kafka_metadata_t*)> owned{
+        metadata, rd_kafka_metadata_destroy};
+    if (metadata->topic_cnt != 1 || metadata->topics[0].partition_cnt == 0) return "unknown";
+    const auto& t = metadata->topics[0];
+    std::vector<int> leaders;
+    for (int p = 0; p < t.partition_cnt; ++p) leaders.push_back(t.partitions[p].leader);
+    std::sort(leaders.begin(), leaders.end());
+    leaders.erase(std::unique(leaders.begin(), leaders.end()), leaders.end());
+    return std::to_string(t.partition_cnt) + " partitions, replication factor " +
+           std::to_string(t.partitions[0].replica_cnt) + ", leaders on " +
+           std::to_string(leaders.size()) + " of " + std::to_string(metadata->broker_cnt) +
+           " brokers";
+  }
+
+ private:
+  const KafkaOptions& options_;
+  std::optional<KafkaMock> mock_;
+  std::string brokers_;
+};
+
+// How fast a topic fills, whoever writes it: the sum of its partitions' high watermarks, read
+// about every 2 ms on a thread of its own (ListOffsets "latest", one request per leader). The rate
+// is the records written between the first reading above 0 and the first at `count` or more,
+// divided by the time between the two.
+class TopicFill {
+ public:
+  TopicFill(const std::string& brokers, const std::string& topic, int partitions,
+            std::int64_t count)
+      : client_(NewKafkaClient(RD_KAFKA_PRODUCER, {{"bootstrap.servers", brokers}})),
+        partitions_(rd_kafka_topic_partition_list_new(partitions),
+                    rd_kafka_topic_partition_list_destroy),
+        count_(count) {
+    for (int p = 0; p < partitions; ++p) {
+      rd_kafka_topic_partition_list_add(partitions_.get(), topic.c_str(), p);
+    }
+    if (const auto written = Written(); written != 0) {
+      throw std::runtime_error("topic " + topic +
+                               (written < 0 ? ": no offsets in 10 s" : " is not empty"));
+    }
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~TopicFill() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  TopicFill(const TopicFill&) = delete;
+  TopicFill& operator=(const TopicFill&) = delete;
+
+  // Waits (bounded) until `count` records are in the topic; false on time-out.
+  bool Wait(std::chrono::seconds limit) {
+    const auto until = Clock::now() + limit;
+    while (!done_) {
+      if (Clock::now() > until || stop_) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds{5});
+    }
+    thread_.join();
+    return true;
+  }
+  // After Wait: records per second, and when the last of `count` was seen.
+  double Rate() const {
+    return static_cast<double>(last_count_ - first_count_) /
+           Seconds(std::max(last_at_ - first_at_, Clock::duration{1}));
+  }
+  Clock::time_point done_at() const { return last_at_; }
+  // Records in the topic now (-1 when the brokers did not answer in 10 s).
+  std::int64_t Written() {
+    for (int i = 0; i < partitions_->cnt; ++i) partitions_->elems[i].offset = RD_KAFKA_OFFSET_END;
+    if (rd_kafka_offsets_for_times(client_.get(), partitions_.get(), 10000) !=
+        RD_KAFKA_RESP_ERR_NO_ERROR) {
+      return -1;
+    }
+    std::int64_t sum = 0;
+    for (int i = 0; i < partitions_->cnt; ++i) {
+      if (partitions_->elems[i].err != RD_KAFKA_RESP_ERR_NO_ERROR) return -1;
+      sum += std::max<std::int64_t>(0, partitions_->elems[i].offset);
+    }
+    return sum;
+  }
+
+ private:
+  void Loop() {
+    while (!stop_) {
+      const std::int64_t written = Written();
+      const auto now = Clock::now();
+      if (written > 0 && first_count_ == 0) {
+        first_count_ = written;
+        first_at_ = now;
+      }
+      if (written >= count_) {
+        last_count_ = written;
+        last_at_ = now;
+        done_ = true;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds{2});
+    }
+  }
+
+  outbox::kafka::HandlePtr client_;
+  std::unique_ptr<rd_kafka_topic_partition_list_t, void (*)(rd_kafka_topic_partition_list_t*)>
+      partitions_;
+  std::int64_t count_;
+  std::int64_t first_count_ = 0;
+  std::int64_t last_count_ = 0;
+  Clock::time_point first_at_{};
+  Clock::time_point last_at_{};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+// The producer settings the sink uses (sink/kafka.h, with its defaults but linger), for the
+// ceiling.
+std::vector<std::pair<std::string, std::string>> SinkProducerSettings(const std::string& brokers,
+                                                                      int linger_ms) {
+  return {{"bootstrap.servers", brokers},
+          {"enable.idempotence", "true"},
+          {"acks", "all"},
+          {"compression.codec", "none"},
+          {"linger.ms", std::to_string(linger_ms)},
+          {"max.in.flight.requests.per.connection", "5"},
+          {"message.max.bytes", "1000000"},
+          {"partitioner", "murmur2_random"}};
+}
+
+struct KafkaCeilingResult {
+  double rate = 0;     // as TopicFill measures it
+  double reports = 0;  // messages / (first produce -> last delivery report)
+};
+
+// The ceiling: a plain idempotent librdkafka producer writes messages 0..count-1 as Preinsert
+// makes them (key, payload, the sink's headers and timestamp) as fast as the client takes them,
+// then flushes until every delivery report is in. Connected, with the topic's metadata, before
+// the clock starts.
+KafkaCeilingResult KafkaCeiling(KafkaCluster& cluster, const KafkaOptions& options,
+                                const std::string& topic, std::int64_t count, std::size_t payload,
+                                int streams) {
+  struct Reports {
+    std::int64_t delivered = 0;
+    std::int64_t failed = 0;
+    std::string error;
+  } reports;
+  const auto producer =
+      NewKafkaClient(RD_KAFKA_PRODUCER, SinkProducerSettings(cluster.brokers(), options.linger_ms),
+                     [&reports](rd_kafka_conf_t* conf) {
+                       rd_kafka_conf_set_opaque(conf, &reports);
+                       rd_kafka_conf_set_dr_msg_cb(
+                           conf, [](rd_kafka_t*, const rd_kafka_message_t* message, void* opaque) {
+                             auto& r = *static_cast<Reports*>(opaque);
+                             if (message->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+                               ++r.delivered;
+                             } else if (r.failed++ == 0) {
+                               r.error = rd_kafka_err2str(message->err);
+                             }
+                           });
+                     });
+  const outbox::kafka::TopicPtr handle{rd_kafka_topic_new(producer.get(), topic.c_str(), nullptr)};
+  const rd_kafka_metadata_t* metadata = nullptr;
+  CheckKafka(rd_kafka_metadata(producer.get(), 0, handle.get(), &metadata, 10000), "metadata");
+  rd_kafka_metadata_destroy(metadata);
+  TopicFill fill(cluster.brokers(), topic, options.partitions, count);
+
+  const std::string content_type = "application/json";
+  const std::string attempts = "1";
+  const auto start = Clock::now();
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::string body = Payload(i, payload);
+    const std::string key = "s" + std::to_string(i % streams);
+    const std::string id = outbox::NewUuidV7().ToString();
+    const std::string seq = std::to_string(i / streams + 1);
+    const std::string partition = std::to_string((i % streams) % 64);
+    outbox::kafka::HeadersPtr headers{rd_kafka_headers_new(8)};
+    for (const auto& [name, value] :
+         {std::pair<std::string_view, std::string_view>{outbox::wire::kMessageId, id},
+          {outbox::kafka::kContentTypeHeader, content_type},
+          {outbox::wire::kTopicHeader, topic},
+          {outbox::wire::kStreamKeyHeader, key},
+          {outbox::wire::kStreamSeqHeader, seq},
+          {outbox::wire::kPartitionHeader, partition},
+          {outbox::wire::kAttemptsHeader, attempts}}) {
+      rd_kafka_header_add(headers.get(), name.data(), static_cast<ssize_t>(name.size()),
+                          value.data(), static_cast<ssize_t>(value.size()));
+    }
+    std::array<rd_kafka_vu_t, 6> values{};
+    values[0].vtype = RD_KAFKA_VTYPE_RKT;
+    values[0].u.rkt = handle.get();
+    values[1].vtype = RD_KAFKA_VTYPE_MSGFLAGS;
+    values[1].u.i = RD_KAFKA_MSG_F_COPY;
+    values[2].vtype = RD_KAFKA_VTYPE_VALUE;
+    values[2].u.mem = {const_cast<char*>(body.data()), body.size()};
+    values[3].vtype = RD_KAFKA_VTYPE_KEY;
+    values[3].u.mem = {const_cast<char*>(key.data()), key.size()};
+    values[4].vtype = RD_KAFKA_VTYPE_TIMESTAMP;
+    values[4].u.i64 = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+    values[5].vtype = RD_KAFKA_VTYPE_HEADERS;
+    values[5].u.headers = headers.get();
+    for (int tries = 0;; ++tries) {
+      const outbox::kafka::ErrorPtr error{
+          rd_kafka_produceva(producer.get(), values.data(), values.size())};
+      if (!error) break;
+      if (rd_kafka_error_code(error.get()) != RD_KAFKA_RESP_ERR__QUEUE_FULL || tries > 6000) {
+        throw std::runtime_error(std::string{"ceiling: produce: "} +
+                                 rd_kafka_error_string(error.get()));
+      }
+      rd_kafka_poll(producer.get(), 10);  // reports free room in the client's queue
+    }
+    headers.release();  // librdkafka owns them now
+    if (i % 1000 == 0) rd_kafka_poll(producer.get(), 0);
+  }
+  const auto flush_until = Clock::now() + std::chrono::minutes{10};
+  while (reports.delivered + reports.failed < count && Clock::now() < flush_until) {
+    rd_kafka_flush(producer.get(), 1000);
+  }
+  const double seconds = Seconds(Clock::now() - start);
+  if (reports.failed > 0 || reports.delivered < count) {
+    throw std::runtime_error("ceiling: " + std::to_string(reports.delivered) + " of " +
+                             std::to_string(count) + " delivered; first error: " + reports.error);
+  }
+  if (!fill.Wait(std::chrono::seconds{60})) throw std::runtime_error("ceiling: topic not filled");
+  return {.rate = fill.Rate(), .reports = static_cast<double>(count) / seconds};
+}
+
+struct KafkaDrainResult {
+  double rate = 0;     // as TopicFill measures it
+  double filled = 0;   // outboxd start -> `count` records in the topic
+  double emptied = 0;  // outboxd start -> the outbox table empty (every message confirmed)
+  std::int64_t extra_records = 0;  // records in the topic beyond `count`: duplicates
+  ProcSample process;
+  double statements = 0;
+};
+
+// `count` pending messages for topic `topic` (Preinsert), then outboxd with a Kafka sink.
+KafkaDrainResult KafkaDrain(Env& env, KafkaCluster& cluster, const KafkaOptions& options,
+                            const std::string& topic, std::int64_t count, std::size_t payload,
+                            int streams) {
+  Schema schema(env);
+  Preinsert(env, schema, topic, 0, count, payload, streams);
+  TopicFill fill(cluster.brokers(), topic, options.partitions, count);
+  StatementCounter statements(env);
+  statements.Reset();
+  const std::string sink = "type = \"kafka\"\nbrokers = \"" + cluster.brokers() +
+                           "\"\ntopic = \"{topic}\"\nlinger = \"" +
+                           std::to_string(options.linger_ms) + "ms\"\n";
+  const auto start = Clock::now();
+  Outboxd relay(env, schema.name(), sink,
+                "batch_size = " + std::to_string(options.batch_size) + "\n");
+  if (!fill.Wait(std::chrono::seconds{1800})) {
+    throw std::runtime_error("kafka drain did not finish in 30 min");
+  }
+  KafkaDrainResult result;
+  result.rate = fill.Rate();
+  result.filled = Seconds(fill.done_at() - start);
+  for (int i = 0; i < 6000; ++i) {  // the last confirmations and deletes, bounded at 60 s
+    if (Scalar(env.monitor.get(), "SELECT count(*) FROM " + schema.messages()) == "0") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  result.emptied = Seconds(Clock::now() - start);
+  result.process = relay.Sample();
+  result.statements = statements.Total();
+  relay.Stop();
+  result.extra_records = fill.Written() - count;
+  return result;
+}
+
+void KafkaDrainBench(Env& env, const KafkaOptions& options, const std::vector<std::int64_t>& counts,
+                     const std::vector<std::size_t>& payloads, int streams,
+                     std::int64_t store_messages) {
+  std::printf(
+      "== burst drain into Kafka: pre-inserted pending messages over %d streams, then outboxd "
+      "starts;\n   next to the ceiling, a plain librdkafka idempotent producer writing the same "
+      "messages to the same cluster just before\n",
+      streams);
+  PrintRelayConditions(env);
+  std::printf(
+      "relay.batch_size %d; sink: kafka, topic = {topic}, the sink's defaults (enable.idempotence, "
+      "acks=all, compression none, max_in_flight 5, partitioner murmur2_random) and linger %d ms\n",
+      options.batch_size, options.linger_ms);
+  std::printf(
+      "ceiling: librdkafka %s, the same producer settings, keys s0..s%d, the sink's headers "
+      "(message_id, content_type, outbox-topic, -stream-key, -stream-seq, -partition, -attempts) "
+      "and payloads\n",
+      rd_kafka_version_str(), streams - 1);
+  if (options.own_mock()) {
+    std::printf(
+        "cluster: outbox-kafka-mock --brokers %d (librdkafka's mock cluster: a protocol mock, not "
+        "Kafka: it answers acks=all at once, without replication, and keeps only the last 5 MiB of "
+        "each partition in memory, dropping older record batches), a fresh one per case "
+        "(ceiling, then drain), each run a topic of %d partitions\n",
+        options.mock_brokers, options.partitions);
+  } else {
+    std::printf("cluster: %s (--kafka), each run a new topic of %d partitions\n",
+                options.brokers.c_str(), options.partitions);
+  }
+  std::printf(
+      "rate (both): records in the topic, the sum of its high watermarks read every ~2 ms, from "
+      "the first reading above 0 to the first at N; also: ceiling first produce -> last delivery "
+      "report, drain outboxd start -> N in the topic and -> the outbox table empty (every "
+      "message confirmed and deleted)\n\n");
+  Flush();
+  for (const std::size_t payload : payloads) {
+    const double store = StoreClaimComplete(env, store_messages, payload, options.batch_size);
+    std::printf(
+        "payload %zu B: store claim+complete (batch %d, no broker, %s messages): %s msgs/s\n",
+        payload, options.batch_size, Thousands(static_cast<double>(store_messages)).c_str(),
+        Thousands(store).c_str());
+    Flush();
+    for (const std::int64_t count : counts) {
+      for (int round = 1; round <= options.repeat; ++round) {
+        KafkaCluster cluster(options);
+        const std::string ceiling_topic = "outbox-bench-" + env.NewName("ceiling");
+        const std::string drain_topic = "outbox-bench-" + env.NewName("drain");
+        cluster.CreateTopic(ceiling_topic);
+        cluster.CreateTopic(drain_topic);
+        const auto ceiling = KafkaCeiling(cluster, options, ceiling_topic, count, payload, streams);
+        const auto drain = KafkaDrain(env, cluster, options, drain_topic, count, payload, streams);
+        std::ifstream meminfo("/proc/meminfo");
+        std::string line;
+        double available_kib = 0;
+        while (std::getline(meminfo, line)) {
+          if (line.rfind("MemAvailable:", 0) == 0) available_kib = std::atof(line.c_str() + 13);
+        }
+        std::printf(
+            "  %s x %zu B%s: ceiling %s msgs/s (last delivery report after %.2f s: %s msgs/s); "
+            "drain %s msgs/s = %.0f %% of the ceiling (%.0f %% of store claim+complete)\n"
+            "    drain: all in the topic %.2f s after outboxd started, table empty after %.2f s; "
+            "records beyond N: %lld; outboxd CPU %.2f s per 100k messages, peak RSS %s, %.4f "
+            "statements/message\n"
+            "    topic: %s; %s, memory available %s\n",
+            Thousands(static_cast<double>(count)).c_str(), payload,
+            options.repeat > 1 ? (" (round " + std::to_string(round) + ")").c_str() : "",
+            Thousands(ceiling.rate).c_str(), static_cast<double>(count) / ceiling.reports,
+            Thousands(ceiling.reports).c_str(), Thousands(drain.rate).c_str(),
+            100.0 * drain.rate / ceiling.rate, 100.0 * drain.rate / store, drain.filled,
+            drain.emptied, static_cast<long long>(drain.extra_records),
+            drain.process.cpu_seconds / static_cast<double>(count) * 1e5,
+            Mib(drain.process.hwm_kib).c_str(), drain.statements / static_cast<double>(count),
+            cluster.Layout(drain_topic).c_str(),
+            options.own_mock() ? ("mock RSS " + Mib(cluster.mock_rss_kib())).c_str()
+                               : "cluster memory not measured",
+            Mib(available_kib).c_str());
+        Flush();
+      }
     }
   }
   std::printf("\n");
@@ -1285,7 +1822,28 @@ int main(int argc, char** argv) {
   drain->add_option("--messages", drain_counts)->delimiter(',')->check(CLI::Range(1, 100000000));
   drain->add_option("--payload", drain_payloads)->delimiter(',')->check(CLI::Range(14, 1048576));
   drain->add_option("--streams", drain_streams)->check(CLI::Range(1, 1000000));
-  drain->add_option("--ceiling-messages", ceiling_messages)->check(CLI::Range(2, 100000000));
+  drain
+      ->add_option("--ceiling-messages", ceiling_messages,
+                   "messages per ceiling (RabbitMQ, PostgreSQL; with --sink kafka: the store's)")
+      ->check(CLI::Range(2, 100000000));
+  std::string drain_sink = "rabbitmq";
+  KafkaOptions kafka;
+  drain->add_option("--sink", drain_sink, "where outboxd publishes")
+      ->check(CLI::IsMember({"rabbitmq", "kafka"}));
+  drain->add_option("--kafka", kafka.brokers,
+                    "with --sink kafka: bootstrap servers (default: outbox-kafka-mock, started "
+                    "here, a fresh one per case)");
+  drain->add_option("--kafka-mock", kafka.mock_program, "the outbox-kafka-mock binary")
+      ->check(CLI::ExistingFile);
+  drain->add_option("--mock-brokers", kafka.mock_brokers)->check(CLI::Range(1, 64));
+  drain->add_option("--partitions", kafka.partitions, "partitions of each Kafka topic")
+      ->check(CLI::Range(1, 1000));
+  drain->add_option("--batch-size", kafka.batch_size, "with --sink kafka: outboxd's batch_size")
+      ->check(CLI::Range(1, 10000));
+  drain->add_option("--linger", kafka.linger_ms, "with --sink kafka: linger ms, sink and ceiling")
+      ->check(CLI::Range(0, 10000));
+  drain->add_option("--repeat", kafka.repeat, "with --sink kafka: rounds of each case")
+      ->check(CLI::Range(1, 100));
 
   SteadyOptions steady_options;
   auto* steady = app.add_subcommand("steady", "writers at a fixed rate: latency and lag");
@@ -1332,7 +1890,11 @@ int main(int argc, char** argv) {
     OpenEnv(env);
     PrintConditions(env);
     if (idle->parsed()) Idle(env, idle_seconds, latency_messages);
-    if (drain->parsed()) Drain(env, drain_counts, drain_payloads, drain_streams, ceiling_messages);
+    if (drain->parsed() && drain_sink == "kafka") {
+      KafkaDrainBench(env, kafka, drain_counts, drain_payloads, drain_streams, ceiling_messages);
+    } else if (drain->parsed()) {
+      Drain(env, drain_counts, drain_payloads, drain_streams, ceiling_messages);
+    }
     if (steady->parsed()) Steady(env, steady_options);
     if (bloat->parsed()) Steady(env, bloat_options);
     if (backlog->parsed()) {
