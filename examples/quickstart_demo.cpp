@@ -7,6 +7,7 @@
 //
 //   quickstart_demo [--orders 10000] [--streams 100] [--rollback-percent 10] [--dir DIR]
 //                   [--outboxd PATH] [--timeout 60] [--seed 1] [--postgres URL --amqp URL]
+//                   [--postgres URL --kafka [BROKERS|mock]]
 //
 // Everything lives in DIR (default: a new /tmp/outbox-quickstart-XXXXXX, kept afterwards):
 // app.db (the application's database, which also holds the outbox), outboxd.toml, outboxd.log and
@@ -17,10 +18,20 @@
 // publishes to RabbitMQ (a durable queue of the demo's own, outbox-quickstart-<pid>-orders), and
 // this program consumes that queue (manual acks) instead of reading a file. The schema and the
 // queue are dropped at the end, pass or fail; DIR then holds outboxd.toml and outboxd.log only.
+//
+// With --postgres URL --kafka BROKERS it is the same with Kafka: outboxd publishes with its kafka
+// sink to a topic of the demo's own (outbox-quickstart-<pid>-orders, created with the admin API
+// when the cluster allows it, deleted at the end), and this program reads every partition of it
+// with a plain librdkafka consumer: the record key is the stream, the headers message_id and
+// outbox-stream-seq the event id and its place in the stream. With --kafka alone (or --kafka mock)
+// it starts outbox-kafka-mock (librdkafka's mock cluster: a protocol mock, not Kafka) as a child
+// process, whose log is DIR/kafka-mock.log, and stops it at the end.
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
 #include <fcntl.h>
 #include <libpq-fe.h>
+#include <librdkafka/rdkafka.h>
+#include <poll.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/prctl.h>
@@ -74,9 +85,16 @@ struct Options {
   std::string outboxd;
   int timeout_seconds = 60;
   std::uint64_t seed = 1;
-  std::string postgres;  // with amqp: the PostgreSQL + RabbitMQ run
+  std::string postgres;  // with amqp or kafka: the run on the servers
   std::string amqp;
+  bool kafka_given = false;  // --kafka: outboxd publishes to Kafka instead of RabbitMQ
+  std::string kafka;         // its bootstrap servers; "" or "mock": outbox-kafka-mock, started here
+  std::string kafka_mock;    // the outbox-kafka-mock binary (default: next to this one)
   [[nodiscard]] bool UsesServers() const { return !postgres.empty(); }
+  [[nodiscard]] bool UsesKafka() const { return kafka_given; }
+  [[nodiscard]] bool StartsMock() const {
+    return kafka_given && (kafka.empty() || kafka == "mock");
+  }
 };
 
 // 12345678 -> "12,345,678"
@@ -572,15 +590,219 @@ class QueueConsumer final : public Published {
   AmqpConn conn_;
 };
 
-// ---- outboxd, as a child process ----
+// ---- What outboxd published to Kafka: a plain librdkafka consumer of the demo's topic ----
 
-class RelayProcess {
+struct KafkaDeleter {
+  void operator()(rd_kafka_t* handle) const noexcept { rd_kafka_destroy(handle); }
+  void operator()(rd_kafka_conf_t* conf) const noexcept { rd_kafka_conf_destroy(conf); }
+  void operator()(rd_kafka_topic_t* topic) const noexcept { rd_kafka_topic_destroy(topic); }
+  void operator()(rd_kafka_message_t* message) const noexcept { rd_kafka_message_destroy(message); }
+  void operator()(rd_kafka_queue_t* queue) const noexcept { rd_kafka_queue_destroy(queue); }
+  void operator()(rd_kafka_event_t* event) const noexcept { rd_kafka_event_destroy(event); }
+  void operator()(rd_kafka_topic_partition_list_t* list) const noexcept {
+    rd_kafka_topic_partition_list_destroy(list);
+  }
+  void operator()(const rd_kafka_metadata_t* metadata) const noexcept {
+    rd_kafka_metadata_destroy(metadata);
+  }
+};
+template <typename T>
+using KafkaPtr = std::unique_ptr<T, KafkaDeleter>;
+
+// A client of `brokers` that logs errors only (librdkafka prints them to stderr).
+KafkaPtr<rd_kafka_t> KafkaClient(rd_kafka_type_t type, const std::string& brokers) {
+  KafkaPtr<rd_kafka_conf_t> conf{rd_kafka_conf_new()};
+  std::array<char, 512> error{};
+  const std::vector<std::pair<std::string, std::string>> properties = {
+      {"bootstrap.servers", brokers},
+      {"log_level", "3"},
+      {"group.id", "outbox-quickstart"},  // required of a consumer; nothing is committed
+      {"enable.auto.commit", "false"},
+      {"enable.partition.eof", "false"}};
+  for (const auto& [name, value] : properties) {
+    if (type == RD_KAFKA_PRODUCER && name != "bootstrap.servers" && name != "log_level") continue;
+    if (rd_kafka_conf_set(conf.get(), name.c_str(), value.c_str(), error.data(), error.size()) !=
+        RD_KAFKA_CONF_OK) {
+      throw std::runtime_error("Kafka: " + name + ": " + error.data());
+    }
+  }
+  KafkaPtr<rd_kafka_t> handle{rd_kafka_new(type, conf.get(), error.data(), error.size())};
+  if (!handle) throw std::runtime_error(std::string{"Kafka: "} + error.data());
+  static_cast<void>(conf.release());  // rd_kafka_new took it over
+  return handle;
+}
+
+// The partition count of `topic`, waiting (up to 10 s) until the cluster knows it. A producer's
+// metadata request also makes a cluster that auto-creates topics (the mock does) create it.
+int TopicPartitions(rd_kafka_t* client, const std::string& topic) {
+  const KafkaPtr<rd_kafka_topic_t> handle{rd_kafka_topic_new(client, topic.c_str(), nullptr)};
+  std::string reason = "no answer";
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    const rd_kafka_metadata_t* raw = nullptr;
+    const rd_kafka_resp_err_t error = rd_kafka_metadata(client, 0, handle.get(), &raw, 5000);
+    const KafkaPtr<const rd_kafka_metadata_t> metadata{raw};
+    if (error != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      reason = rd_kafka_err2str(error);
+    } else if (metadata->topic_cnt == 1 && metadata->topics[0].err == RD_KAFKA_RESP_ERR_NO_ERROR &&
+               metadata->topics[0].partition_cnt > 0) {
+      return metadata->topics[0].partition_cnt;
+    } else if (metadata->topic_cnt == 1) {
+      reason = rd_kafka_err2str(metadata->topics[0].err);
+    }
+    std::this_thread::sleep_for(milliseconds{500});
+  }
+  throw std::runtime_error("Kafka: topic " + topic + " is not there: " + reason);
+}
+
+// Creates `topic` (`create`: with the cluster's default partitions and replication; a topic that
+// exists already counts as created) or deletes it: "" when the cluster did it, otherwise why not.
+std::string KafkaAdmin(const std::string& brokers, const std::string& topic, bool create) {
+  const KafkaPtr<rd_kafka_t> client = KafkaClient(RD_KAFKA_PRODUCER, brokers);
+  const KafkaPtr<rd_kafka_queue_t> queue{rd_kafka_queue_new(client.get())};
+  std::array<char, 512> error{};
+  if (create) {
+    // The cluster's default partition count and replication factor.
+    rd_kafka_NewTopic_t* spec =
+        rd_kafka_NewTopic_new(topic.c_str(), -1, -1, error.data(), error.size());
+    if (spec == nullptr) return error.data();
+    rd_kafka_CreateTopics(client.get(), &spec, 1, nullptr, queue.get());
+    rd_kafka_NewTopic_destroy(spec);
+  } else {
+    rd_kafka_DeleteTopic_t* spec = rd_kafka_DeleteTopic_new(topic.c_str());
+    rd_kafka_DeleteTopics(client.get(), &spec, 1, nullptr, queue.get());
+    rd_kafka_DeleteTopic_destroy(spec);
+  }
+  const KafkaPtr<rd_kafka_event_t> event{rd_kafka_queue_poll(queue.get(), 15000)};
+  if (!event) return "no answer in 15 s";
+  if (rd_kafka_event_error(event.get()) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    return rd_kafka_event_error_string(event.get());
+  }
+  std::size_t count = 0;
+  const rd_kafka_topic_result_t** results =
+      create ? rd_kafka_CreateTopics_result_topics(rd_kafka_event_CreateTopics_result(event.get()),
+                                                   &count)
+             : rd_kafka_DeleteTopics_result_topics(rd_kafka_event_DeleteTopics_result(event.get()),
+                                                   &count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const rd_kafka_resp_err_t code = rd_kafka_topic_result_error(results[i]);
+    if (code == RD_KAFKA_RESP_ERR_NO_ERROR ||
+        (create && code == RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS)) {
+      continue;
+    }
+    const char* text = rd_kafka_topic_result_error_string(results[i]);
+    return text != nullptr ? text : rd_kafka_err2str(code);
+  }
+  return "";
+}
+
+// Reads every partition of `topic` from its beginning, as any independent consumer would (no
+// offsets committed): message_id is the event id, the record key its stream, the header
+// outbox-stream-seq its place in it, the value its payload. Polled from one thread.
+class TopicConsumer final : public Published {
  public:
-  // Starts `binary --config config` with stdout and stderr appended to `log`. Call before any
-  // thread is started (fork).
-  RelayProcess(const std::string& binary, const std::string& config, const std::string& log) {
+  TopicConsumer(const std::string& brokers, const std::string& topic)
+      : handle_(KafkaClient(RD_KAFKA_CONSUMER, brokers)) {
+    const int partitions = TopicPartitions(handle_.get(), topic);
+    const KafkaPtr<rd_kafka_topic_partition_list_t> assignment{
+        rd_kafka_topic_partition_list_new(partitions)};
+    for (int partition = 0; partition < partitions; ++partition) {
+      rd_kafka_topic_partition_list_add(assignment.get(), topic.c_str(), partition)->offset =
+          RD_KAFKA_OFFSET_BEGINNING;
+    }
+    const rd_kafka_resp_err_t error = rd_kafka_assign(handle_.get(), assignment.get());
+    if (error != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      throw std::runtime_error("Kafka: assigning " + topic + ": " + rd_kafka_err2str(error));
+    }
+  }
+
+  // Takes what has arrived (at most a few thousand records, so that progress is shown).
+  void Poll() override { Receive(0, 5000); }
+
+  // Takes records until none has come for half a second (outboxd has stopped: nothing more is on
+  // its way).
+  void Finish() override {
+    const auto deadline = Clock::now() + std::chrono::seconds{30};
+    while (handle_ && Clock::now() < deadline && Receive(500, 5000) > 0) {
+    }
+  }
+
+  void Close() {
+    if (handle_) rd_kafka_consumer_close(handle_.get());
+    handle_.reset();
+  }
+
+ private:
+  // Returns the number of records taken; waits up to `wait_ms` for the first.
+  int Receive(int wait_ms, int max_records) {
+    if (!handle_) return 0;
+    int taken = 0;
+    while (taken < max_records) {
+      const KafkaPtr<rd_kafka_message_t> message{
+          rd_kafka_consumer_poll(handle_.get(), taken == 0 ? wait_ms : 0)};
+      if (!message) break;
+      if (message->err != RD_KAFKA_RESP_ERR_NO_ERROR) continue;  // transient (a broker away)
+      Record(*message);
+      ++taken;
+    }
+    return taken;
+  }
+
+  void Record(const rd_kafka_message_t& message) {
+    const auto header = [&message](const char* name) -> std::optional<std::string> {
+      rd_kafka_headers_t* headers = nullptr;
+      const void* value = nullptr;
+      std::size_t size = 0;
+      if (rd_kafka_message_headers(&message, &headers) != RD_KAFKA_RESP_ERR_NO_ERROR ||
+          rd_kafka_header_get_last(headers, name, &value, &size) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        return std::nullopt;
+      }
+      return std::string(static_cast<const char*>(value), size);
+    };
+    const auto id = header(outbox::wire::kMessageId.data());
+    const auto seq = header(outbox::wire::kStreamSeqHeader.data());
+    const std::string key =
+        message.key == nullptr
+            ? ""
+            : std::string(static_cast<const char*>(message.key), message.key_len);
+    // The key is the stream: the header outbox-stream-key must agree with it.
+    if (!id || header(outbox::wire::kStreamKeyHeader.data()).value_or("") != key) {
+      AddMalformed();
+      return;
+    }
+    Delivery delivery;
+    delivery.id = *id;
+    delivery.stream_key = key;
+    if (seq) delivery.stream_seq = std::strtoll(seq->c_str(), nullptr, 10);
+    const nlohmann::json payload = nlohmann::json::parse(
+        std::string_view(static_cast<const char*>(message.payload), message.len), nullptr, false);
+    if (!payload.is_discarded()) delivery.order_id = PayloadOrderId(payload);
+    Add(std::move(delivery));
+  }
+
+  KafkaPtr<rd_kafka_t> handle_;
+};
+
+// ---- outboxd (and outbox-kafka-mock), as child processes ----
+
+class ChildProcess {
+ public:
+  // Starts `argv` (argv[0]: the program's path) with standard input from /dev/null and its output
+  // appended to `log`; with `pipe_stdout`, its standard output goes to a pipe that FirstLine reads
+  // instead. Safe while other threads run (librdkafka's): everything is prepared before fork, and
+  // the child makes only async-signal-safe calls until exec.
+  ChildProcess(const std::vector<std::string>& argv, const std::string& log,
+               bool pipe_stdout = false) {
     const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd < 0) throw std::runtime_error("cannot create " + log + ": " + std::strerror(errno));
+    std::array<int, 2> out{-1, -1};
+    if (pipe_stdout && ::pipe2(out.data(), O_CLOEXEC) != 0) {
+      ::close(log_fd);
+      throw std::runtime_error(std::string{"pipe: "} + std::strerror(errno));
+    }
+    std::vector<char*> args;
+    for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));  // NOLINT
+    args.push_back(nullptr);
+    const std::string failed = "quickstart_demo: cannot execute " + argv[0] + "\n";
     const pid_t parent = ::getpid();
     pid_ = ::fork();
     if (pid_ < 0) {
@@ -591,30 +813,47 @@ class RelayProcess {
       // Only async-signal-safe calls from here on. The relay drains when this program dies.
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (::getppid() != parent) ::_exit(1);
-      ::dup2(log_fd, STDOUT_FILENO);
+      const int null_fd = ::open("/dev/null", O_RDONLY);
+      if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
+      ::dup2(pipe_stdout ? out[1] : log_fd, STDOUT_FILENO);
       ::dup2(log_fd, STDERR_FILENO);
-      ::close_range(3, ~0U, 0);  // the demo's own connections are not outboxd's business
-      std::array<char*, 4> argv{const_cast<char*>(binary.c_str()),  // NOLINT: execv's signature
-                                const_cast<char*>("--config"),      // NOLINT
-                                const_cast<char*>(config.c_str()),  // NOLINT
-                                nullptr};
-      ::execv(binary.c_str(), argv.data());
-      constexpr std::string_view kFailed = "quickstart_demo: cannot execute outboxd\n";
-      [[maybe_unused]] const ssize_t ignored =
-          ::write(STDERR_FILENO, kFailed.data(), kFailed.size());
+      ::close_range(3, ~0U, 0);  // the demo's own connections are not the child's business
+      ::execv(args[0], args.data());
+      [[maybe_unused]] const ssize_t ignored = ::write(STDERR_FILENO, failed.data(), failed.size());
       ::_exit(127);
     }
     ::close(log_fd);
+    if (pipe_stdout) {
+      ::close(out[1]);
+      stdout_fd_ = out[0];
+    }
   }
 
-  ~RelayProcess() {
+  ~ChildProcess() {
+    if (stdout_fd_ >= 0) ::close(stdout_fd_);
     if (!exit_code_) {
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
     }
   }
-  RelayProcess(const RelayProcess&) = delete;
-  RelayProcess& operator=(const RelayProcess&) = delete;
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  // The first line the child writes to its standard output (pipe_stdout), waiting up to
+  // `timeout`; nullopt when it exits or says nothing in time.
+  std::optional<std::string> FirstLine(milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    std::string line;
+    while (stdout_fd_ >= 0 && Clock::now() < deadline) {
+      pollfd fd{.fd = stdout_fd_, .events = POLLIN, .revents = 0};
+      if (::poll(&fd, 1, 50) <= 0) continue;
+      char c = 0;
+      if (::read(stdout_fd_, &c, 1) != 1) return std::nullopt;
+      if (c == '\n') return line;
+      line += c;
+    }
+    return std::nullopt;
+  }
 
   // The exit code once it has exited (128 + n for signal n), nullopt while it runs.
   std::optional<int> Poll() {
@@ -637,6 +876,7 @@ class RelayProcess {
 
  private:
   pid_t pid_ = -1;
+  int stdout_fd_ = -1;
   std::optional<int> exit_code_;
 };
 
@@ -693,11 +933,19 @@ class ServerObjects {
                 ("queue " + queue_ + " NOT deleted (" + error.what() + ")");
       }
     }
+    if (topic_created) {  // the queue's name is the topic's
+      topic_created = false;
+      const std::string why = KafkaAdmin(kafka_brokers, queue_, /*create=*/false);
+      done += (done.empty() ? "" : ", ") +
+              ("topic " + queue_ + " " + (why.empty() ? "deleted" : "NOT deleted (" + why + ")"));
+    }
     return done;
   }
 
   bool schema_created = false;  // set before the attempt: dropping what is not there is fine
   bool queue_declared = false;
+  bool topic_created = false;  // on kafka_brokers, a cluster given with --kafka
+  std::string kafka_brokers;
 
  private:
   const Options& options_;
@@ -736,7 +984,7 @@ bool AllCommittedPublished(const Ledger& ledger, const Published& file) {
 // Shows progress until every committed event is in the file, outboxd exits, or the timeout after
 // the writer finished passes.
 Watch Monitor(const Options& options, const Progress& progress, const Ledger& ledger,
-              Published& file, RelayProcess& relay, Clock::time_point started) {
+              Published& file, ChildProcess& relay, Clock::time_point started) {
   const bool tty = ::isatty(STDOUT_FILENO) != 0;
   const milliseconds print_every{tty ? 100 : 1000};
   auto next_print = Clock::now() + print_every;
@@ -825,29 +1073,77 @@ int Run(const Options& options) {
     return 2;
   }
 
-  // With the servers: the demo's own schema and queue, unique per run.
+  // --kafka without brokers: outbox-kafka-mock, started first and stopped last.
+  std::optional<ChildProcess> mock;
+  std::string kafka_brokers = options.kafka;
+  if (options.StartsMock()) {
+    std::string program = options.kafka_mock;
+    if (program.empty()) {
+      program = (fs::read_symlink("/proc/self/exe").parent_path() / "outbox-kafka-mock").string();
+    }
+    if (::access(program.c_str(), X_OK) != 0) {
+      std::cerr << "quickstart_demo: outbox-kafka-mock not found at " << program
+                << " (use --kafka-mock PATH, or --kafka BROKERS for a Kafka cluster)\n";
+      return 2;
+    }
+    const std::string mock_log = (dir / "kafka-mock.log").string();
+    fs::remove(mock_log);
+    mock.emplace(std::vector<std::string>{program, "--brokers", "3"}, mock_log,
+                 /*pipe_stdout=*/true);
+    const auto bootstraps = mock->FirstLine(std::chrono::seconds{10});
+    if (!bootstraps) {
+      throw std::runtime_error("outbox-kafka-mock printed no bootstrap servers; its log: " +
+                               mock_log);
+    }
+    kafka_brokers = *bootstraps;
+  }
+
+  // With the servers: the demo's own schema and queue (or topic), unique per run.
   const std::string pid = std::to_string(::getpid());
   const std::string schema = "quickstart_" + pid;
   const std::string queue = "outbox-quickstart-" + pid + "-orders";
   if (options.UsesServers()) {
-    std::ofstream(config_path)
-        << "# Written by quickstart_demo: outboxd on PostgreSQL, publishing to RabbitMQ.\n"
-        << "[database]\ntype = \"postgres\"\nurl = " << TomlString(options.postgres)
-        << "\nschema = " << TomlString(schema) << "\n\n[relay]\ninstance = \"quickstart\"\n\n"
-        << "[http]\n# No operations listener: the demo never takes a port.\nlisten = \"\"\n\n"
-        << "[sinks.default]\ntype = \"rabbitmq\"\nurl = " << TomlString(options.amqp) << "\n"
-        << "# The default exchange routes by queue name: to the demo's own queue, " << queue
-        << ".\nrouting_key = " << TomlString("outbox-quickstart-" + pid + "-{topic}") << "\n";
+    {
+      std::ofstream config(config_path);
+      config << "# Written by quickstart_demo: outboxd on PostgreSQL, publishing to "
+             << (options.UsesKafka() ? "Kafka" : "RabbitMQ") << ".\n"
+             << "[database]\ntype = \"postgres\"\nurl = " << TomlString(options.postgres)
+             << "\nschema = " << TomlString(schema) << "\n\n[relay]\ninstance = \"quickstart\"\n\n"
+             << "[http]\n# No operations listener: the demo never takes a port.\nlisten = \"\"\n\n";
+      if (options.UsesKafka()) {
+        config << "[sinks.default]\ntype = \"kafka\"\nbrokers = " << TomlString(kafka_brokers)
+               << "\n# The demo's own topic, " << queue
+               << ".\ntopic = " << TomlString("outbox-quickstart-" + pid + "-{topic}") << "\n";
+      } else {
+        config << "[sinks.default]\ntype = \"rabbitmq\"\nurl = " << TomlString(options.amqp)
+               << "\n# The default exchange routes by queue name: to the demo's own queue, "
+               << queue
+               << ".\nrouting_key = " << TomlString("outbox-quickstart-" + pid + "-{topic}")
+               << "\n";
+      }
+    }
     fs::permissions(config_path, fs::perms::owner_read | fs::perms::owner_write);  // passwords
     std::cout << "outbox quickstart: " << Grouped(options.orders)
               << " orders, each with its events in one PostgreSQL transaction ("
               << options.rollback_percent << " % rolled back on purpose),\n"
-              << "while outboxd relays the events to RabbitMQ, where this program consumes them\n"
+              << "while outboxd relays the events to "
+              << (options.UsesKafka() ? "Kafka" : "RabbitMQ")
+              << ", where this program consumes them\n"
               << "  database  " << Redacted(options.postgres) << ", schema " << schema
               << " (dropped at the end)\n"
-              << "  relay     " << outboxd << " --config " << config_path << "\n"
-              << "  queue     " << queue << " on " << Redacted(options.amqp)
-              << " (deleted at the end)\n\n";
+              << "  relay     " << outboxd << " --config " << config_path << "\n";
+    if (!options.UsesKafka()) {
+      std::cout << "  queue     " << queue << " on " << Redacted(options.amqp)
+                << " (deleted at the end)\n\n";
+    } else if (mock) {
+      std::cout << "  topic     " << queue << " on " << kafka_brokers << "\n"
+                << "            outbox-kafka-mock, started here: librdkafka's mock cluster, a "
+                   "protocol mock, not Kafka\n            (3 brokers, records in memory only; "
+                   "stopped at the end)\n\n";
+    } else {
+      std::cout << "  topic     " << queue << " on " << kafka_brokers
+                << " (deleted at the end)\n\n";
+    }
   } else {
     std::ofstream(config_path) << "# Written by quickstart_demo: outboxd on the embedded store.\n"
                                << "[database]\ntype = \"sqlite\"\npath = " << TomlString(db_path)
@@ -873,21 +1169,35 @@ int Run(const Options& options) {
   std::unique_ptr<Shop> shop;
   std::unique_ptr<Published> published;
   QueueConsumer* consumer = nullptr;
+  TopicConsumer* topic_consumer = nullptr;
   if (options.UsesServers()) {
     server_objects.schema_created = true;
     outbox::postgres::Migrate(options.postgres, schema);
     shop = std::make_unique<PostgresShop>(options.postgres, schema);
-    server_objects.queue_declared = true;
-    auto queue_consumer = std::make_unique<QueueConsumer>(options.amqp, queue);
-    consumer = queue_consumer.get();
-    published = std::move(queue_consumer);
+    if (options.UsesKafka()) {
+      if (!mock) {  // the mock does not implement CreateTopics; it creates a topic when asked
+        server_objects.kafka_brokers = kafka_brokers;
+        server_objects.topic_created = true;
+        const std::string why = KafkaAdmin(kafka_brokers, queue, /*create=*/true);
+        if (!why.empty()) std::cout << "  (creating the topic: " << why << ")\n";
+      }
+      TopicPartitions(KafkaClient(RD_KAFKA_PRODUCER, kafka_brokers).get(), queue);
+      auto reader = std::make_unique<TopicConsumer>(kafka_brokers, queue);
+      topic_consumer = reader.get();
+      published = std::move(reader);
+    } else {
+      server_objects.queue_declared = true;
+      auto queue_consumer = std::make_unique<QueueConsumer>(options.amqp, queue);
+      consumer = queue_consumer.get();
+      published = std::move(queue_consumer);
+    }
   } else {
     outbox::sqlite::Migrate(db_path);  // outboxd does the same at its start; both are idempotent
     shop = std::make_unique<SqliteShop>(db_path);
     published = std::make_unique<PublishedFile>(events_path);
   }
   Published& file = *published;
-  RelayProcess relay(outboxd, config_path, log_path);
+  ChildProcess relay({outboxd, "--config", config_path}, log_path);
 
   Progress progress;
   Ledger ledger;
@@ -937,8 +1247,15 @@ int Run(const Options& options) {
   std::string cleanup;
   if (options.UsesServers()) {
     shop.reset();
-    consumer->Close();
+    if (consumer != nullptr) consumer->Close();
+    if (topic_consumer != nullptr) topic_consumer->Close();
     cleanup = server_objects.Drop();
+    if (mock) {
+      const std::optional<int> code = mock->Stop(std::chrono::seconds{10});
+      cleanup += ", outbox-kafka-mock stopped" +
+                 (code == 0 ? std::string{} : " (it did not exit cleanly)") +
+                 ": the topic lived in its memory";
+    }
   }
 
   // The checks, from the file alone against what the application committed.
@@ -1010,7 +1327,10 @@ int Run(const Options& options) {
     Row("outboxd stopped by SIGTERM", relay_exit ? "exit " + std::to_string(*relay_exit) : "hung",
         verdict(relay_ok) + (relay_exit ? "" : " (killed after 30 s)"));
   }
-  if (!file.error().empty()) Row("RabbitMQ consumer", "failed", file.error() + "  FAILED");
+  if (!file.error().empty()) {
+    Row(options.UsesKafka() ? "Kafka consumer" : "RabbitMQ consumer", "failed",
+        file.error() + "  FAILED");
+  }
   const double write_seconds = std::max(Seconds(written_at - started), 1e-3);
   std::cout << "  application: " << Grouped(options.orders) << " transactions in "
             << Fixed(write_seconds, 2) << " s ("
@@ -1044,8 +1364,9 @@ int Run(const Options& options) {
 int main(int argc, char** argv) {
   CLI::App app{
       "The outbox quickstart: orders and their events in SQLite transactions, relayed by outboxd "
-      "to a JSON-lines file (or, with --postgres and --amqp, in PostgreSQL transactions, relayed "
-      "to RabbitMQ), then checked: nothing lost, nothing rolled back published",
+      "to a JSON-lines file (or, with --postgres and --amqp or --kafka, in PostgreSQL "
+      "transactions, relayed to RabbitMQ or Kafka), then checked: nothing lost, nothing rolled "
+      "back published",
       "quickstart_demo"};
   Options options;
   app.add_option("--orders", options.orders, "Orders to write")
@@ -1075,16 +1396,34 @@ int main(int argc, char** argv) {
                  "With --postgres: outboxd publishes to this RabbitMQ (amqp://user:password@host:"
                  "port/vhost), to a queue of the demo's own that it consumes and deletes at the "
                  "end");
+  auto* kafka = app.add_option("--kafka", options.kafka,
+                               "With --postgres, instead of --amqp: outboxd publishes to this "
+                               "Kafka (host:port,...), to a topic of the demo's own that it reads "
+                               "and deletes at the end; with no value (or \"mock\"), to "
+                               "outbox-kafka-mock started here (a protocol mock, not Kafka)")
+                    ->expected(0, 1);
+  app.add_option("--kafka-mock", options.kafka_mock,
+                 "The outbox-kafka-mock binary (default: next to this one)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     return app.exit(error) == 0 ? 0 : 2;  // --help exits 0, a bad option 2
   }
-  if (options.postgres.empty() != options.amqp.empty()) {
+  options.kafka_given = kafka->count() > 0;
+  if (options.kafka_given && (!options.amqp.empty() || options.postgres.empty())) {
+    std::cerr << "quickstart_demo: --kafka "
+              << (options.amqp.empty() ? "needs --postgres (PostgreSQL for the application and "
+                                         "the outbox, Kafka for outboxd to publish to)"
+                                       : "and --amqp: choose one broker")
+              << "\n";
+    return 2;
+  }
+  if (!options.kafka_given && options.postgres.empty() != options.amqp.empty()) {
     std::cerr << "quickstart_demo: " << (options.postgres.empty() ? "--amqp" : "--postgres")
               << " needs " << (options.postgres.empty() ? "--postgres" : "--amqp")
               << ": give both (PostgreSQL for the application and the outbox, RabbitMQ for "
-                 "outboxd to publish to), or neither for the SQLite demo\n";
+                 "outboxd to publish to), --postgres with --kafka, or neither for the SQLite "
+                 "demo\n";
     return 2;
   }
   try {

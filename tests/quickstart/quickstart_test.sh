@@ -15,10 +15,8 @@ amqp_url=${OUTBOX_TEST_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/}
 work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-quickstart-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
-expect() {  # expect <file> <extended regex>
-  grep -Eq -- "$2" "$1" || { cat "$1"; fail "output lacks /$2/"; }
-}
+# shellcheck source=tests/quickstart/checks.sh
+. "$(dirname "$0")/checks.sh"
 
 echo "== 500 orders against the real outboxd: everything checks out"
 status=0
@@ -46,22 +44,9 @@ status=0
 cat "$work/servers.out"
 [ "$status" -eq 0 ] || fail "the demo on PostgreSQL + RabbitMQ exited $status"
 expect "$work/servers.out" '^outbox quickstart: 500 orders, each with its events in one PostgreSQL'
-expect "$work/servers.out" '^  orders written +500 '
-expect "$work/servers.out" '^  events published \(distinct ids\) +([0-9,]+)$'
-expect "$work/servers.out" '^  lost \(committed, not published\) +0  ok$'
-expect "$work/servers.out" '^  phantom \(published, not committed\) +0  ok$'
-expect "$work/servers.out" '^  rolled back, never published +([0-9,]+)  of \1  ok$'
-expect "$work/servers.out" '^  streams out of order +0  of 20 .* ok$'
-expect "$work/servers.out" '^  payloads intact +[0-9,]+  ok$'
-expect "$work/servers.out" '^  outboxd stopped by SIGTERM +exit 0  ok$'
+expect_servers_run "$work/servers.out" 500 500 20
 expect "$work/servers.out" \
   '^  cleanup: schema quickstart_[0-9]+ dropped, queue outbox-quickstart-[0-9]+-orders deleted$'
-expect "$work/servers.out" '^PASS: '
-committed=$(sed -nE 's/^  events committed +([0-9,]+)$/\1/p' "$work/servers.out" | tr -d ,)
-published=$(sed -nE 's/^  events published \(distinct ids\) +([0-9,]+)$/\1/p' "$work/servers.out" |
-  tr -d ,)
-[ "$committed" -gt 500 ] || fail "expected more than 500 committed events, got $committed"
-[ "$published" -eq "$committed" ] || fail "$published published for $committed committed"
 for line in 'type = "postgres"' 'type = "rabbitmq"' 'listen = ""'; do
   grep -qF "$line" "$work/servers/outboxd.toml" || fail "outboxd.toml lacks: $line"
 done
@@ -70,13 +55,8 @@ done
 
 echo "== --postgres without --amqp (and the reverse) is a usage error"
 for half in "--postgres $pg_url" "--amqp $amqp_url"; do
-  status=0
-  # shellcheck disable=SC2086  # the option and its value, split on purpose
-  "$demo" $half --orders 10 --dir "$work/half" >"$work/half.out" 2>&1 || status=$?
-  cat "$work/half.out"
-  [ "$status" -eq 2 ] || fail "expected exit 2 for $half alone, got $status"
-  expect "$work/half.out" '^quickstart_demo: --(postgres|amqp) needs --(amqp|postgres): give both'
-  [ ! -e "$work/half" ] || fail "a usage error must not start a run"
+  expect_usage_error "$demo" "$work/half" \
+    '^quickstart_demo: --(postgres|amqp) needs --(amqp|postgres): give both' "$half"
 done
 
 echo "== a relay that publishes nothing: the demo must notice"
