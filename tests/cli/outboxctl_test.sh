@@ -25,8 +25,8 @@ expect() {
 cleanup() { psql -q "$db" -c "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null 2>&1; }
 trap cleanup EXIT
 
-expect 0 "migrated from version 0 to 8" --db "$db" --schema "$schema" migrate
-expect 0 "is up to date \(version 8\)" --db "$db" --schema "$schema" migrate
+expect 0 "migrated from version 0 to 9" --db "$db" --schema "$schema" migrate
+expect 0 "is up to date \(version 9\)" --db "$db" --schema "$schema" migrate
 psql -q "$db" -c "SELECT $schema.enqueue('t', '{}') FROM generate_series(1, 3)" >/dev/null
 expect 0 "pending     3" --db "$db" --schema "$schema" status
 expect 0 '"pending":3,' --db "$db" --schema "$schema" status --json
