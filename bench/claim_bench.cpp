@@ -293,9 +293,18 @@ class Bench {
     out.buffers = plan.value("Shared Hit Blocks", 0.0) + plan.value("Shared Read Blocks", 0.0);
     out.claimed = plan.value("Actual Rows", 0.0);
     if (print) {
+      // Bounded and rolled back like the measured one above (the slow variants run for minutes).
       Exec(monitor_.get(), "begin", "BEGIN");
-      const auto plain = Exec(monitor_.get(), "explain",
-                              "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + variant.sql, Bind(params));
+      Exec(monitor_.get(), "timeout",
+           "SET LOCAL statement_timeout = '" + std::to_string(options_.statement_timeout) + "s'");
+      ResultPtr plain;
+      try {
+        plain = Exec(monitor_.get(), "explain",
+                     "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + variant.sql, Bind(params));
+      } catch (...) {
+        ResultPtr rollback{PQexec(monitor_.get(), "ROLLBACK")};
+        throw;
+      }
       Exec(monitor_.get(), "rollback", "ROLLBACK");
       std::printf("plan of %s:\n", variant.name.c_str());
       for (int row = 0; row < PQntuples(plain.get()); ++row) {

@@ -1221,15 +1221,19 @@ KafkaDrainResult KafkaDrain(Env& env, KafkaCluster& cluster, const KafkaOptions&
   KafkaDrainResult result;
   result.rate = fill.Rate();
   result.filled = Seconds(fill.done_at() - start);
-  for (int i = 0; i < 6000; ++i) {  // the last confirmations and deletes, bounded at 60 s
-    if (Scalar(env.monitor.get(), "SELECT count(*) FROM " + schema.messages()) == "0") break;
-    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  bool empty = false;
+  for (int i = 0; i < 6000 && !empty; ++i) {  // the last confirmations and deletes, at most 60 s
+    empty = Scalar(env.monitor.get(), "SELECT count(*) FROM " + schema.messages()) == "0";
+    if (!empty) std::this_thread::sleep_for(std::chrono::milliseconds{10});
   }
+  if (!empty) throw std::runtime_error("kafka drain: the outbox table was not empty 60 s after N");
   result.emptied = Seconds(Clock::now() - start);
   result.process = relay.Sample();
   result.statements = statements.Total();
   relay.Stop();
-  result.extra_records = fill.Written() - count;
+  const std::int64_t written = fill.Written();
+  if (written < 0) throw std::runtime_error("kafka drain: cannot read the topic's watermarks");
+  result.extra_records = written - count;
   return result;
 }
 
