@@ -98,6 +98,7 @@ TEST(KafkaClassifyTest, EachReportErrorHasItsKind) {
                    .has_value());
   EXPECT_EQ(kind(RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE, kNot), FailureKind::kPermanent);
   EXPECT_EQ(kind(RD_KAFKA_RESP_ERR_INVALID_RECORD, kNot), FailureKind::kPermanent);
+  EXPECT_EQ(kind(RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP, kNot), FailureKind::kPermanent);
   EXPECT_EQ(kind(RD_KAFKA_RESP_ERR_INVALID_MSG, kNot), FailureKind::kPermanent);
   EXPECT_EQ(kind(RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE, kNot), FailureKind::kPermanent);
   EXPECT_EQ(kind(RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION, kNot), FailureKind::kPermanent);

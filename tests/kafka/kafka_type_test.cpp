@@ -148,6 +148,12 @@ TEST(KafkaSinkTypeTest, BadValuesNameTheirKey) {
   EXPECT_EQ(ErrorOf(table + "\"security.protocol\" = \"pigeon\"\n").first,
             "sinks.events.librdkafka.security.protocol");
   EXPECT_EQ(ErrorOf(table + "\"client.id\" = [1]\n").first, "sinks.events.librdkafka.client.id");
+  // A partitioner that ignores the key would spread a stream over partitions.
+  const auto [partitioner, partitioner_message] = ErrorOf(table + "partitioner = \"random\"\n");
+  EXPECT_EQ(partitioner, "sinks.events.librdkafka.partitioner");
+  EXPECT_NE(partitioner_message.find("ignores the record key"), std::string::npos)
+      << partitioner_message;
+  EXPECT_NO_THROW(ParseSink(table + "partitioner = \"murmur2\"\n")) << "a key-hashing one";
 }
 
 }  // namespace

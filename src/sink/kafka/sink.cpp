@@ -130,6 +130,13 @@ ConfPtr BuildConf(const SinkOptions& options, bool probe = false) {
                         "compression, linger, max_in_flight, max_message_bytes; "
                         "enable.idempotence and acks=all are always on)");
     }
+    // The key is what keeps a stream in one partition, in order.
+    if (name == "partitioner" && value == "random") {
+      throw ConfigError(key,
+                        "\"random\" ignores the record key and would spread a stream over "
+                        "partitions, out of order; use a key-hashing partitioner (murmur2_random, "
+                        "the default; consistent_random; fnv1a_random; ...)");
+    }
     Set(conf.get(), key, name, value);
   }
   if (probe) Set(conf.get(), "librdkafka.log_level", "log_level", "0");
@@ -416,6 +423,10 @@ void KafkaSink::ProduceAll(std::span<const Envelope> batch, Deadline deadline) {
       state.stop_reason = "the deadline passed before its turn";
       return;
     }
+    if (!state.cut_off.empty()) {  // every broker connection is lost: end the batch now
+      state.stop_reason = "every broker connection was lost (" + state.cut_off + ")";
+      return;
+    }
     if (auto failure = Prepare(envelope, record)) {
       state.verdicts[i] = std::move(failure);
       state.settled[i] = true;
@@ -464,6 +475,10 @@ void KafkaSink::ProduceAll(std::span<const Envelope> batch, Deadline deadline) {
         const auto remaining = deadline - SteadyClock::now();
         if (remaining <= SteadyClock::duration::zero()) {
           state.stop_reason = "the client's queue stayed full until the deadline";
+          return;
+        }
+        if (!state.cut_off.empty()) {
+          state.stop_reason = "every broker connection was lost (" + state.cut_off + ")";
           return;
         }
         rd_kafka_poll(
@@ -549,7 +564,7 @@ bool IsSecretProperty(std::string_view name) {
 void ValidateOptions(const SinkOptions& options) { BuildConf(options); }
 
 std::unique_ptr<Sink> OpenSink(SinkOptions options) {
-  ValidateOptions(options);
+  // The constructor's probe producer checks the options as ValidateOptions does.
   return std::make_unique<KafkaSink>(std::move(options));
 }
 
