@@ -23,8 +23,8 @@
 // message only; lost confirmation -> kOutcomeUnknown, then published again; a silent server ->
 // Publish returns by its deadline; Close() with publishes unconfirmed.
 //
-// Writing a harness (see tests/rabbitmq/rabbitmq_sink_contract_test.cpp and
-// tests/file/file_sink_contract_test.cpp):
+// Writing a harness (see tests/rabbitmq/rabbitmq_sink_contract_test.cpp,
+// tests/kafka/kafka_sink_contract_test.cpp and tests/file/file_sink_contract_test.cpp):
 //   - Which faults: a sink with a server must produce kServerDown and kLostConfirmation (every
 //     server can go away and every reply can be lost), and kTooLarge (every broker has a size
 //     limit; give the sink a small one); kUnknownDestination wherever the server refuses a
