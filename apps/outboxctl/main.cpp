@@ -20,6 +20,7 @@
 #include "duration.h"
 #include "format.h"
 #include "message_json.h"
+#include "outbox/core/log_text.h"
 #include "outbox/core/utf8.h"
 #include "outbox/core/version.h"
 #include "outbox/store/postgres.h"
@@ -529,10 +530,13 @@ int main(int argc, char** argv) {
     }
     if (purge->parsed()) return Purge(*admin, retention);
   } catch (const UsageError& error) {
-    std::cerr << "outboxctl: " << error.what() << "\nRun with --help for more information.\n";
+    // Errors may quote the command line or the database (its error texts, a topic, a reason):
+    // control characters escaped, length bounded (outbox/core/log_text.h).
+    std::cerr << "outboxctl: " << outbox::SanitizeForLog(error.what())
+              << "\nRun with --help for more information.\n";
     return kExitUsage;
   } catch (const std::exception& error) {
-    std::cerr << "outboxctl: " << error.what() << "\n";
+    std::cerr << "outboxctl: " << outbox::SanitizeForLog(error.what()) << "\n";
     return kExitFailure;
   }
   return kExitFailure;

@@ -1,6 +1,10 @@
 #include "config.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +14,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <initializer_list>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -26,6 +31,7 @@
 namespace outbox::outboxd {
 namespace {
 
+using config::CutErrorText;
 using config::Env;
 using config::Fail;
 using config::FormatDuration;
@@ -173,9 +179,34 @@ std::optional<std::pair<std::string, int>> SplitListen(std::string_view listen) 
   return std::pair{std::string{host}, port};
 }
 
+// 127.0.0.0/8, ::1, ::ffff:127.x.x.x or "localhost"; a host name never (whatever it resolves to).
+// IPv4 is read as the resolver reads a numeric host ("127.1" is 127.0.0.1, "0" is 0.0.0.0).
+bool IsLoopbackHost(const std::string& host) {
+  std::string lower = host;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](char c) {
+    return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c;
+  });
+  if (lower == "localhost") return true;
+  in_addr v4{};
+  if (::inet_aton(host.c_str(), &v4) != 0) {
+    std::array<unsigned char, 4> bytes{};  // network order
+    std::memcpy(bytes.data(), &v4.s_addr, bytes.size());
+    return bytes[0] == 127;
+  }
+  std::array<unsigned char, 16> v6{};
+  if (::inet_pton(AF_INET6, host.c_str(), v6.data()) != 1) return false;
+  const auto zero = [&](std::size_t from, std::size_t to) {
+    return std::all_of(v6.begin() + static_cast<std::ptrdiff_t>(from),
+                       v6.begin() + static_cast<std::ptrdiff_t>(to),
+                       [](unsigned char b) { return b == 0; });
+  };
+  if (zero(0, 15) && v6[15] == 1) return true;                              // ::1
+  return zero(0, 10) && v6[10] == 0xff && v6[11] == 0xff && v6[12] == 127;  // ::ffff:127.x.x.x
+}
+
 void ParseHttp(const Section& root, const GetenvFn& getenv, Config& config) {
   const Section http = root.Table("http");
-  http.AllowOnly({"listen", "token", "stats_interval", "ready_max_age"});
+  http.AllowOnly({"listen", "token", "allow_unauthenticated", "stats_interval", "ready_max_age"});
   HttpConfig& out = config.http;
   if (http.Read("listen", out.listen) && !out.listen.empty() && !SplitListen(out.listen)) {
     Fail("http.listen",
@@ -199,6 +230,16 @@ void ParseHttp(const Section& root, const GetenvFn& getenv, Config& config) {
          "must be at most " + std::to_string(kMaxTokenBytes) +
              " bytes of printable ASCII without spaces" + token_origin,
          token_origin.empty() ? http.Find("token") : nullptr);
+  }
+  http.Read("allow_unauthenticated", out.allow_unauthenticated);
+  if (out.listens_beyond_loopback() && out.token.empty() && !out.allow_unauthenticated) {
+    Fail("http.listen",
+         Quoted(out.listen) + " listens beyond loopback without a token: anyone who can reach " +
+             "the port could read /metrics and /api/outbox. Set [http] token (or " +
+             std::string{kHttpTokenEnv} +
+             "), or set [http] allow_unauthenticated = true to accept that (or listen on " +
+             "127.0.0.1)",
+         http.Find("listen"));
   }
   http.ReadDuration("stats_interval", milliseconds{100}, kHour, out.stats_interval);
   http.ReadDuration("ready_max_age", milliseconds{200}, kDay, out.ready_max_age);
@@ -269,14 +310,35 @@ int HttpConfig::port() const {
   return split ? split->second : 0;
 }
 
-Config ParseConfig(std::string_view toml_text, const std::string& origin, const GetenvFn& getenv) {
+bool HttpConfig::listens_beyond_loopback() const {
+  if (listen.empty()) return false;
+  const auto split = SplitListen(listen);
+  return !split || !IsLoopbackHost(split->first);
+}
+
+namespace {
+
+// `bytes` is the size, or with `more` what was read before giving up.
+std::string TooLarge(const std::string& origin, std::uint64_t bytes, bool more = false) {
+  return origin + " is " + (more ? "more than " : "") + std::to_string(more ? bytes - 1 : bytes) +
+         " bytes; a configuration file may have at most 1 MiB (" + std::to_string(kMaxConfigBytes) +
+         " bytes)";
+}
+
+Config ParseText(std::string_view toml_text, const std::string& origin, const GetenvFn& getenv) {
+  if (toml_text.size() > kMaxConfigBytes)
+    throw ConfigError("file", TooLarge(origin, toml_text.size()));
+  config::CheckTomlLimits(toml_text, origin);
   TomlValue root;
   try {
     std::istringstream stream{std::string{toml_text}};
     root = toml::parse<toml::discard_comments, std::map, std::vector>(stream, origin);
   } catch (const std::exception& error) {
-    // toml11 quotes the offending line, which may hold a password.
-    throw ConfigError("file", origin + " is not valid TOML: " + MaskPassword(error.what()));
+    // toml11 quotes the offending line, which may hold a password and be as long as the file.
+    throw ConfigError("file", origin + " is not valid TOML: " +
+                                  CutErrorText(error.what(), 160, 4096, [](std::string_view line) {
+                                    return MaskPassword(line);
+                                  }));
   }
   const Section top{&root, ""};
   top.AllowOnly({"database", "relay", "retry", "retention", "log", "http", "sinks"});
@@ -291,28 +353,85 @@ Config ParseConfig(std::string_view toml_text, const std::string& origin, const 
   return config;
 }
 
-Config LoadConfig(const std::string& path, const GetenvFn& getenv) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    throw ConfigError("file", "cannot read " + path + ": " + std::system_category().message(errno));
+}  // namespace
+
+Config ParseConfig(std::string_view toml_text, const std::string& origin, const GetenvFn& getenv) {
+  try {
+    return ParseText(toml_text, origin, getenv);
+  } catch (const ConfigError& error) {
+    // The last guard: values are quoted cut (Quoted), but a key or path may be as long as the
+    // file too ("unknown key" names it). What reaches the operator stays short.
+    constexpr std::size_t kMaxKeyBytes = 256;
+    constexpr std::size_t kMaxLineBytes = 1024;
+    constexpr std::size_t kMaxMessageBytes = 4096;
+    const std::string_view what = error.what();  // key() + ": " + message
+    const std::string_view message =
+        what.substr(std::min(what.size(), error.key().size() + std::string_view{": "}.size()));
+    const std::string cut = CutErrorText(message, kMaxLineBytes, kMaxMessageBytes);
+    if (error.key().size() <= kMaxKeyBytes && cut == message) throw;
+    throw ConfigError(CutErrorText(error.key(), kMaxKeyBytes), cut);
   }
+}
+
+Config LoadConfig(const std::string& path, const GetenvFn& getenv) {
+  const std::string shown = CutErrorText(path, 256);
+  const auto cannot_read = [&](const std::string& why) {
+    return ConfigError("file", "cannot read " + shown + ": " + why);
+  };
+  // O_NONBLOCK: opening a FIFO nobody writes returns at once instead of waiting for a writer
+  // (then fstat refuses it); O_NOCTTY: a terminal never becomes ours. A regular file reads the
+  // same either way.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) throw cannot_read(std::system_category().message(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat status {};
+  if (::fstat(fd, &status) != 0) throw cannot_read(std::system_category().message(errno));
+  if (!S_ISREG(status.st_mode)) {
+    const char* what = "not a regular file";
+    switch (status.st_mode & S_IFMT) {
+      case S_IFIFO:
+        what = "a FIFO";
+        break;
+      case S_IFCHR:
+        what = "a character device";
+        break;
+      case S_IFBLK:
+        what = "a block device";
+        break;
+      case S_IFDIR:
+        what = "a directory";
+        break;
+      case S_IFSOCK:
+        what = "a socket";
+        break;
+      default:
+        break;
+    }
+    throw cannot_read(std::string{"it is "} + what + ", not a regular file");
+  }
+  if (status.st_size > 0 && static_cast<std::uint64_t>(status.st_size) > kMaxConfigBytes) {
+    throw ConfigError("file", TooLarge(shown, static_cast<std::uint64_t>(status.st_size)));
+  }
+  // At most one byte more than allowed, in case the file grows while it is read (or, like some
+  // files under /proc, says it is empty).
   std::string text;
   std::array<char, 65536> buffer{};
-  int error = 0;
-  for (;;) {
-    const ssize_t count = ::read(fd, buffer.data(), buffer.size());
+  while (text.size() <= kMaxConfigBytes) {
+    const std::size_t want = std::min(buffer.size(), kMaxConfigBytes + 1 - text.size());
+    const ssize_t count = ::read(fd, buffer.data(), want);
     if (count > 0) {
       text.append(buffer.data(), static_cast<std::size_t>(count));
     } else if (count == 0) {
       break;
     } else if (errno != EINTR) {
-      error = errno;
-      break;
+      throw cannot_read(std::system_category().message(errno));
     }
   }
-  ::close(fd);
-  if (error != 0) {
-    throw ConfigError("file", "cannot read " + path + ": " + std::system_category().message(error));
+  if (text.size() > kMaxConfigBytes) {
+    throw ConfigError("file", TooLarge(shown, text.size(), /*more=*/true));
   }
   return ParseConfig(text, path, getenv);
 }
@@ -352,6 +471,7 @@ std::string Describe(const Config& config) {
   out.Header("http");
   out.String("listen", config.http.listen);
   out.String("token", config.http.token.empty() ? "" : "***");
+  out.Bool("allow_unauthenticated", config.http.allow_unauthenticated);
   out.Duration("stats_interval", config.http.stats_interval);
   out.Duration("ready_max_age", config.http.ready_max_age);
 

@@ -52,10 +52,18 @@ struct HttpConfig {
   // /readyz fails when the last successful read of the counts (or probe of a broker) is older.
   // At least twice stats_interval.
   std::chrono::milliseconds ready_max_age{15000};
+  // Listening beyond loopback (listens_beyond_loopback()) without a token is refused unless
+  // this is true: anyone who reaches the port could then read /metrics and /api/outbox. outboxd
+  // warns at every start when it is in effect.
+  bool allow_unauthenticated = false;
 
   // listen split into host and port; only meaningful when listen is not empty.
   [[nodiscard]] std::string host() const;
   [[nodiscard]] int port() const;
+  // Whether the listener is on and its host is not a loopback address (127.0.0.0/8, ::1, an
+  // IPv4-mapped 127.x, "localhost"). Every other host counts as beyond: "0.0.0.0" and "[::]"
+  // (all interfaces), other addresses, and host names, whatever they resolve to.
+  [[nodiscard]] bool listens_beyond_loopback() const;
 };
 
 // The store types outboxd knows, one registration line each (stores.cpp).
@@ -94,16 +102,24 @@ struct Config {
 
 using config::GetenvFn;
 
+// The largest configuration file (or text) read: 1 MiB.
+inline constexpr std::size_t kMaxConfigBytes = std::size_t{1} << 20;
+
 // Reads and validates the file at `path`. Throws outbox::ConfigError whose key() is the full
 // dotted key as written ("relay.batch_size", "sinks.default.confirm_window") for an unknown key
 // or section, a value of the wrong type or out of range, a malformed duration, an unknown sink
-// type or a missing required key; with key "file" when the file cannot be read or is not valid
-// TOML (the message then carries toml11's line and column). Messages never contain a password.
+// type or a missing required key; with key "file" when the file cannot be read, is not a
+// regular file (a FIFO, a device or a directory is refused without waiting on it), is larger
+// than kMaxConfigBytes, or is refused by config::CheckTomlLimits (not UTF-8, nested deeper than
+// config::kMaxTomlNesting, too many values on long lines), or is not valid TOML (the message
+// then carries toml11's line and column). Messages never contain a password, and quote at most
+// a short prefix of a long value, key or line.
 Config LoadConfig(
     const std::string& path,
     const GetenvFn& getenv = [](const char* name) -> const char* { return std::getenv(name); });
 
-// LoadConfig on text already read; `origin` names it in messages (usually the path).
+// LoadConfig on text already read (the same limits apply); `origin` names it in messages
+// (usually the path).
 Config ParseConfig(std::string_view toml_text, const std::string& origin, const GetenvFn& getenv);
 
 // The effective configuration as TOML (it parses back to the same values), with every password

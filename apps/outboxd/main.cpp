@@ -22,6 +22,7 @@
 #include "config.h"
 #include "operations.h"
 #include "outbox/core/error.h"
+#include "outbox/core/log_text.h"
 #include "outbox/core/version.h"
 #include "outbox/observe/metrics.h"
 #include "outbox/relay/relay.h"
@@ -43,23 +44,33 @@ std::shared_ptr<spdlog::logger> MakeLogger(const outbox::outboxd::Config& config
   return logger;
 }
 
+// Every log line of outboxd passes here, the libraries' (through the LogFn) and main's own. A
+// message may carry text from outside (abandon reasons, topics, ids, broker and database errors),
+// so it is sanitized here, once (outbox/core/log_text.h): the plain format escapes control
+// characters and invalid UTF-8 and bounds the length; the JSON format bounds the length and lets
+// the JSON library escape (invalid UTF-8 becomes U+FFFD).
 outbox::LogFn MakeLogFn(std::shared_ptr<spdlog::logger> logger, bool json) {
   return [logger = std::move(logger), json](outbox::LogLevel level, std::string_view message) {
     const auto spd = level == outbox::LogLevel::kDebug  ? spdlog::level::debug
                      : level == outbox::LogLevel::kInfo ? spdlog::level::info
                      : level == outbox::LogLevel::kWarn ? spdlog::level::warn
                                                         : spdlog::level::err;
+    if (!logger->should_log(spd)) return;
     if (!json) {
-      logger->log(spd, "{}", message);
+      logger->log(spd, "{}", outbox::SanitizeForLog(message));
       return;
     }
     const auto now = std::chrono::system_clock::now();
+    // As a std::string: nlohmann::json writes spdlog's string_view_t as an array of bytes.
+    const auto level_name = spdlog::level::to_string_view(spd);
     const nlohmann::json line = {
         {"time_ms",
          std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count()},
-        {"level", spdlog::level::to_string_view(spd)},
-        {"msg", message}};
-    logger->log(spd, "{}", line.dump());
+        {"level", std::string{level_name.data(), level_name.size()}},
+        {"msg", outbox::BoundForLog(message)}};
+    logger->log(
+        spd, "{}",
+        line.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace));
   };
 }
 
@@ -96,14 +107,17 @@ Database OpenDatabase(const outbox::outboxd::Config& config) {
 // Waits for SIGTERM/SIGINT on a thread of its own (the signals are blocked everywhere else): the
 // first asks the relay to drain, a second exits at once.
 void HandleSignals(outbox::Relay& relay, outbox::outboxd::Operations* operations,
-                   const std::shared_ptr<spdlog::logger>& logger, const sigset_t& signals) {
+                   const outbox::LogFn& log, const std::shared_ptr<spdlog::logger>& logger,
+                   const sigset_t& signals) {
   int signal = 0;
   if (sigwait(&signals, &signal) != 0) return;
-  logger->info("received {}: draining (send it again to exit at once)", strsignal(signal));
+  log(outbox::LogLevel::kInfo,
+      "received " + std::string{strsignal(signal)} + ": draining (send it again to exit at once)");
   if (operations != nullptr) operations->BeginDrain();
   relay.Stop();
   if (sigwait(&signals, &signal) != 0) return;
-  logger->warn("received {} again: exiting without draining", strsignal(signal));
+  log(outbox::LogLevel::kWarn,
+      "received " + std::string{strsignal(signal)} + " again: exiting without draining");
   logger->flush();
   _exit(kExitSecondSignal);
 }
@@ -158,6 +172,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);  // a closed stdout pipe is a write error for the file sink
 
   auto logger = MakeLogger(config);
+  const auto log_fn = MakeLogFn(logger, config.log_format == "json");
   try {
     outbox::RelayOptions options;
     options.instance = config.instance;
@@ -173,7 +188,6 @@ int main(int argc, char** argv) {
     outbox::observe::Registry registry;
     options.metrics = &registry;
     options.max_attempts = config.retry.max_attempts;
-    const auto log_fn = MakeLogFn(logger, config.log_format == "json");
     Database database = OpenDatabase(config);
     options.partition_leases = database.partition_leases.get();
     outbox::Relay relay(options, std::move(database.store), std::move(database.wakeup),
@@ -184,23 +198,28 @@ int main(int argc, char** argv) {
     operations.emplace(config, registry, relay.counters(), log_fn,
                        [&relay] { return relay.paused_targets(); });
     operations->Start();
-    logger->info("outboxd {} relaying {} as {} to {} sink(s)", outbox::kVersion,
-                 config.database->Description(), config.instance, config.sinks.size());
+    const std::string sinks = std::to_string(config.sinks.size()) + " sink(s)";
+    log_fn(outbox::LogLevel::kInfo, "outboxd " + std::string{outbox::kVersion} + " relaying " +
+                                        config.database->Description() + " as " + config.instance +
+                                        " to " + sinks);
     outbox::outboxd::Operations* operations_ptr = operations ? &*operations : nullptr;
-    std::thread signal_thread([&] { HandleSignals(relay, operations_ptr, logger, signals); });
+    std::thread signal_thread(
+        [&] { HandleSignals(relay, operations_ptr, log_fn, logger, signals); });
     signal_thread.detach();  // it either exits the process or waits forever
     relay.Run();
     if (operations) operations->Stop();
     const auto& counters = relay.counters();
-    logger->info("published {} messages, {} failed attempts, {} republished; bye",
-                 counters.published.load(), counters.failed.load(), counters.unconfirmed.load());
+    log_fn(outbox::LogLevel::kInfo,
+           "published " + std::to_string(counters.published.load()) + " messages, " +
+               std::to_string(counters.failed.load()) + " failed attempts, " +
+               std::to_string(counters.unconfirmed.load()) + " republished; bye");
     logger->flush();
     return 0;
   } catch (const outbox::ConfigError& error) {
-    logger->error("configuration: {}", error.what());
+    log_fn(outbox::LogLevel::kError, std::string{"configuration: "} + error.what());
     return kExitUsage;
   } catch (const std::exception& error) {
-    logger->error("{}", error.what());
+    log_fn(outbox::LogLevel::kError, error.what());
     return kExitFailure;
   }
 }

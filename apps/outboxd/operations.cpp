@@ -1,7 +1,6 @@
 #include "operations.h"
 
 #include <fcntl.h>
-#include <httplib.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -20,29 +19,33 @@
 #include "duration.h"
 #include "message_json.h"
 #include "outbox/core/version.h"
+#include "outbox/observe/http_server.h"
 #include "outbox/store/admin.h"
 
 namespace outbox::outboxd {
 namespace {
 
+namespace http = observe::http;
+
 using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr std::size_t kHttpThreads = 4;
 // The largest body (POST /api/messages/replay and /abandon); larger ones get 413.
 constexpr std::size_t kMaxRequestBodyBytes = 64 * 1024;
 // The most ids one replay or abandon request may name, and the most ids its reply lists.
 constexpr std::size_t kMaxIdsPerRequest = 1000;
-// An admin request waits this long for the one admin connection, then gets 503.
-constexpr std::chrono::seconds kAdminWait{5};
 // outbox_messages_by_topic: Admin::kTopicGroups (status, target, topic) series, the rest summed
 // into one series per status with target and topic "_other" (at most 4 more; the registry allows
 // 64).
 static_assert(Admin::kTopicGroups + 4 <= 64);
 // After the grouped count timed out, it is not tried again for this long.
 constexpr std::chrono::seconds kTopicRetryAfterTimeout{60};
-constexpr time_t kHttpTimeoutSeconds = 2;  // read and write, per request
-constexpr std::size_t kKeepAliveMaxRequests = 20;
+// Each statement of the admin API, lock waits included; then 503 (the database is busy).
+constexpr milliseconds kAdminStatementTimeout{30000};
+// Per request, not per read: the whole header, the whole body, the whole response.
+constexpr milliseconds kHeaderTimeout{5000};
+constexpr milliseconds kBodyTimeout{10000};
+constexpr milliseconds kWriteTimeout{10000};
 constexpr milliseconds kProbeTimeout{1000};
 
 constexpr std::string_view kByTopicName = "outbox_messages_by_topic";
@@ -67,15 +70,19 @@ std::string SecondsText(SteadyClock::duration duration) {
 
 using Json = nlohmann::ordered_json;  // keys in the order written: id first
 
-void JsonReply(httplib::Response& response, int status, const Json& body) {
+using http::Response;
+
+Response JsonReply(int status, const Json& body) {
+  Response response;
   response.status = status;
   // Text from the database is UTF-8; replace rather than throw if it ever is not.
-  response.set_content(body.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n",
-                       "application/json");
+  response.body = body.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+  response.content_type = "application/json";
+  return response;
 }
 
-void ErrorReply(httplib::Response& response, int status, const std::string& message) {
-  JsonReply(response, status, Json{{"error", message}});
+Response ErrorReply(int status, const std::string& message) {
+  return JsonReply(status, Json{{"error", message}});
 }
 
 // Sets the criterion `key` of `filter`; false when `key` is not a filter's.
@@ -103,10 +110,10 @@ struct ListQuery {
 };
 
 // GET /api/messages?status=&topic=&stream=&target=&older_than=&limit=&after=
-ListQuery ParseListQuery(const httplib::Request& request) {
+ListQuery ParseListQuery(const http::Request& request) {
   ListQuery query;
-  for (const auto& [key, value] : request.params) {
-    if (request.params.count(key) > 1) {
+  for (const auto& [key, value] : request.query) {
+    if (request.QueryCount(key) > 1) {
       throw std::invalid_argument("parameter '" + key + "' is given more than once");
     }
     if (SetFilter(query.filter, key, value)) continue;
@@ -289,33 +296,36 @@ class Operations::Impl {
   void Start() {
     stats_thread_ = std::thread([this] { StatsLoop(); });
     if (config_.http.listen.empty()) return;
-    SetUpServer();
-    const std::string host = config_.http.host();
-    const int port = config_.http.port();
-    if (!server_.bind_to_port(host, port)) {
+    server_ = std::make_unique<http::Server>(ServerOptions(), Routes(), log_);
+    try {
+      server_->Start();
+    } catch (const std::exception& failure) {
       Stop();
-      throw std::runtime_error("[http] cannot listen on " + config_.http.listen +
-                               " (in use, or not an address of this host)");
-    }
-    http_thread_ = std::thread([this] { server_.listen_after_bind(); });
-    // httplib's stop() does nothing before the server runs; don't let Stop() race the start.
-    for (int i = 0; i < 500 && !server_.is_running(); ++i) {
-      std::this_thread::sleep_for(milliseconds{10});
+      throw std::runtime_error("[http] cannot listen on " + config_.http.listen + ": " +
+                               failure.what() + " (in use, or not an address of this host)");
     }
     Log(LogLevel::kInfo,
         "serving /metrics, /api/outbox, /api/messages, /healthz and /readyz on http://" +
             config_.http.listen +
             (config_.http.token.empty() ? " (no token: the /api/messages routes answer 403)"
                                         : " (bearer token required)"));
+    if (config_.http.token.empty() && config_.http.listens_beyond_loopback()) {
+      Log(LogLevel::kWarn,
+          "[http] listens on " + config_.http.listen +
+              ", beyond loopback, without a token (allow_unauthenticated = true): anyone who "
+              "reaches the port can read /metrics and /api/outbox (topics, ids, recent errors)");
+    }
   }
 
   void BeginDrain() { draining_ = true; }
 
+  std::optional<Response> AnswerRaw(std::string_view bytes) {
+    if (raw_routes_.empty()) raw_routes_ = Routes();
+    return http::AnswerRawRequest(bytes, ServerOptions(), raw_routes_);
+  }
+
   void Stop() {
-    if (http_thread_.joinable()) {
-      server_.stop();
-      http_thread_.join();
-    }
+    if (server_) server_->Stop();
     {
       std::lock_guard lock(mutex_);
       stop_ = true;
@@ -390,114 +400,105 @@ class Operations::Impl {
     if (log_) log_(level, message);
   }
 
-  void SetUpServer() {
-    server_.new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
-    // httplib's default also sets SO_REUSEPORT, which would let a second outboxd share the port
-    // (and answer half the scrapes) instead of failing to start.
-    server_.set_socket_options([](socket_t socket) {
-      const int yes = 1;
-      ::setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    });
-    server_.set_read_timeout(kHttpTimeoutSeconds, 0);
-    server_.set_write_timeout(kHttpTimeoutSeconds, 0);
-    server_.set_keep_alive_timeout(kHttpTimeoutSeconds);
-    server_.set_keep_alive_max_count(kKeepAliveMaxRequests);
-    server_.set_payload_max_length(kMaxRequestBodyBytes);
-    server_.set_pre_routing_handler([this](const httplib::Request& request,
-                                           httplib::Response& response) {
-      if (request.path == "/healthz") return httplib::Server::HandlerResponse::Unhandled;
+  http::ServerOptions ServerOptions() {
+    http::ServerOptions options;
+    options.host = config_.http.host();
+    options.port = config_.http.port();
+    options.header_timeout = kHeaderTimeout;
+    options.body_timeout = kBodyTimeout;
+    options.write_timeout = kWriteTimeout;
+    options.max_body_bytes = kMaxRequestBodyBytes;
+    options.not_found_text =
+        "404 (paths: /metrics, /api/outbox, /api/messages, /healthz, /readyz)\n";
+    options.guard = [this](const http::Request& request) -> std::optional<Response> {
+      if (request.path == "/healthz") return std::nullopt;
       if (config_.http.token.empty()) {
         // Messages (payloads included) are never shown, and never changed, without a token.
-        if (!request.path.starts_with("/api/messages")) {
-          return httplib::Server::HandlerResponse::Unhandled;
-        }
-        ErrorReply(response, 403,
-                   "the /api/messages routes need a token: set [http] token or "
-                   "OUTBOX_HTTP_TOKEN");
-        return httplib::Server::HandlerResponse::Handled;
+        if (!request.path.starts_with("/api/messages")) return std::nullopt;
+        return ErrorReply(403,
+                          "the /api/messages routes need a token: set [http] token or "
+                          "OUTBOX_HTTP_TOKEN");
       }
-      if (BearerTokenMatches(request.get_header_value("Authorization"), config_.http.token)) {
-        return httplib::Server::HandlerResponse::Unhandled;
+      if (BearerTokenMatches(request.Header("Authorization"), config_.http.token)) {
+        return std::nullopt;
       }
-      response.status = 401;
-      response.set_header("WWW-Authenticate", "Bearer");
-      response.set_content("401 unauthorized: send Authorization: Bearer <token>\n", "text/plain");
-      return httplib::Server::HandlerResponse::Handled;
-    });
-    server_.set_error_handler([](const httplib::Request&, httplib::Response& response) {
-      if (response.body.empty()) {
-        response.set_content(std::to_string(response.status) +
-                                 " (paths: /metrics, /api/outbox, /api/messages, /healthz, "
-                                 "/readyz)\n",
-                             "text/plain");
-      }
-    });
-    server_.set_exception_handler(
-        [](const httplib::Request&, httplib::Response& response, std::exception_ptr) {
-          response.status = 500;
-          response.set_content("500 internal error\n", "text/plain");
-        });
-    server_.Get("/healthz", [](const httplib::Request&, httplib::Response& response) {
-      response.set_content("ok\n", "text/plain");
-    });
-    server_.Get("/readyz", [this](const httplib::Request&, httplib::Response& response) {
+      Response refused =
+          Response::Text(401, "401 unauthorized: send Authorization: Bearer <token>\n");
+      refused.headers.emplace_back("WWW-Authenticate", "Bearer");
+      return refused;
+    };
+    return options;
+  }
+
+  // Probes and scrapes run on the I/O thread (they read caches in memory); the admin API, which
+  // waits for the database, on the worker pool.
+  std::vector<http::Route> Routes() {
+    using http::Lane;
+    using http::Request;
+    std::vector<http::Route> routes;
+    const auto add = [&](std::string method, std::string path, Lane lane, http::Handler handler,
+                         bool prefix = false) {
+      routes.push_back(http::Route{.method = std::move(method),
+                                   .path = std::move(path),
+                                   .prefix = prefix,
+                                   .lane = lane,
+                                   .handler = std::move(handler)});
+    };
+    add("GET", "/healthz", Lane::kInline,
+        [](const Request&) { return Response::Text(200, "ok\n"); });
+    add("GET", "/readyz", Lane::kInline, [this](const Request&) {
       const Readiness readiness = CheckReadiness();
-      response.status = readiness.ready ? 200 : 503;
-      response.set_content(readiness.report, "text/plain");
+      return Response::Text(readiness.ready ? 200 : 503, readiness.report);
     });
-    server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
+    add("GET", "/metrics", Lane::kInline, [this](const Request&) {
       CheckReadiness();  // refreshes outbox_ready and outbox_stats_age_seconds
-      response.set_content(registry_.RenderPrometheus(), std::string{kPrometheusContentType});
+      Response response = Response::Text(200, registry_.RenderPrometheus());
+      response.content_type = std::string{kPrometheusContentType};
+      return response;
     });
-    server_.Get("/api/outbox", [this](const httplib::Request&, httplib::Response& response) {
+    add("GET", "/api/outbox", Lane::kInline, [this](const Request&) {
       CheckReadiness();
-      response.set_content(registry_.RenderJson(), "application/json");
+      Response response = Response::Text(200, registry_.RenderJson());
+      response.content_type = "application/json";
+      return response;
     });
-    SetUpAdminRoutes();
-  }
-
-  // /api/messages: list, show, replay, abandon, over the store's Admin on a connection of its own.
-  void SetUpAdminRoutes() {
-    server_.Get(
-        "/api/messages", [this](const httplib::Request& request, httplib::Response& response) {
-          WithAdmin(response, [&](Admin& admin) {
-            const ListQuery query = ParseListQuery(request);
-            const MessagePage page = admin.List(query.filter, query.limit, query.after);
-            Json messages = Json::array();
-            for (const auto& message : page.messages)
-              messages.push_back(apps::SummaryJson(message));
-            JsonReply(response, 200,
-                      Json{{"messages", std::move(messages)},
-                           {"more", page.more},
-                           {"next_after",
-                            page.more ? Json(page.messages.back().id.ToString()) : Json(nullptr)}});
+    // /api/messages: list, show, replay, abandon, over the store's Admin on a connection of its
+    // own.
+    add("GET", "/api/messages", Lane::kWorker, [this](const Request& request) {
+      return WithAdmin([&](Admin& admin) {
+        const ListQuery query = ParseListQuery(request);
+        const MessagePage page = admin.List(query.filter, query.limit, query.after);
+        Json messages = Json::array();
+        for (const auto& message : page.messages) messages.push_back(apps::SummaryJson(message));
+        return JsonReply(
+            200, Json{{"messages", std::move(messages)},
+                      {"more", page.more},
+                      {"next_after",
+                       page.more ? Json(page.messages.back().id.ToString()) : Json(nullptr)}});
+      });
+    });
+    add(
+        "GET", "/api/messages/", Lane::kWorker,
+        [this](const Request& request) {
+          return WithAdmin([&](Admin& admin) {
+            const MessageId id = apps::ParseMessageId(
+                request.path.substr(std::string_view{"/api/messages/"}.size()));
+            const auto found = admin.Show(id);
+            if (!found) return ErrorReply(404, "message " + id.ToString() + " not found");
+            return JsonReply(200, apps::DetailJson(*found));
           });
-        });
-    server_.Get(R"(/api/messages/([^/]+))",
-                [this](const httplib::Request& request, httplib::Response& response) {
-                  WithAdmin(response, [&](Admin& admin) {
-                    const MessageId id = apps::ParseMessageId(request.matches[1].str());
-                    const auto found = admin.Show(id);
-                    if (!found) {
-                      ErrorReply(response, 404, "message " + id.ToString() + " not found");
-                      return;
-                    }
-                    const Json out = apps::DetailJson(*found);
-                    JsonReply(response, 200, out);
-                  });
-                });
-    server_.Post("/api/messages/replay",
-                 [this](const httplib::Request& request, httplib::Response& response) {
-                   Change(request, response, /*replay=*/true);
-                 });
-    server_.Post("/api/messages/abandon",
-                 [this](const httplib::Request& request, httplib::Response& response) {
-                   Change(request, response, /*replay=*/false);
-                 });
+        },
+        /*prefix=*/true);
+    add("POST", "/api/messages/replay", Lane::kWorker,
+        [this](const Request& request) { return Change(request, /*replay=*/true); });
+    add("POST", "/api/messages/abandon", Lane::kWorker,
+        [this](const Request& request) { return Change(request, /*replay=*/false); });
+    return routes;
   }
 
-  void Change(const httplib::Request& request, httplib::Response& response, bool replay) {
-    WithAdmin(response, [&](Admin& admin) {
+  // The body is read as JSON whatever its Content-Type says: `curl -d` labels it a form.
+  Response Change(const http::Request& request, bool replay) {
+    return WithAdmin([&](Admin& admin) {
       const ChangeRequest change = ParseChangeRequest(request.body);
       if (!replay && change.reason.empty()) {
         throw std::invalid_argument("abandon needs a \"reason\" (it is kept in last_error)");
@@ -514,35 +515,34 @@ class Operations::Impl {
           (change.dry_run ? std::string{"would "} + verb : std::string{verb} + "ed") + " " +
           std::to_string(result.count) + " messages";
       Log(change.dry_run ? LogLevel::kInfo : LogLevel::kWarn,
-          "admin API (" + request.remote_addr + "): " + what +
+          "admin API (" + request.remote_address + "): " + what +
               (change.reason.empty() ? "" : "; reason: " + change.reason) +
               (result.ids.empty() ? "" : "; first " + result.ids.front().ToString()));
-      JsonReply(response, 200,
-                Json{{"dry_run", change.dry_run},
-                     {"count", result.count},
-                     {"ids", std::move(ids)},
-                     {"ids_truncated", result.ids.size() > kMaxIdsPerRequest}});
+      return JsonReply(200, Json{{"dry_run", change.dry_run},
+                                 {"count", result.count},
+                                 {"ids", std::move(ids)},
+                                 {"ids_truncated", result.ids.size() > kMaxIdsPerRequest}});
     });
   }
 
   // Runs `work` on the admin connection (opened on first use, reopened after a failure) and
-  // maps its errors: bad input 400, database unreachable or busy 503, else 500.
+  // maps its errors: bad input 400, database unreachable or busy 503, else 500. One request at a
+  // time: another one meanwhile gets 503 at once rather than holding a worker while it waits.
   template <typename Work>
-  void WithAdmin(httplib::Response& response, Work&& work) {
-    std::unique_lock lock(admin_mutex_, std::defer_lock);
-    if (!lock.try_lock_for(kAdminWait)) {
-      ErrorReply(response, 503, "busy: another admin request is still running; try again");
-      return;
+  Response WithAdmin(Work&& work) {
+    std::unique_lock lock(admin_mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      return ErrorReply(503, "busy: another admin request is still running; try again");
     }
     try {
-      if (!admin_) admin_ = config_.database->OpenAdmin();
-      work(*admin_);
+      if (!admin_) admin_ = config_.database->OpenAdmin(kAdminStatementTimeout);
+      return work(*admin_);
     } catch (const std::invalid_argument& bad) {
-      ErrorReply(response, 400, bad.what());
+      return ErrorReply(400, bad.what());
     } catch (const StoreError& failure) {
       admin_.reset();  // a fresh connection next time
       const bool unavailable = failure.kind() == FailureKind::kUnavailable;
-      ErrorReply(response, unavailable ? 503 : 500, MaskPassword(failure.what()));
+      return ErrorReply(unavailable ? 503 : 500, MaskPassword(failure.what()));
     }
   }
 
@@ -624,7 +624,8 @@ class Operations::Impl {
       return;
     }
     try {
-      if (!topic_admin_) topic_admin_ = config_.database->OpenAdmin();
+      // CountByTopic bounds its own statement.
+      if (!topic_admin_) topic_admin_ = config_.database->OpenAdmin(milliseconds{0});
       const auto timeout =
           std::clamp(std::chrono::duration_cast<milliseconds>(config_.http.ready_max_age / 4),
                      milliseconds{100}, milliseconds{2000});
@@ -704,11 +705,11 @@ class Operations::Impl {
   SteadyClock::time_point topic_retry_at_{};
 
   // The admin API's Admin (and connection), opened on first use; one request at a time.
-  std::timed_mutex admin_mutex_;
+  std::mutex admin_mutex_;
   std::unique_ptr<Admin> admin_;  // guarded by admin_mutex_
 
-  httplib::Server server_;
-  std::thread http_thread_;
+  std::unique_ptr<http::Server> server_;
+  std::vector<http::Route> raw_routes_;  // AnswerRaw's, built on first use
   std::thread stats_thread_;
   std::mutex mutex_;
   std::condition_variable stop_changed_;
@@ -728,5 +729,8 @@ void Operations::Start() { impl_->Start(); }
 void Operations::BeginDrain() { impl_->BeginDrain(); }
 void Operations::Stop() { impl_->Stop(); }
 Operations::Readiness Operations::CheckReadiness() { return impl_->CheckReadiness(); }
+std::optional<http::Response> Operations::AnswerRaw(std::string_view bytes) {
+  return impl_->AnswerRaw(bytes);
+}
 
 }  // namespace outbox::outboxd

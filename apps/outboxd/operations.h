@@ -27,6 +27,7 @@
 
 #include "config.h"
 #include "outbox/core/log.h"
+#include "outbox/observe/http_server.h"
 #include "outbox/observe/metrics.h"
 #include "outbox/relay/relay.h"
 
@@ -63,6 +64,12 @@ class Operations {
     std::string report;  // one line per check: "database: ok (counts read 1.2 s ago)"
   };
   [[nodiscard]] Readiness CheckReadiness();
+
+  // Answers one request given as the raw bytes a client would send, on the calling thread,
+  // through the listener's own parser, limits, token check and routes (admin requests included,
+  // on the store's Admin); nullopt when the bytes hold no complete request. For tests and the
+  // HTTP fuzz target (fuzz/http_fuzz.cpp); needs no Start().
+  [[nodiscard]] std::optional<observe::http::Response> AnswerRaw(std::string_view bytes);
 
  private:
   class Impl;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "outbox/core/error.h"
+#include "outbox/core/utf8.h"
 
 namespace outbox::config {
 namespace {
@@ -30,7 +31,333 @@ std::string Join(std::string_view prefix, std::string_view key) {
   return joined;
 }
 
-std::string Quoted(std::string_view text) { return "\"" + std::string{text} + "\""; }
+namespace {
+
+// How many bytes of `text` fit in `max_bytes` without ending inside a UTF-8 sequence (a
+// sequence has at most three continuation bytes; invalid UTF-8 is cut where it falls).
+std::size_t Utf8Prefix(std::string_view text, std::size_t max_bytes) {
+  if (text.size() <= max_bytes) return text.size();
+  std::size_t cut = max_bytes;
+  for (int back = 0;
+       back < 3 && cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0U) == 0x80U; ++back) {
+    --cut;
+  }
+  return cut;
+}
+
+std::string CutTo(std::string_view text, std::size_t max_bytes) {
+  if (text.size() <= max_bytes) return std::string{text};
+  return std::string{text.substr(0, Utf8Prefix(text, max_bytes))} + "… (" +
+         std::to_string(text.size()) + " bytes)";
+}
+
+// CheckTomlLimits' scanner. Hand-written because toml11 (3.x, as Debian ships it) has neither
+// limit:
+// - Depth: it parses arrays and inline tables by recursion, so `a = [[[[…` a few hundred
+//   thousand deep overflows the stack before any error; a header or dotted key with as many
+//   parts builds a tree as deep, which it destroys recursively.
+// - Time: for every value it reads the comments around it (even when told to discard them):
+//   it scans the value's whole line, and when no '[' or '{' precedes the value on its line,
+//   every line just above that starts with '#'. So N values on one line of N bytes cost N^2:
+//   `a = [1,1,1,…]` as a 1 MiB line takes minutes.
+// The scanner knows just enough TOML to measure both in one pass without recursing: strings (a
+// "[" in one is text), comments, table headers, keys and values. Where it could misread
+// invalid TOML it counts more, never less; toml11 rejects such text anyway.
+class TomlLimitScanner {
+ public:
+  TomlLimitScanner(std::string_view text, const std::string& origin, std::size_t max_depth)
+      : text_(text), origin_(origin), max_depth_(max_depth) {}
+
+  void Run() {
+    for (std::size_t i = 0; i < text_.size();) {
+      const char c = text_[i];
+      if (c == '\n') {
+        EndLine(i++);
+        // A value ends with its line unless an array or inline table is still open (or nothing
+        // followed the '=': then whatever comes next is counted as the value).
+        if (frames_.empty() && (!in_value_ || value_started_)) {
+          header_ = in_value_ = value_started_ = false;
+          key_dots_ = 0;
+          line_start_ = true;
+        }
+        continue;
+      }
+      if (c == ' ' || c == '\t' || c == '\r') {
+        ++i;
+        continue;
+      }
+      if (c == '#') {
+        while (i < text_.size() && text_[i] != '\n') ++i;
+        continue;
+      }
+      const bool first_on_line = line_start_;
+      line_start_ = false;
+      if (in_value_) value_started_ = true;
+      if (c == '"' || c == '\'') {
+        i = SkipString(i);
+        continue;
+      }
+      ++i;
+      if (header_) {
+        if (c == '.') {
+          ++table_depth_;
+          CheckDepth();
+        } else if (c == ']' || c == '[' || c == '{') {
+          // The header ends; anything after it on the line is counted as a value would be.
+          header_ = false;
+          in_value_ = value_started_ = true;
+          if (c == ']' && i < text_.size() && text_[i] == ']') ++i;
+          if (c != ']') Open(c == '{');
+        }
+        continue;
+      }
+      if (frames_.empty() && !in_value_) {  // a key, a table header, or the '=' after a key
+        if (c == '[' && first_on_line) {
+          Value();  // toml11 reads the comments of a table too
+          bracket_on_line_ = true;
+          header_ = true;
+          table_depth_ = 1;
+          if (i < text_.size() && text_[i] == '[') {
+            ++i;
+            table_depth_ = 2;  // an array of tables and its element
+          }
+          CheckDepth();
+        } else if (c == '.') {
+          ++key_dots_;
+          CheckDepth();
+        } else if (c == '=') {
+          in_value_ = true;
+          Value();
+        } else if (c == '[' || c == '{') {
+          in_value_ = value_started_ = true;
+          Open(c == '{');
+        }
+        continue;
+      }
+      switch (c) {  // inside a value
+        case '[':
+        case '{':
+          Open(c == '{');
+          break;
+        case ']':
+        case '}':
+          if (!frames_.empty()) {
+            frame_depth_ -= 1 + frames_.back().key_dots;
+            frames_.pop_back();
+          }
+          break;
+        case ',':
+          Value();
+          if (!frames_.empty() && frames_.back().inline_table) {
+            frame_depth_ -= frames_.back().key_dots;
+            frames_.back().key_dots = 0;
+            frames_.back().in_key = true;
+          }
+          break;
+        case '=':
+          if (!frames_.empty() && frames_.back().inline_table) {
+            frames_.back().in_key = false;
+            Value();
+          }
+          break;
+        case '.':
+          if (!frames_.empty() && frames_.back().inline_table && frames_.back().in_key) {
+            ++frames_.back().key_dots;
+            ++frame_depth_;
+            CheckDepth();
+          }
+          break;
+        default:
+          break;
+      }
+    }
+    EndLine(text_.size());
+  }
+
+ private:
+  // What toml11's look at the lines above a value costs per line, beyond its bytes (it copies
+  // each comment line into a string of its own), in bytes scanned.
+  static constexpr std::uint64_t kCommentLineCost = 256;
+  // The most bytes toml11 may scan for comments in a whole file: tens of milliseconds in an
+  // optimized build; a file a person writes needs a fraction of it.
+  static constexpr std::uint64_t kMaxCommentScanBytes = std::uint64_t{64} << 20;
+
+  struct Frame {
+    bool inline_table;     // { ... } rather than [ ... ]
+    bool in_key;           // an inline table, before the '=' of its current key = value
+    std::size_t key_dots;  // the dots of that key: each is a table more
+  };
+
+  [[noreturn]] void Refuse(const std::string& why) const {
+    throw ConfigError("file", origin_ + ":" + std::to_string(line_) + ": " + why);
+  }
+
+  void CheckDepth() const {
+    if (table_depth_ + key_dots_ + frame_depth_ > max_depth_) {
+      Refuse("nested more than " + std::to_string(max_depth_) +
+             " levels deep (arrays, inline tables, table headers and dotted keys together)");
+    }
+  }
+
+  void Open(bool inline_table) {
+    if (!inline_table) Value();  // the array's first element
+    bracket_on_line_ = true;
+    frames_.push_back(Frame{.inline_table = inline_table, .in_key = inline_table, .key_dots = 0});
+    ++frame_depth_;
+    CheckDepth();
+  }
+
+  // A value (or table) starts on this line: toml11 will read the comments around it.
+  void Value() {
+    ++values_;
+    if (!bracket_on_line_) ++values_reading_above_;
+  }
+
+  // The line from line_begin_ to `end` (a '\n' or the end of the text) is complete.
+  void EndLine(std::size_t end) {
+    const std::uint64_t length = end - line_begin_ + 1;
+    scan_bytes_ += values_ * length + values_reading_above_ * comment_lines_above_;
+    if (scan_bytes_ > kMaxCommentScanBytes) {
+      Refuse(
+          "too many values on long lines for the TOML parser, which scans a value's whole "
+          "line, and the '#' lines just above it, once per value (this line: " +
+          std::to_string(values_) + " values, " + std::to_string(length) +
+          " bytes); put the elements of a long array on lines of their own");
+    }
+    // toml11 looks at raw lines: one inside a multi-line string counts when it starts with '#'.
+    std::size_t first = line_begin_;
+    while (first < end && (text_[first] == ' ' || text_[first] == '\t')) ++first;
+    if (first < end && text_[first] == '#') {
+      comment_lines_above_ += length + kCommentLineCost;
+    } else {
+      comment_lines_above_ = 0;
+    }
+    values_ = values_reading_above_ = 0;
+    bracket_on_line_ = false;
+    line_begin_ = end + 1;
+    ++line_;
+  }
+
+  // Skips the string that starts at text_[at] (a quote); returns the index after it. A
+  // single-line string ends at the end of its line even when unterminated (an error toml11
+  // reports).
+  std::size_t SkipString(std::size_t at) {
+    const char quote = text_[at];
+    const bool basic = quote == '"';  // escapes with '\'; a literal string ('...') has none
+    const auto triple = [&](std::size_t i) {
+      return i + 2 < text_.size() && text_[i] == quote && text_[i + 1] == quote &&
+             text_[i + 2] == quote;
+    };
+    std::size_t i = at;
+    if (!triple(i)) {
+      for (++i; i < text_.size() && text_[i] != '\n';) {
+        const char c = text_[i++];
+        if (c == quote) return i;
+        if (basic && c == '\\' && i < text_.size() && text_[i] != '\n') ++i;
+      }
+      return i;
+    }
+    for (i += 3; i < text_.size();) {
+      if (triple(i)) {
+        i += 3;
+        // """a"""" is `a"`: up to two more quotes are the end of the content.
+        for (int extra = 0; extra < 2 && i < text_.size() && text_[i] == quote; ++extra) ++i;
+        return i;
+      }
+      const char c = text_[i];
+      if (c == '\n') EndLine(i);
+      ++i;
+      if (basic && c == '\\' && i < text_.size()) {
+        if (text_[i] == '\n') EndLine(i);
+        ++i;
+      }
+    }
+    return i;
+  }
+
+  std::string_view text_;
+  const std::string& origin_;
+  std::size_t max_depth_;
+
+  std::size_t line_ = 1;
+  std::size_t line_begin_ = 0;  // where line_ starts
+
+  std::vector<Frame> frames_;    // the open arrays and inline tables of the current value
+  std::size_t table_depth_ = 0;  // the tables the last [header] (or [[header]]) opened
+  std::size_t key_dots_ = 0;     // dots in the key of the current key = value line
+  std::size_t frame_depth_ = 0;  // the frames and the dots of their keys
+  bool header_ = false;          // inside [header]
+  bool in_value_ = false;        // after the '=' of a key = value line
+  bool value_started_ = false;   // ... and past the first token of its value
+  bool line_start_ = true;       // nothing but blanks so far on this line, outside a value
+
+  std::uint64_t values_ = 0;                // values starting on this line
+  std::uint64_t values_reading_above_ = 0;  // ... with no '[' or '{' before them on it
+  bool bracket_on_line_ = false;
+  std::uint64_t comment_lines_above_ = 0;  // the cost of the '#' lines just above this one
+  std::uint64_t scan_bytes_ = 0;           // what toml11 will scan for comments, so far
+};
+
+}  // namespace
+
+std::string Quoted(std::string_view text) {
+  if (text.size() <= kMaxQuotedBytes) return "\"" + std::string{text} + "\"";
+  return "\"" + std::string{text.substr(0, Utf8Prefix(text, kMaxQuotedBytes))} + "…\" (" +
+         std::to_string(text.size()) + " bytes)";
+}
+
+std::string CutErrorText(std::string_view text, std::size_t max_line_bytes,
+                         std::size_t max_total_bytes,
+                         const std::function<std::string(std::string_view)>& mask) {
+  // mask sees this much of a line: enough to find a password near the part that is shown, and
+  // bounded, so that it never works through megabytes.
+  const std::size_t mask_window = std::max<std::size_t>(4096, max_line_bytes);
+  std::string out;
+  for (std::size_t start = 0;;) {
+    if (out.size() > max_total_bytes) {
+      out.resize(Utf8Prefix(out, max_total_bytes));
+      out += "… (" + std::to_string(text.size()) + " bytes in all)";
+      break;
+    }
+    const std::size_t newline = text.find('\n', start);
+    const std::size_t end = newline == std::string_view::npos ? text.size() : newline;
+    const std::string_view line = text.substr(start, end - start);
+    if (!mask) {
+      out += CutTo(line, max_line_bytes);
+    } else {
+      const std::string masked = mask(line.substr(0, mask_window));
+      if (masked.size() <= max_line_bytes && line.size() <= mask_window) {
+        out += masked;
+      } else {
+        out += masked.substr(0, Utf8Prefix(masked, max_line_bytes)) + "… (" +
+               std::to_string(line.size()) + " bytes)";
+      }
+    }
+    if (newline == std::string_view::npos) break;
+    out += '\n';
+    start = newline + 1;
+  }
+  return out;
+}
+
+void CheckTomlLimits(std::string_view toml_text, const std::string& origin, std::size_t max_depth) {
+  // TOML is UTF-8 throughout. toml11 checks that itself, but where a literal string ('...',
+  // '''...''') is not, it rewinds into a buffer other than the one it read (3.7.1, parser.hpp,
+  // parse_literal_string and parse_ml_literal_string): a read out of bounds, which
+  // fuzz/config_fuzz.cpp found. No sequence crosses a '\n', so lines can be checked one by one.
+  if (!IsValidUtf8(toml_text)) {
+    std::size_t line = 1;
+    for (std::size_t begin = 0; begin <= toml_text.size(); ++line) {
+      const std::size_t newline = std::min(toml_text.find('\n', begin), toml_text.size());
+      if (!IsValidUtf8(toml_text.substr(begin, newline - begin))) {
+        throw ConfigError("file", origin + ":" + std::to_string(line) +
+                                      ": not valid UTF-8 (a TOML file must be UTF-8 throughout)");
+      }
+      begin = newline + 1;
+    }
+  }
+  TomlLimitScanner{toml_text, origin, max_depth}.Run();
+}
 
 std::string TypeName(toml::value_t type) {
   switch (type) {
@@ -122,31 +449,50 @@ std::string TomlFloat(double value) {
   return out;
 }
 
-std::string MaskPassword(std::string_view url) {
+std::string MaskPassword(std::string_view text) {
   constexpr std::string_view kMask = "***";
-  std::string out{url};
-  // scheme://user:password@host: from the first ':' of the user info to its last '@' (a
-  // password that itself holds an unescaped '@' is masked whole).
+  std::string out{text};
+  // scheme://user:password@host: from the first ':' after "://" to the last '@' of the token
+  // (up to the next space), whatever stands between: a password may hold '/', '#', '?' or an
+  // unescaped '@'. A token with a ':' but no '@' may be a password cut by a space ("amqp://u:pa
+  // ss@host"): its '@' is then looked for further on, on the same line and before the next "://".
+  // Text that holds no password may lose more than the password; it never keeps one.
+  const auto token_end = [&out](std::size_t from) {
+    while (from < out.size() && !IsSpace(out[from])) ++from;
+    return from;
+  };
   for (std::size_t scheme = out.find("://"); scheme != std::string::npos;
        scheme = out.find("://", scheme + 3)) {
     const std::size_t start = scheme + 3;
-    std::size_t end = start;
-    while (end < out.size() && out[end] != '/' && !IsSpace(out[end]) && out[end] != '"' &&
-           out[end] != '\'') {
-      ++end;
-    }
-    const std::size_t at = out.rfind('@', end == 0 ? 0 : end - 1);
-    if (at == std::string::npos || at < start) continue;
+    std::size_t end = token_end(start);
     const std::size_t colon = out.find(':', start);
-    if (colon == std::string::npos || colon > at) continue;
+    if (colon >= end) continue;
+    std::size_t at = out.rfind('@', end - 1);
+    if (at == std::string::npos || at < start) {
+      const std::size_t limit = std::min(out.find_first_of("\r\n", end), out.find("://", end));
+      const std::size_t later = out.find('@', end);
+      if (later >= limit) continue;
+      end = token_end(later);
+      at = out.rfind('@', end - 1);
+    } else if (at < colon) {
+      continue;  // user@host:port, no password
+    }
     out.replace(colon + 1, at - colon - 1, kMask);
   }
-  // password=... in a URI query or a key=value connection string (possibly 'quoted').
+  // password=... and sslpassword=... in a URI query or a key=value connection string: a value
+  // 'quoted' or up to the next space, '&' or '"', a backslash escaping the next character either
+  // way (libpq: password=SECRET\ X is "SECRET X").
   constexpr std::string_view kKey = "password";
+  constexpr std::string_view kSslPrefix = "ssl";
   for (std::size_t at = 0; at + kKey.size() <= out.size(); ++at) {
     if (!StartsWithIgnoringCase(std::string_view{out}.substr(at), kKey)) continue;
-    if (at > 0 && !IsSpace(out[at - 1]) && out[at - 1] != '?' && out[at - 1] != '&' &&
-        out[at - 1] != '"') {
+    std::size_t key = at;
+    if (key >= kSslPrefix.size() &&
+        StartsWithIgnoringCase(std::string_view{out}.substr(key - kSslPrefix.size()), kSslPrefix)) {
+      key -= kSslPrefix.size();
+    }
+    if (key > 0 && !IsSpace(out[key - 1]) && out[key - 1] != '?' && out[key - 1] != '&' &&
+        out[key - 1] != '"') {
       continue;
     }
     std::size_t value = at + kKey.size();
@@ -161,7 +507,10 @@ std::string MaskPassword(std::string_view url) {
       }
       end = std::min(end + 1, out.size());
     } else {
-      while (end < out.size() && !IsSpace(out[end]) && out[end] != '&' && out[end] != '"') ++end;
+      for (; end < out.size() && !IsSpace(out[end]) && out[end] != '&' && out[end] != '"'; ++end) {
+        if (out[end] == '\\') ++end;
+      }
+      end = std::min(end, out.size());
     }
     out.replace(value, end - value, kMask);
     at = value + kMask.size() - 1;

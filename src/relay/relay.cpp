@@ -626,7 +626,7 @@ class Relay::Engine {
         }
         continue;
       }
-      auto lane = [&batch, &deadline, sink = sink->second.get(), &indexes] {
+      auto lane = [&batch, &deadline, sink = sink->second.get(), &indexes = indexes] {
         if (indexes.size() == batch.size()) return sink->Publish(batch, deadline);
         std::vector<Envelope> group;
         group.reserve(indexes.size());
@@ -709,8 +709,9 @@ class Relay::Engine {
     const auto ended = std::erase_if(paused_, [&](const auto& entry) {
       const auto& [target, pause] = entry;
       if (pause.probe_at > now) return false;
-      return std::none_of(batch.begin(), batch.end(),
-                          [&](const Envelope& envelope) { return envelope.target == target; });
+      return std::none_of(batch.begin(), batch.end(), [&name = target](const Envelope& envelope) {
+        return envelope.target == name;
+      });
     });
     if (ended > 0) PausesChanged();
   }

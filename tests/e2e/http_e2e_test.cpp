@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -538,6 +539,92 @@ TEST_F(HttpE2eTest, WithoutATokenTheAdminRoutesAnswer403) {
   EXPECT_EQ(Status("/metrics", ""), 200);
   std::this_thread::sleep_for(milliseconds{500});
   EXPECT_EQ(Count("status = 'abandoned'"), 1);
+  EXPECT_EQ(outboxd.Stop(), 0) << Log();
+}
+
+// What `curl -d` sends: the README's 1,000-id request (well over 8 KiB) labelled as a form; a
+// reason that tries to forge a log line; a second admin request while one waits on a lock.
+TEST_F(HttpE2eTest, FormLabelledBodiesForgedLogLinesAndABusyAdminConnection) {
+  using Json = nlohmann::json;
+  const std::string token = "tok-hostile-" + std::to_string(std::random_device{}());
+  WriteConfig(OwnUrl(), token);
+  Enqueue(queue_ + "_later", 3);
+  Sql(schema_.conn(),
+      "UPDATE " + schema_.name() + ".messages SET available_at = now() + interval '1 hour'");
+  Outboxd outboxd(config_path_);
+  ASSERT_TRUE(WaitForStatus("/readyz", token, 200, seconds{20})) << Log();
+  httplib::Client client("127.0.0.1", port_);
+  client.set_read_timeout(20, 0);
+  const httplib::Headers auth{{"Authorization", "Bearer " + token}};
+
+  std::string ids;
+  for (int i = 0; i < 1000; ++i) {
+    std::array<char, 40> id{};
+    std::snprintf(id.data(), id.size(), "0190f5c2-0000-7000-8000-%012d", i);
+    ids += std::string{i == 0 ? "" : ", "} + "\"" + id.data() + "\"";
+  }
+  const std::string thousand = R"({"dry_run": true, "ids": [)" + ids + "]}";
+  ASSERT_GT(thousand.size(), 8192U);
+  auto form =
+      client.Post("/api/messages/replay", auth, thousand, "application/x-www-form-urlencoded");
+  ASSERT_TRUE(form);
+  EXPECT_EQ(form->status, 200) << form->body;
+  EXPECT_EQ(Json::parse(form->body)["count"], 0);
+  auto too_big = client.Post("/api/messages/replay", auth, std::string(65 * 1024, ' ') + "{}",
+                             "application/json");
+  ASSERT_TRUE(too_big);
+  EXPECT_EQ(too_big->status, 413);
+
+  const std::string forged = "line one\n[2026-11-25 00:00:00.000] [outboxd] [info] forged\x1b[31m";
+  auto abandon = client.Post("/api/messages/abandon", auth,
+                             Json{{"topic", queue_ + "_later"}, {"reason", forged}}.dump(),
+                             "application/json");
+  ASSERT_TRUE(abandon);
+  EXPECT_EQ(abandon->status, 200) << abandon->body;
+  EXPECT_EQ(Json::parse(abandon->body)["count"], 3);
+  for (int i = 0; i < 50 && Log().find("forged") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(milliseconds{100});
+  }
+  const std::string log = Log();
+  EXPECT_EQ(log.find('\x1b'), std::string::npos) << log;
+  EXPECT_EQ(log.find("\n[2026-11-25 00:00:00.000] [outboxd] [info] forged"), std::string::npos)
+      << log;
+  std::size_t line_start = log.find("line one");
+  ASSERT_NE(line_start, std::string::npos) << log;
+  line_start = log.rfind('\n', line_start);
+  const std::string line = log.substr(line_start + 1, log.find('\n', line_start + 1) - line_start);
+  EXPECT_NE(line.find("admin API"), std::string::npos) << line;
+  EXPECT_NE(line.find("forged"), std::string::npos) << line;
+
+  // The admin connection is busy (its statement waits on a lock the test holds): a second
+  // request is told so at once instead of waiting, and the first finishes once the lock goes.
+  const PgConn locker = Connect();
+  Sql(locker.get(), "BEGIN");
+  Sql(locker.get(), "LOCK TABLE " + schema_.name() + ".messages IN ACCESS EXCLUSIVE MODE");
+  auto waiting = std::async(std::launch::async, [&] {
+    httplib::Client first("127.0.0.1", port_);
+    first.set_read_timeout(60, 0);
+    return first.Get("/api/messages?status=abandoned", auth);
+  });
+  bool refused = false;
+  for (int i = 0; i < 50 && !refused; ++i) {
+    std::this_thread::sleep_for(milliseconds{100});
+    const auto started = std::chrono::steady_clock::now();
+    auto second = client.Get("/api/messages?status=pending", auth);
+    ASSERT_TRUE(second);
+    refused = second->status == 503;
+    if (refused) {
+      EXPECT_LT(std::chrono::steady_clock::now() - started, seconds{2});
+      EXPECT_NE(second->body.find("busy"), std::string::npos) << second->body;
+    }
+    EXPECT_EQ(Status("/healthz", ""), 200);
+  }
+  EXPECT_TRUE(refused);
+  Sql(locker.get(), "ROLLBACK");
+  auto first = waiting.get();
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->status, 200) << first->body;
+  EXPECT_EQ(Json::parse(first->body)["messages"].size(), 3U);
   EXPECT_EQ(outboxd.Stop(), 0) << Log();
 }
 

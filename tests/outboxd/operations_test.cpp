@@ -10,9 +10,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 #include "outbox/sink/rabbitmq_type.h"
 #include "outbox/store/postgres_type.h"
@@ -173,6 +176,60 @@ TEST_F(OperationsServerTest, GarbageGetsA4xxAndTheServerKeepsServing) {
   auto healthz = Get("/healthz", "");
   ASSERT_TRUE(healthz);
   EXPECT_EQ(healthz->status, 200);
+}
+
+// Slowloris: 100 connections that trickle a request header, one line now and then, never
+// finishing it. /healthz, /readyz and /metrics must still answer, each within a second.
+TEST_F(OperationsServerTest, SlowClientsDoNotStarveTheProbes) {
+  std::vector<int> slow;
+  const auto connect_one = [&] {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<std::uint16_t>(port_));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    constexpr std::string_view kStart = "GET /healthz HTTP/1.1\r\nHost: x\r\n";
+    (void)::send(fd, kStart.data(), kStart.size(), MSG_NOSIGNAL);
+    return fd;
+  };
+  for (int i = 0; i < 100; ++i) slow.push_back(connect_one());
+  // For 3 s: every 300 ms each slow client sends one more header line (and one that the server
+  // has cut off is replaced), while a probe is timed in between.
+  for (int round = 0; round < 10; ++round) {
+    for (int& fd : slow) {
+      constexpr std::string_view kLine = "X-Slow: 1\r\n";
+      if (::send(fd, kLine.data(), kLine.size(), MSG_NOSIGNAL) <= 0) {
+        ::close(fd);
+        fd = connect_one();
+      }
+    }
+    for (const std::string path : {"/healthz", "/readyz", "/metrics"}) {
+      const auto started = std::chrono::steady_clock::now();
+      httplib::Client client("127.0.0.1", port_);
+      client.set_connection_timeout(1, 0);
+      client.set_read_timeout(1, 0);
+      auto response = client.Get(path.c_str(), {{"Authorization", "Bearer tok-canary-1"}});
+      const auto took = std::chrono::steady_clock::now() - started;
+      ASSERT_TRUE(response) << path << " in round " << round << ": "
+                            << httplib::to_string(response.error());
+      EXPECT_NE(response->status, 0);
+      EXPECT_LT(took, milliseconds{1000}) << path;
+    }
+    std::this_thread::sleep_for(milliseconds{300});
+  }
+  for (const int fd : slow) ::close(fd);
+}
+
+// The admin lock is not waited for: a second request while one runs gets 503 at once (tested
+// with the database in tests/e2e); without a database every admin request fails fast.
+TEST_F(OperationsServerTest, AdminRequestsWithoutADatabaseFailFast) {
+  const auto started = std::chrono::steady_clock::now();
+  auto response = Get("/api/messages?status=failed");
+  ASSERT_TRUE(response);
+  EXPECT_EQ(response->status, 503) << response->body;
+  EXPECT_EQ(response->body.find("pw-canary"), std::string::npos) << response->body;
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds{5});
 }
 
 // A paused target is named in /readyz, each on its own line, while the flag is up.

@@ -112,6 +112,29 @@ TEST_P(PgAdminTest, CountByTopicGivesUpAfterItsTimeout) {
   EXPECT_EQ(admin_->List({}, 10).messages.size(), 3U);
 }
 
+// outboxd's admin API opens its Admin with a statement timeout: a statement stuck behind a lock
+// is cancelled after it (kUnavailable: busy, try again), and the connection keeps working.
+TEST_P(PgAdminTest, AStatementTimeoutCancelsAStatementStuckBehindALock) {
+  auto admin = postgres::OpenAdmin(PgUrl(), schema().name(), std::chrono::milliseconds{300});
+  const PgConn other = Connect();
+  Sql(other.get(), "BEGIN");
+  Sql(other.get(), "LOCK TABLE " + schema().name() + ".messages IN ACCESS EXCLUSIVE MODE");
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    (void)admin->List({}, 10);
+    FAIL() << "listed through an exclusive lock";
+  } catch (const StoreError& error) {
+    EXPECT_EQ(error.kind(), FailureKind::kUnavailable) << error.what();
+    EXPECT_NE(std::string{error.what()}.find("statement timeout"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds{10});
+  Sql(other.get(), "ROLLBACK");
+  EXPECT_TRUE(admin->List({}, 10).messages.empty());
+  EXPECT_THROW(postgres::OpenAdmin(PgUrl(), schema().name(), std::chrono::milliseconds{-1}),
+               std::invalid_argument);
+}
+
 TEST_P(PgAdminTest, ABadSchemaNameIsRefusedBeforeConnecting) {
   try {
     postgres::OpenAdmin("postgresql://u:secret@127.0.0.1:1/x", "Bad-Name");

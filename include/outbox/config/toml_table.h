@@ -31,8 +31,28 @@ using GetenvFn = std::function<const char*(const char*)>;
 
 // "prefix.key" ("key" when prefix is empty).
 std::string Join(std::string_view prefix, std::string_view key);
-// The text in double quotes, for messages.
+// The text in double quotes, for messages. A value longer than kMaxQuotedBytes is cut to its
+// first kMaxQuotedBytes bytes (never inside a UTF-8 sequence) and ends `…" (N bytes)`, so that
+// a huge value is never echoed whole.
+inline constexpr std::size_t kMaxQuotedBytes = 64;
 std::string Quoted(std::string_view text);
+// `text` with every line longer than `max_line_bytes` cut the same way (`… (N bytes)`, N the
+// line's length), and at most `max_total_bytes` in all: for messages that quote input, such as
+// toml11's. With `mask`, each line goes through it (its first 4 KiB) before it is cut, so that a
+// cut never separates a password from what marks it as one (MaskPassword).
+std::string CutErrorText(std::string_view text, std::size_t max_line_bytes = 160,
+                         std::size_t max_total_bytes = 4096,
+                         const std::function<std::string(std::string_view)>& mask = nullptr);
+// The deepest nesting a configuration file may have: arrays, inline tables, table headers and
+// dotted keys together ([a.b] is 2; x = [[1]] is 2; [[a]] is 2).
+inline constexpr std::size_t kMaxTomlNesting = 32;
+// Throws ConfigError("file", "<origin>:<line>: ...") for text toml11 must not be given: not
+// UTF-8 (toml11 reads out of bounds on a literal string that is not), nested deeper than
+// `max_depth` (toml11 recurses without a limit and overflows the stack), or with so many values
+// on long lines that toml11 would take minutes (it scans a value's whole line for comments, for
+// every value). Run it before toml11.
+void CheckTomlLimits(std::string_view toml_text, const std::string& origin,
+                     std::size_t max_depth = kMaxTomlNesting);
 // TOML's name for a value's type ("string", "integer", "table", ...).
 std::string TypeName(toml::value_t type);
 // " (outbox.toml:12)" for a value read from a file; "" when toml11 does not know where it is.
@@ -44,10 +64,14 @@ std::size_t EditDistance(std::string_view a, std::string_view b);
 bool HasControlCharacter(std::string_view text);
 // An environment variable, when set and not empty.
 std::optional<std::string> Env(const GetenvFn& getenv, const std::string& name);
-// `url` with its password replaced by ***: the password of a URI's user info
-// (scheme://user:password@host), and any password=... parameter of a URI query or a libpq
-// key=value connection string.
-std::string MaskPassword(std::string_view url);
+// `text` (free text: an error message from a library, a line of the configuration file) with
+// every password in it replaced by ***: the password of a URI's user info (scheme://user:password
+// @host, from the first ':' to the last '@' of the token, or to an '@' after a space on the same
+// line), and the value of a password= or sslpassword= parameter of a URI query or a libpq key=value
+// string ('quoted' or not, backslash escapes included). A pattern, not a parse: it may mask more
+// than the password. For a value known to be a URL, mask by parsing it the way its client will
+// (the PostgreSQL store and the RabbitMQ sink types do, for --check-config).
+std::string MaskPassword(std::string_view text);
 // `text` as a TOML basic string literal (quoted and escaped).
 std::string TomlString(std::string_view text);
 // `value` as a TOML float literal ("2.0", "0.25", "inf").
@@ -80,9 +104,11 @@ class Section {
     for (const auto& [key, value] : Entries()) {
       if (std::find(known.begin(), known.end(), key) != known.end()) continue;
       std::string message = path_.empty() ? "unknown section or key" : "unknown key";
-      const auto closest = std::min_element(known.begin(), known.end(), [&](auto a, auto b) {
-        return EditDistance(key, a) < EditDistance(key, b);
-      });
+      // (Captured by name: clang before 16 cannot capture a structured binding.)
+      const auto closest =
+          std::min_element(known.begin(), known.end(), [&written = key](auto a, auto b) {
+            return EditDistance(written, a) < EditDistance(written, b);
+          });
       if (closest != known.end() && EditDistance(key, *closest) <= 2) {
         message += " (did you mean " + Quoted(Key(*closest)) + "?)";
       } else {

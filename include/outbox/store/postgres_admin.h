@@ -7,6 +7,7 @@
 // claims while a replay or abandon statement waits for its lock is skipped when the statement
 // re-checks its status, not overwritten.
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -18,8 +19,11 @@ namespace outbox::postgres {
 // Connects on a connection of its own and checks that `schema` is migrated. Throws
 // StoreError(kUnavailable) when the database cannot be reached, StoreError(kPermanent) naming
 // `outboxctl migrate` when the schema is missing or older than this build, and
-// std::invalid_argument for a schema name that is not a plain identifier.
+// std::invalid_argument for a schema name that is not a plain identifier. A positive
+// `statement_timeout` is the connection's statement_timeout (each statement, lock waits
+// included, is cancelled after it: StoreError(kUnavailable)); zero keeps the server's.
 std::unique_ptr<Admin> OpenAdmin(const std::string& conninfo,
-                                 const std::string& schema = std::string{kDefaultSchema});
+                                 const std::string& schema = std::string{kDefaultSchema},
+                                 std::chrono::milliseconds statement_timeout = {});
 
 }  // namespace outbox::postgres

@@ -28,7 +28,8 @@ class StoreSettings final : public outbox::StoreSettings {
                                                  const RetentionPolicy& retention) const override;
   [[nodiscard]] std::unique_ptr<Wakeup> OpenWakeup() const override;
   [[nodiscard]] std::unique_ptr<PartitionLeases> OpenPartitionLeases() const override;
-  [[nodiscard]] std::unique_ptr<Admin> OpenAdmin() const override;
+  [[nodiscard]] std::unique_ptr<Admin> OpenAdmin(
+      std::chrono::milliseconds statement_timeout) const override;
   [[nodiscard]] const std::string& url() const { return url_; }
   [[nodiscard]] const std::string& schema() const { return schema_; }
 

@@ -6,6 +6,7 @@
 // store type adds its own files (include/outbox/store/<type>*.h, src/store/<type>/) and one
 // registration line (apps/outboxd/stores.cpp).
 
+#include <chrono>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -44,7 +45,11 @@ class StoreSettings {
   [[nodiscard]] virtual std::unique_ptr<PartitionLeases> OpenPartitionLeases() const {
     return nullptr;
   }
-  [[nodiscard]] virtual std::unique_ptr<Admin> OpenAdmin() const = 0;
+  // An Admin on a connection of its own. A positive `statement_timeout` bounds each of its
+  // statements, waits for locks included (PostgreSQL: statement_timeout; SQLite: the busy
+  // timeout); zero leaves the database's default.
+  [[nodiscard]] virtual std::unique_ptr<Admin> OpenAdmin(
+      std::chrono::milliseconds statement_timeout) const = 0;
 };
 
 struct StoreType {

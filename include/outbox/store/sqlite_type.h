@@ -23,7 +23,8 @@ class StoreSettings final : public outbox::StoreSettings {
   [[nodiscard]] std::unique_ptr<Store> OpenStore(const RetryPolicy& retry,
                                                  const RetentionPolicy& retention) const override;
   [[nodiscard]] std::unique_ptr<Wakeup> OpenWakeup() const override;
-  [[nodiscard]] std::unique_ptr<Admin> OpenAdmin() const override;
+  [[nodiscard]] std::unique_ptr<Admin> OpenAdmin(
+      std::chrono::milliseconds statement_timeout) const override;
   // The database file (a relative path is relative to the working directory).
   [[nodiscard]] const std::string& path() const { return path_; }
 

@@ -70,7 +70,8 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
   }
   if (!ParseBrokers(options.brokers)) {
     Fail(sink.Key("brokers"),
-         "expected host:port[,host:port...], got " + Quoted(options.brokers) + origin,
+         "expected host:port[,host:port...], got " + Quoted(config::MaskPassword(options.brokers)) +
+             origin,
          brokers_value);
   }
 
@@ -119,7 +120,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
 }  // namespace
 
 void SinkSettings::Describe(config::TomlWriter& out) const {
-  out.String("brokers", options_.brokers);
+  out.String("brokers", config::MaskPassword(options_.brokers));
   out.String("topic", options_.topic);
   out.String("compression", options_.compression);
   out.Duration("linger", options_.linger);

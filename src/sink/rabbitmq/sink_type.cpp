@@ -2,6 +2,7 @@
 #include "outbox/sink/host_port.h"
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/rabbitmq_type.h"
+#include "url_mask.h"
 
 namespace outbox::rabbitmq {
 namespace {
@@ -37,8 +38,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
     Fail(url_key, "amqps:// (TLS) is not supported yet" + url_origin, url_value);
   }
   if (!options.url.starts_with("amqp://")) {
-    Fail(url_key,
-         "expected an amqp:// URL, got " + Quoted(config::MaskPassword(options.url)) + url_origin,
+    Fail(url_key, "expected an amqp:// URL, got " + Quoted(MaskAmqpUrl(options.url)) + url_origin,
          url_value);
   }
 
@@ -78,7 +78,8 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
 }  // namespace
 
 void SinkSettings::Describe(config::TomlWriter& out) const {
-  out.String("url", config::MaskPassword(options_.url));
+  // Masked by librabbitmq's own parse (url_mask.h), not by pattern.
+  out.String("url", MaskAmqpUrl(options_.url));
   out.String("exchange", options_.exchange);
   out.String("routing_key", options_.routing_key);
   out.Bool("mandatory", options_.mandatory);

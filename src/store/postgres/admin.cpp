@@ -185,8 +185,14 @@ class FilterParams {
 
 class PostgresAdmin final : public Admin {
  public:
-  PostgresAdmin(const std::string& conninfo, const std::string& schema)
-      : schema_(schema), table_(QuoteSchema(schema) + ".messages"), connection_(conninfo) {
+  PostgresAdmin(const std::string& conninfo, const std::string& schema,
+                std::chrono::milliseconds statement_timeout)
+      : schema_(schema),
+        table_(QuoteSchema(schema) + ".messages"),
+        connection_(conninfo,
+                    statement_timeout.count() > 0
+                        ? "SET statement_timeout = " + std::to_string(statement_timeout.count())
+                        : std::string{}) {
     RequireSchemaVersion(connection_.Ready(), schema_, connection_.description());
     list_ = Build(kList);
     show_ = Build(kShow);
@@ -324,9 +330,13 @@ class PostgresAdmin final : public Admin {
 
 }  // namespace
 
-std::unique_ptr<Admin> OpenAdmin(const std::string& conninfo, const std::string& schema) {
+std::unique_ptr<Admin> OpenAdmin(const std::string& conninfo, const std::string& schema,
+                                 std::chrono::milliseconds statement_timeout) {
   QuoteSchema(schema);  // std::invalid_argument before connecting
-  return std::make_unique<PostgresAdmin>(conninfo, schema);
+  if (statement_timeout.count() < 0) {
+    throw std::invalid_argument("statement_timeout must not be negative");
+  }
+  return std::make_unique<PostgresAdmin>(conninfo, schema, statement_timeout);
 }
 
 }  // namespace outbox::postgres

@@ -66,7 +66,8 @@ TimePoint ReadTimestamp(const char* bytes);  // timestamptz: microseconds since 
 class Connection {
  public:
   // Connects or throws PgError(kUnavailable) naming the server but never the password.
-  explicit Connection(std::string conninfo);
+  // `session_sql` (e.g. "SET statement_timeout = 30000") runs after every (re)connect.
+  explicit Connection(std::string conninfo, std::string session_sql = {});
   Connection(Connection&&) noexcept = default;
   Connection& operator=(Connection&&) noexcept = default;
   Connection(const Connection&) = delete;
@@ -90,6 +91,7 @@ class Connection {
 
  private:
   std::string conninfo_;
+  std::string session_sql_;
   std::string description_;
   ConnPtr conn_;
 };

@@ -1,3 +1,4 @@
+#include "conninfo_mask.h"
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_admin.h"
 #include "outbox/store/postgres_type.h"
@@ -44,7 +45,8 @@ std::unique_ptr<const outbox::StoreSettings> Parse(const config::Section& databa
 }  // namespace
 
 void StoreSettings::Describe(config::TomlWriter& out) const {
-  out.String("url", config::MaskPassword(url_));
+  // Masked by libpq's own parse (conninfo_mask.h), not by pattern.
+  out.String("url", MaskConninfo(url_));
   out.String("schema", schema_);
 }
 
@@ -62,8 +64,8 @@ std::unique_ptr<PartitionLeases> StoreSettings::OpenPartitionLeases() const {
   return postgres::OpenPartitionLeases(url_, schema_);
 }
 
-std::unique_ptr<Admin> StoreSettings::OpenAdmin() const {
-  return postgres::OpenAdmin(url_, schema_);
+std::unique_ptr<Admin> StoreSettings::OpenAdmin(std::chrono::milliseconds statement_timeout) const {
+  return postgres::OpenAdmin(url_, schema_, statement_timeout);
 }
 
 StoreType Type() { return {.name = "postgres", .parse = Parse}; }

@@ -43,7 +43,10 @@ std::unique_ptr<Store> StoreSettings::OpenStore(const RetryPolicy& retry,
 
 std::unique_ptr<Wakeup> StoreSettings::OpenWakeup() const { return sqlite::OpenWakeup(); }
 
-std::unique_ptr<Admin> StoreSettings::OpenAdmin() const { return sqlite::OpenAdmin(path_); }
+std::unique_ptr<Admin> StoreSettings::OpenAdmin(std::chrono::milliseconds statement_timeout) const {
+  return statement_timeout.count() > 0 ? sqlite::OpenAdmin(path_, statement_timeout)
+                                       : sqlite::OpenAdmin(path_);
+}
 
 StoreType Type() { return {.name = "sqlite", .parse = Parse}; }
 
