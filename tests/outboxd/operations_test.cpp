@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <mutex>
 #include <random>
 #include <string>
 #include <string_view>
@@ -255,6 +256,41 @@ TEST(OperationsTest, ReadinessNamesEachPausedTarget) {
   readiness = operations.CheckReadiness();
   EXPECT_NE(readiness.report.find("relay: a target is paused"), std::string::npos)
       << readiness.report;
+}
+
+// The warnings an Operations logs while it starts and stops.
+std::vector<std::string> StartWarnings(const Config& config) {
+  observe::Registry registry;
+  RelayCounters counters;
+  std::mutex mutex;
+  std::vector<std::string> warnings;
+  {
+    Operations operations(config, registry, counters, [&](LogLevel level, std::string_view text) {
+      const std::lock_guard lock(mutex);
+      if (level == LogLevel::kWarn) warnings.emplace_back(text);
+    });
+    operations.Start();
+    operations.Stop();
+  }
+  return warnings;
+}
+
+// Listening on every interface without a token (allowed explicitly): a warning at every start;
+// on loopback, none.
+TEST(OperationsTest, ListeningBeyondLoopbackWithoutATokenWarnsAtStart) {
+  Config config;
+  config.database =
+      std::make_shared<const postgres::StoreSettings>("postgresql://127.0.0.1:1/none", "outbox");
+  config.http.listen = "0.0.0.0:" + std::to_string(FreePort());
+  config.http.allow_unauthenticated = true;
+  const auto exposed = StartWarnings(config);
+  ASSERT_FALSE(exposed.empty());
+  EXPECT_NE(exposed.front().find("beyond loopback, without a token"), std::string::npos)
+      << exposed.front();
+  config.http.listen = "127.0.0.1:" + std::to_string(FreePort());
+  for (const std::string& warning : StartWarnings(config)) {
+    EXPECT_EQ(warning.find("beyond loopback"), std::string::npos) << warning;
+  }
 }
 
 TEST(OperationsTest, AnAddressInUseIsAnError) {
