@@ -270,21 +270,29 @@ class Bench {
     double claimed = 0;
   };
 
-  Explained Explain(const Variant& variant, const std::string& cursor, bool print) {
+  // `explain` + the variant's statement, in a transaction of its own under the statement timeout,
+  // rolled back (EXPLAIN ANALYZE runs the claim; the slow variants run for minutes).
+  ResultPtr RolledBackExplain(const std::string& explain, const Variant& variant,
+                              const std::vector<std::string>& params) {
     Exec(monitor_.get(), "begin", "BEGIN");
     Exec(monitor_.get(), "timeout",
          "SET LOCAL statement_timeout = '" + std::to_string(options_.statement_timeout) + "s'");
-    const auto params = Params(variant, cursor);
     ResultPtr result;
     try {
-      result = Exec(monitor_.get(), "explain",
-                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + variant.sql, Bind(params));
+      result = Exec(monitor_.get(), "explain", explain + " " + variant.sql, Bind(params));
     } catch (...) {
       ResultPtr rollback{PQexec(monitor_.get(), "ROLLBACK")};
       throw;
     }
-    const std::string text = PQgetvalue(result.get(), 0, 0);
     Exec(monitor_.get(), "rollback", "ROLLBACK");
+    return result;
+  }
+
+  Explained Explain(const Variant& variant, const std::string& cursor, bool print) {
+    const auto params = Params(variant, cursor);
+    const ResultPtr result =
+        RolledBackExplain("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)", variant, params);
+    const std::string text = PQgetvalue(result.get(), 0, 0);
     const auto json = nlohmann::json::parse(text).at(0);
     Explained out;
     out.execution_ms = json.at("Execution Time").get<double>();
@@ -293,19 +301,8 @@ class Bench {
     out.buffers = plan.value("Shared Hit Blocks", 0.0) + plan.value("Shared Read Blocks", 0.0);
     out.claimed = plan.value("Actual Rows", 0.0);
     if (print) {
-      // Bounded and rolled back like the measured one above (the slow variants run for minutes).
-      Exec(monitor_.get(), "begin", "BEGIN");
-      Exec(monitor_.get(), "timeout",
-           "SET LOCAL statement_timeout = '" + std::to_string(options_.statement_timeout) + "s'");
-      ResultPtr plain;
-      try {
-        plain = Exec(monitor_.get(), "explain",
-                     "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + variant.sql, Bind(params));
-      } catch (...) {
-        ResultPtr rollback{PQexec(monitor_.get(), "ROLLBACK")};
-        throw;
-      }
-      Exec(monitor_.get(), "rollback", "ROLLBACK");
+      const ResultPtr plain =
+          RolledBackExplain("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)", variant, params);
       std::printf("plan of %s:\n", variant.name.c_str());
       for (int row = 0; row < PQntuples(plain.get()); ++row) {
         std::printf("    %s\n", PQgetvalue(plain.get(), row, 0));

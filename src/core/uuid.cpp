@@ -2,19 +2,14 @@
 
 #include <random>
 
+#include "outbox/core/percent_decode.h"
+
 namespace outbox {
 namespace {
 
 constexpr char kHexDigits[] = "0123456789abcdef";
 constexpr std::uint64_t kCounterBits = 12;
 constexpr std::uint64_t kCounterMask = (1U << kCounterBits) - 1;
-
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 bool IsHyphenPosition(std::size_t i) { return i == 8 || i == 13 || i == 18 || i == 23; }
 
@@ -39,7 +34,7 @@ std::optional<Uuid> Uuid::Parse(std::string_view text) {
       if (text[i] != '-') return std::nullopt;
       continue;
     }
-    const int value = HexValue(text[i]);
+    const int value = HexDigitValue(text[i]);
     if (value < 0) return std::nullopt;
     auto& byte = bytes[nibble / 2];
     byte = static_cast<std::uint8_t>(nibble % 2 == 0 ? value << 4 : byte | value);

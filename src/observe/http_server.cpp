@@ -8,12 +8,14 @@
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/string.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 #include <list>
-#include <mutex>
 #include <stdexcept>
 #include <thread>
+
+#include "outbox/core/percent_decode.h"
 
 namespace outbox::observe::http {
 namespace {
@@ -28,56 +30,11 @@ using Parser = bhttp::request_parser<bhttp::string_body>;
 // Admin work waiting for a worker beyond this answers 503 at once instead of queueing.
 constexpr std::size_t kMaxQueuedWork = 64;
 
-std::string_view View(beast::string_view text) { return {text.data(), text.size()}; }
-
 // Whether `error` is the HTTP parser's (a malformed request, which gets an answer) rather than
 // the connection's.
 bool IsParseError(const beast::error_code& error) {
   return error.category() == bhttp::make_error_code(bhttp::error::bad_target).category();
 }
-
-bool EqualsIgnoringCase(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
-    if (lower(a[i]) != lower(b[i])) return false;
-  }
-  return true;
-}
-
-int HexDigit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-// %XX decoding ('+' as a space in a query); nullopt for a '%' not followed by two hex digits.
-std::optional<std::string> PercentDecode(std::string_view text, bool plus_is_space) {
-  std::string out;
-  out.reserve(text.size());
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == '%') {
-      if (i + 2 >= text.size()) return std::nullopt;
-      const int high = HexDigit(text[i + 1]);
-      const int low = HexDigit(text[i + 2]);
-      if (high < 0 || low < 0) return std::nullopt;
-      out += static_cast<char>(high * 16 + low);
-      i += 2;
-    } else if (c == '+' && plus_is_space) {
-      out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-struct Head {
-  bool head = false;        // a HEAD request: answer as GET, without the body
-  bool keep_alive = false;  // the client may send another request on this connection
-};
 
 // The request `message` as a Request; nullopt when its target is not well-formed.
 std::optional<Request> ToRequest(bhttp::request<bhttp::string_body>&& message,
@@ -184,7 +141,7 @@ bhttp::response<bhttp::string_body> ToMessage(Response&& response, bool head, bo
 
 std::string_view Request::Header(std::string_view name) const {
   for (const auto& [key, value] : headers) {
-    if (EqualsIgnoringCase(key, name)) return value;
+    if (beast::iequals(key, beast::string_view{name.data(), name.size()})) return value;
   }
   return {};
 }
@@ -349,7 +306,7 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
       return;
     }
     stream_.expires_after(server_.options_.body_timeout);
-    if (EqualsIgnoringCase(View(parser_->get()[bhttp::field::expect]), "100-continue")) {
+    if (beast::iequals(parser_->get()[bhttp::field::expect], "100-continue")) {
       static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
       asio::async_write(stream_, asio::buffer(kContinue.data(), kContinue.size()),
                         [self = shared_from_this()](beast::error_code failed, std::size_t) {

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "outbox/core/percent_decode.h"
+
 namespace outbox::postgres {
 namespace {
 
@@ -121,29 +123,6 @@ std::vector<Span> KeyValueSecretSpans(std::string_view text, const Parsed& parse
     if (IsSecretKeyword(parsed, keyword)) spans.push_back({value_begin, at});
   }
   return spans;
-}
-
-// `text` percent-decoded, as libpq decodes a URI's parts; nullopt when malformed.
-std::optional<std::string> PercentDecode(std::string_view text) {
-  const auto digit = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  std::string out;
-  for (std::size_t at = 0; at < text.size(); ++at) {
-    if (text[at] != '%') {
-      out += text[at];
-      continue;
-    }
-    if (at + 2 >= text.size() || digit(text[at + 1]) < 0 || digit(text[at + 2]) < 0) {
-      return std::nullopt;
-    }
-    out += static_cast<char>(digit(text[at + 1]) * 16 + digit(text[at + 2]));
-    at += 2;
-  }
-  return out;
 }
 
 // The '@' that ends a URI's user info, as libpq's conninfo_uri_parse_options finds it: the first

@@ -1,0 +1,27 @@
+#include "outbox/core/percent_decode.h"
+
+#include <gtest/gtest.h>
+
+namespace outbox {
+namespace {
+
+TEST(PercentDecodeTest, DecodesEscapesAndOptionallyPlus) {
+  EXPECT_EQ(PercentDecode("a%20b%2F%2f"), "a b//");
+  EXPECT_EQ(PercentDecode("a+b"), "a+b");
+  EXPECT_EQ(PercentDecode("a+b", /*plus_is_space=*/true), "a b");
+  EXPECT_EQ(PercentDecode("%00"), std::string(1, '\0'));
+  EXPECT_EQ(PercentDecode(""), "");
+}
+
+TEST(PercentDecodeTest, RefusesATruncatedOrNonHexEscape) {
+  for (const char* bad : {"%", "%4", "a%4", "%G0", "%0g", "%%41"}) {
+    EXPECT_FALSE(PercentDecode(bad).has_value()) << bad;
+  }
+  EXPECT_EQ(HexDigitValue('f'), 15);
+  EXPECT_EQ(HexDigitValue('F'), 15);
+  EXPECT_EQ(HexDigitValue('9'), 9);
+  EXPECT_EQ(HexDigitValue('g'), -1);
+}
+
+}  // namespace
+}  // namespace outbox
