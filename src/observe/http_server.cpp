@@ -333,9 +333,9 @@ class Server::Impl::Session : public std::enable_shared_from_this<Session> {
   // Closes the connection when `error` leaves nothing to answer (the peer left, the deadline
   // passed, the server stops); true then.
   bool Broken(const beast::error_code& error) {
-    if (closed_ || error == bhttp::error::end_of_stream || error == beast::error::timeout ||
-        error == asio::error::operation_aborted || error == asio::error::connection_reset ||
-        error == asio::error::eof || (error && !IsParseError(error))) {
+    // end_of_stream (the client closed between requests) is the parser's; every other error of
+    // the connection's (timeout, reset, aborted) is not.
+    if (closed_ || error == bhttp::error::end_of_stream || (error && !IsParseError(error))) {
       Close();
       return true;
     }
