@@ -212,6 +212,13 @@ bool TcpReachable(const std::string& host, int port, milliseconds timeout) {
   return false;
 }
 
+std::optional<std::string> ExposureWarning(const HttpConfig& http) {
+  if (!http.token.empty() || !http.listens_beyond_loopback()) return std::nullopt;
+  return "[http] listens on " + http.listen +
+         ", beyond loopback, without a token (allow_unauthenticated = true): anyone who "
+         "reaches the port can read /metrics and /api/outbox (topics, ids, recent errors)";
+}
+
 bool BearerTokenMatches(std::string_view authorization, std::string_view token) {
   constexpr std::string_view kPrefix = "Bearer ";
   if (token.empty()) return true;
@@ -309,12 +316,7 @@ class Operations::Impl {
             config_.http.listen +
             (config_.http.token.empty() ? " (no token: the /api/messages routes answer 403)"
                                         : " (bearer token required)"));
-    if (config_.http.token.empty() && config_.http.listens_beyond_loopback()) {
-      Log(LogLevel::kWarn,
-          "[http] listens on " + config_.http.listen +
-              ", beyond loopback, without a token (allow_unauthenticated = true): anyone who "
-              "reaches the port can read /metrics and /api/outbox (topics, ids, recent errors)");
-    }
+    if (auto warning = ExposureWarning(config_.http)) Log(LogLevel::kWarn, *warning);
   }
 
   void BeginDrain() { draining_ = true; }

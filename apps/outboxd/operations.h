@@ -39,6 +39,11 @@ bool TcpReachable(const std::string& host, int port, std::chrono::milliseconds t
 // Constant-time comparison of the Authorization header with "Bearer <token>".
 bool BearerTokenMatches(std::string_view authorization, std::string_view token);
 
+// The warning Operations::Start logs when the listener is reachable beyond loopback without a
+// token (allowed by [http] allow_unauthenticated), or nothing. A function of its own so that tests
+// check it without listening beyond loopback.
+std::optional<std::string> ExposureWarning(const HttpConfig& http);
+
 class Operations {
  public:
   // The targets whose sink is paused right now (Relay::paused_targets), for /readyz.
