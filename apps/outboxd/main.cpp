@@ -74,12 +74,13 @@ outbox::LogFn MakeLogFn(std::shared_ptr<spdlog::logger> logger, bool json) {
   };
 }
 
-outbox::SinkMap OpenSinks(const outbox::outboxd::Config& config) {
+outbox::SinkMap OpenSinks(const outbox::outboxd::Config& config,
+                          const outbox::SinkContext& context) {
   outbox::SinkMap sinks;
   for (const auto& sink : config.sinks) {
     // The sinks name their own keys ("url"); the user wrote "sinks.<name>.url".
     try {
-      sinks.emplace(sink.name, sink.settings->Open());
+      sinks.emplace(sink.name, sink.settings->Open(context));
     } catch (const outbox::ConfigError& error) {
       throw outbox::ConfigError("sinks." + sink.name + "." + error.key(),
                                 std::string{error.what()}.substr(error.key().size() + 2));
@@ -152,7 +153,7 @@ int main(int argc, char** argv) {
     config = outbox::outboxd::LoadConfig(config_path);
     if (!log_level.empty()) config.log_level = log_level;
     // Options the library checks beyond the file's syntax: building the sinks validates them.
-    auto sinks = OpenSinks(config);
+    auto sinks = OpenSinks(config, outbox::SinkContext{});
     if (check_config) {
       std::cout << outbox::outboxd::Describe(config);
       std::cerr << "outboxd: configuration " << config_path << " is valid\n";
@@ -191,7 +192,7 @@ int main(int argc, char** argv) {
     Database database = OpenDatabase(config);
     options.partition_leases = database.partition_leases.get();
     outbox::Relay relay(options, std::move(database.store), std::move(database.wakeup),
-                        OpenSinks(config), log_fn);
+                        OpenSinks(config, {.log = log_fn, .lease = config.lease}), log_fn);
     // The operations side (stats thread, HTTP listener), on connections of its own to the same
     // database, PostgreSQL or SQLite.
     std::optional<outbox::outboxd::Operations> operations;

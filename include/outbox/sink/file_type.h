@@ -19,7 +19,7 @@ class SinkSettings final : public outbox::SinkSettings {
  public:
   explicit SinkSettings(SinkOptions options) : options_(std::move(options)) {}
   void Describe(config::TomlWriter& out) const override;
-  [[nodiscard]] std::unique_ptr<Sink> Open() const override;
+  [[nodiscard]] std::unique_ptr<Sink> Open(const SinkContext& context) const override;
   [[nodiscard]] const SinkOptions& options() const { return options_; }
 
  private:

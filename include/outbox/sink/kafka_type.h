@@ -42,7 +42,7 @@ class SinkSettings final : public outbox::SinkSettings {
   SinkSettings(std::string sink_name, SinkOptions options)
       : sink_name_(std::move(sink_name)), options_(std::move(options)) {}
   void Describe(config::TomlWriter& out) const override;
-  [[nodiscard]] std::unique_ptr<Sink> Open() const override;
+  [[nodiscard]] std::unique_ptr<Sink> Open(const SinkContext& context) const override;
   // The first broker of the bootstrap list.
   [[nodiscard]] std::optional<SinkEndpoint> Endpoint() const override;
   [[nodiscard]] const SinkOptions& options() const { return options_; }

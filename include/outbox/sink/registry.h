@@ -5,6 +5,7 @@
 // new sink type adds its own files (include/outbox/sink/<type>*.h, src/sink/<type>/) and one
 // registration line (apps/outboxd/sinks.cpp).
 
+#include <chrono>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -16,6 +17,7 @@
 
 #include "outbox/config/registry.h"
 #include "outbox/config/toml_table.h"
+#include "outbox/core/log.h"
 #include "outbox/sink/sink.h"
 
 namespace outbox {
@@ -27,6 +29,17 @@ struct SinkEndpoint {
   int port = 0;
 };
 
+// What the program that opens a sink tells it besides its settings.
+struct SinkContext {
+  // Where the sink logs what its client library reports and its own warnings at start (e.g. a
+  // deduplication window shorter than the lease); unset: the sink logs nothing of its own.
+  LogFn log;
+  // The relay's lease: a message whose outcome was unknown may be published again, by this relay
+  // or by one that took its claims over, up to about this long after the first attempt. A sink
+  // whose server deduplicates by message id compares its window with it. 0: not known.
+  std::chrono::milliseconds lease{0};
+};
+
 // One [sinks.<name>] table, read and checked by its sink type. Immutable once parsed.
 class SinkSettings {
  public:
@@ -35,7 +48,7 @@ class SinkSettings {
   // --check-config; the caller has written the section header and the type.
   virtual void Describe(config::TomlWriter& out) const = 0;
   // A new sink with these settings. Throws ConfigError for what only opening can tell.
-  [[nodiscard]] virtual std::unique_ptr<Sink> Open() const = 0;
+  [[nodiscard]] virtual std::unique_ptr<Sink> Open(const SinkContext& context) const = 0;
   // The broker's address, when the readiness check should probe one.
   [[nodiscard]] virtual std::optional<SinkEndpoint> Endpoint() const { return std::nullopt; }
 };

@@ -25,7 +25,9 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   out.Bool("fsync", options_.fsync);
 }
 
-std::unique_ptr<Sink> SinkSettings::Open() const { return OpenSink(options_); }
+std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& /*context*/) const {
+  return OpenSink(options_);
+}
 
 SinkType Type() { return {.name = "file", .parse = Parse}; }
 

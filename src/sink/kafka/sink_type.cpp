@@ -135,7 +135,12 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   }
 }
 
-std::unique_ptr<Sink> SinkSettings::Open() const { return OpenSink(options_); }
+// librdkafka's lines go to the program's log (they went to stderr before).
+std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& context) const {
+  SinkOptions options = options_;
+  if (!options.log) options.log = context.log;
+  return OpenSink(std::move(options));
+}
 
 std::optional<SinkEndpoint> SinkSettings::Endpoint() const {
   const auto brokers = ParseBrokers(options_.brokers);

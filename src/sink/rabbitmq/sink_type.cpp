@@ -91,7 +91,9 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   out.Integer("max_message_bytes", static_cast<std::int64_t>(options_.max_message_bytes));
 }
 
-std::unique_ptr<Sink> SinkSettings::Open() const { return OpenSink(options_); }
+std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& /*context*/) const {
+  return OpenSink(options_);
+}
 
 std::optional<SinkEndpoint> SinkSettings::Endpoint() const {
   return AmqpEndpoint(options_.url).value_or(SinkEndpoint{});
