@@ -1,0 +1,333 @@
+#pragma once
+// What outbox-bench's workloads share: the benchmark's own PostgreSQL database and schemas, the
+// pending messages they start from, outboxd as a child process, number formatting, and the
+// store's own claim+complete rate (the floor under every drain, whatever the broker).
+
+#include <libpq-fe.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "outbox/store/postgres.h"
+#include "outbox/store/postgres_libpq.h"  // the store's RAII over libpq
+#include "support/child_process.h"
+#include "support/free_port.h"
+#include "support/pg_test_support.h"
+
+namespace outbox::bench {
+
+using Clock = std::chrono::steady_clock;
+using outbox::postgres::ConnPtr;
+using outbox::postgres::ResultPtr;
+
+inline constexpr std::string_view kTag = "/*bench*/ ";  // marks the benchmark's own statements
+
+inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+inline std::int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+// 1234567.8 -> "1,234,568".
+inline std::string Thousands(double value) {
+  std::string digits = std::to_string(std::llround(value));
+  const bool negative = !digits.empty() && digits[0] == '-';
+  if (negative) digits.erase(0, 1);
+  for (int at = static_cast<int>(digits.size()) - 3; at > 0; at -= 3) {
+    digits.insert(static_cast<std::size_t>(at), ",");
+  }
+  return negative ? "-" + digits : digits;
+}
+
+inline std::string Mib(double kib) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", kib / 1024.0);
+  return text;
+}
+
+inline void Flush() { std::fflush(stdout); }
+
+// --- PostgreSQL -------------------------------------------------------------------------------
+
+using outbox::testing::Connect;
+using outbox::testing::FreePort;
+using outbox::testing::Sql;
+
+// A tagged statement of the benchmark's own: left out of the relay's statement counts.
+inline ResultPtr Own(PGconn* conn, const std::string& sql) {
+  return Sql(conn, std::string{kTag} + sql);
+}
+
+inline std::string Scalar(PGconn* conn, const std::string& sql) {
+  const auto result = Own(conn, sql);
+  return PQntuples(result.get()) > 0 ? PQgetvalue(result.get(), 0, 0) : "";
+}
+
+// `url` (URI or key=value) with its dbname replaced, as a key=value string.
+inline std::string WithDatabase(const std::string& url, const std::string& database) {
+  char* error = nullptr;
+  PQconninfoOption* options = PQconninfoParse(url.c_str(), &error);
+  if (options == nullptr) {
+    const std::string message = error != nullptr ? error : "out of memory";
+    PQfreemem(error);
+    throw std::runtime_error("bad PostgreSQL URL: " + message);
+  }
+  std::string out;
+  const auto quote = [](const std::string& value) {
+    std::string quoted = "'";
+    for (const char c : value) {
+      if (c == '\'' || c == '\\') quoted += '\\';
+      quoted += c;
+    }
+    return quoted + "'";
+  };
+  for (PQconninfoOption* option = options; option->keyword != nullptr; ++option) {
+    const std::string key = option->keyword;
+    if (key == "dbname" || option->val == nullptr || option->val[0] == '\0') continue;
+    out += key + "=" + quote(option->val) + " ";
+  }
+  PQconninfoFree(options);
+  return out + "dbname=" + quote(database);
+}
+
+// The servers and where this run keeps its files.
+struct Env {
+  std::string pg_url;     // as given (the tests' database)
+  std::string bench_url;  // the benchmark's own database
+  std::string database;
+  std::string amqp_url;
+  std::string outboxd;
+  std::filesystem::path dir;
+  ConnPtr monitor;  // on the benchmark's database: counters, sizes; every statement tagged
+  bool statements_available = false;
+
+  std::string NewName(const std::string& what) {
+    static int counter = 0;
+    return "bench_" + what + "_" + std::to_string(getpid()) + "_" + std::to_string(++counter);
+  }
+};
+
+inline void OpenEnv(Env& env) {
+  {
+    auto admin = Connect(env.pg_url);
+    const auto exists =
+        Sql(admin.get(), "SELECT 1 FROM pg_database WHERE datname = '" + env.database + "'");
+    if (PQntuples(exists.get()) == 0) Sql(admin.get(), "CREATE DATABASE " + env.database);
+  }
+  env.bench_url = WithDatabase(env.pg_url, env.database);
+  env.monitor = Connect(env.bench_url);
+  ResultPtr created{PQexec(env.monitor.get(), "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")};
+  ResultPtr probe{PQexec(env.monitor.get(), "SELECT count(*) FROM pg_stat_statements")};
+  env.statements_available = PQresultStatus(probe.get()) == PGRES_TUPLES_OK;
+  env.dir = std::filesystem::temp_directory_path() / ("outbox-bench-" + std::to_string(getpid()));
+  std::filesystem::create_directories(env.dir);
+}
+
+// Statements the relay sent the benchmark's database since the last Reset().
+class StatementCounter {
+ public:
+  explicit StatementCounter(Env& env) : env_(env) {}
+  bool available() const { return env_.statements_available; }
+  void Reset() {
+    if (available()) Own(env_.monitor.get(), "SELECT pg_stat_statements_reset()");
+  }
+  double Total() {
+    return available() ? std::atof(Scalar(env_.monitor.get(), Query("sum")).c_str()) : 0;
+  }
+  // The statements behind Total(), most called first.
+  std::vector<std::pair<std::string, double>> Top(int limit) {
+    std::vector<std::pair<std::string, double>> top;
+    if (!available()) return top;
+    const auto result = Own(env_.monitor.get(), Query("top") + " LIMIT " + std::to_string(limit));
+    for (int row = 0; row < PQntuples(result.get()); ++row) {
+      top.emplace_back(PQgetvalue(result.get(), row, 1),
+                       std::atof(PQgetvalue(result.get(), row, 0)));
+    }
+    return top;
+  }
+
+ private:
+  static std::string Query(const std::string& what) {
+    const std::string from =
+        " FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = "
+        "current_database()) AND query NOT LIKE '/*bench*/%' AND query NOT LIKE '%enqueue%' AND "
+        "query NOT IN ('BEGIN', 'COMMIT', 'ROLLBACK')";
+    if (what == "sum") return "SELECT coalesce(sum(calls), 0)" + from;
+    return "SELECT calls, regexp_replace(left(query, 90), '\\s+', ' ', 'g')" + from +
+           " ORDER BY calls DESC";
+  }
+  Env& env_;
+};
+
+// A migrated schema of its own, dropped when this object dies.
+class Schema {
+ public:
+  explicit Schema(Env& env) : env_(env), name_(env.NewName("s")) {
+    outbox::postgres::Migrate(env_.monitor.get(), name_);
+  }
+  ~Schema() {
+    ResultPtr dropped{
+        PQexec(env_.monitor.get(),
+               (std::string{kTag} + "DROP SCHEMA IF EXISTS " + name_ + " CASCADE").c_str())};
+  }
+  Schema(const Schema&) = delete;
+  Schema& operator=(const Schema&) = delete;
+  const std::string& name() const { return name_; }
+  std::string messages() const { return name_ + ".messages"; }
+
+ private:
+  Env& env_;
+  std::string name_;
+};
+
+// A payload of exactly `size` bytes (at least 14) that is a JSON string and starts with the
+// message's sequence number, so that the consumer can tell which message it received.
+inline std::string Payload(std::int64_t seq, std::size_t size) {
+  char digits[16];
+  std::snprintf(digits, sizeof digits, "%012lld", static_cast<long long>(seq));
+  std::string payload = "\"";
+  payload += digits;
+  payload.append(size - 14, 'x');
+  payload += '"';
+  return payload;
+}
+
+// Inserts messages first..first+count-1 as writers would have left them: pending, over `streams`
+// streams with their stream_seq, each stream in one partition. One statement, then VACUUM ANALYZE.
+inline void Preinsert(Env& env, const Schema& schema, const std::string& topic, std::int64_t first,
+                      std::int64_t count, std::size_t payload, int streams) {
+  const std::string s = schema.name();
+  const std::string g = "g";
+  Own(env.monitor.get(),
+      "INSERT INTO " + schema.messages() +
+          " (id, topic, stream_key, stream_seq, partition, target, payload, content_type) SELECT " +
+          s + ".uuid_v7(), '" + topic + "', 's' || (g % " + std::to_string(streams) + "), g / " +
+          std::to_string(streams) + " + 1, (g % " + std::to_string(streams) +
+          ") % 64, 'default', convert_to('\"' || lpad(g::text, 12, '0') || repeat('x', " +
+          std::to_string(payload - 14) + ") || '\"', 'UTF8'), 'application/json' FROM " +
+          "generate_series(" + std::to_string(first) + ", " + std::to_string(first + count - 1) +
+          ") g");
+  Own(env.monitor.get(), "VACUUM ANALYZE " + schema.messages());
+}
+
+inline std::string TableSize(Env& env, const Schema& schema) {
+  return Scalar(env.monitor.get(),
+                "SELECT pg_size_pretty(pg_total_relation_size('" + schema.messages() + "'))");
+}
+
+// --- outboxd as a child process ---------------------------------------------------------------
+
+// What /proc says of a process.
+struct ProcSample {
+  double cpu_seconds = 0;  // user + system, all threads
+  double hwm_kib = 0;      // VmHWM: peak resident set
+  double rss_kib = 0;
+};
+
+inline ProcSample SampleProcess(pid_t pid) {
+  ProcSample sample;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const auto close_paren = line.rfind(')');
+  if (close_paren != std::string::npos) {
+    std::istringstream fields(line.substr(close_paren + 2));
+    std::string field;
+    double utime = 0, stime = 0;
+    for (int i = 3; fields >> field; ++i) {  // field 3 is the state
+      if (i == 14) utime = std::atof(field.c_str());
+      if (i == 15) {
+        stime = std::atof(field.c_str());
+        break;
+      }
+    }
+    sample.cpu_seconds = (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) sample.hwm_kib = std::atof(line.c_str() + 6);
+    if (line.rfind("VmRSS:", 0) == 0) sample.rss_kib = std::atof(line.c_str() + 6);
+  }
+  return sample;
+}
+
+// Writes outboxd's config: its defaults (batch 500, confirm window 1000, sweep 1 s, lease 30 s,
+// HTTP listener with stats every 5 s, published messages deleted at once) plus the servers. `sink`
+// is the body of [sinks.default] (default: RabbitMQ, routing key = topic); `relay`, lines added to
+// [relay].
+inline std::string WriteConfig(Env& env, const std::string& schema, const std::string& sink,
+                               const std::string& relay) {
+  const auto path = env.dir / (schema + ".toml");
+  std::ofstream out(path);
+  out << "[database]\nurl = \"" << env.bench_url << "\"\nschema = \"" << schema
+      << "\"\n\n[relay]\ninstance = \"bench\"\n"
+      << relay << "\n[log]\nlevel = \"warn\"\n\n[http]\nlisten = \"127.0.0.1:" << FreePort()
+      << "\"\n\n[sinks.default]\n"
+      << (sink.empty()
+              ? "type = \"rabbitmq\"\nurl = \"" + env.amqp_url + "\"\nrouting_key = \"{topic}\"\n"
+              : sink);
+  return path.string();
+}
+
+class Outboxd {
+ public:
+  Outboxd(Env& env, const std::string& schema, const std::string& sink = {},
+          const std::string& relay = {})
+      : config_(WriteConfig(env, schema, sink, relay)),
+        process_({env.outboxd, "--config", config_}, config_ + ".log") {}
+  ProcSample Sample() const { return SampleProcess(process_.pid()); }
+  // SIGTERM; throws if it does not exit cleanly.
+  void Stop() {
+    const int code = process_.Stop();
+    if (code != 0) {
+      throw std::runtime_error("outboxd exited with " + std::to_string(code) + "; log: " + config_ +
+                               ".log");
+    }
+  }
+
+ private:
+  std::string config_;
+  outbox::testing::ChildProcess process_;
+};
+
+inline void PrintRelayConditions(const Env& env) {
+  std::printf(
+      "relay: %s as a child process, its defaults: batch_size 500, confirm_window 1000, "
+      "sweep_interval 1s, lease 30s, HTTP listener on (stats every 5s), retention.published 0s "
+      "(a confirmed message is deleted)\n",
+      env.outboxd.c_str());
+}
+
+// The relay's own store calls without a broker: Claim (lease) then Complete (delete).
+inline double StoreClaimComplete(Env& env, std::int64_t count, std::size_t payload, int batch) {
+  Schema schema(env);
+  Preinsert(env, schema, "store", 0, count, payload, 1000);
+  auto store = outbox::postgres::OpenStore({.conninfo = env.bench_url, .schema = schema.name()});
+  std::int64_t done = 0;
+  const auto start = Clock::now();
+  for (;;) {
+    const auto claimed = store->Claim({.owner = "bench", .max_messages = batch});
+    if (claimed.empty()) break;
+    std::vector<outbox::LeasedId> leases;
+    leases.reserve(claimed.size());
+    for (const auto& envelope : claimed) leases.push_back(outbox::LeasedId::Of(envelope));
+    done += static_cast<std::int64_t>(store->Complete("bench", leases).settled);
+  }
+  const double seconds = Seconds(Clock::now() - start);
+  if (done != count) throw std::runtime_error("store claim+complete took " + std::to_string(done));
+  return static_cast<double>(count) / seconds;
+}
+
+}  // namespace outbox::bench
