@@ -6,6 +6,7 @@
 #include <libpq-fe.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -13,10 +14,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -195,7 +198,7 @@ class Schema {
 // A payload of exactly `size` bytes (at least 14) that is a JSON string and starts with the
 // message's sequence number, so that the consumer can tell which message it received.
 inline std::string Payload(std::int64_t seq, std::size_t size) {
-  char digits[16];
+  char digits[24];
   std::snprintf(digits, sizeof digits, "%012lld", static_cast<long long>(seq));
   std::string payload = "\"";
   payload += digits;
@@ -329,5 +332,96 @@ inline double StoreClaimComplete(Env& env, std::int64_t count, std::size_t paylo
   if (done != count) throw std::runtime_error("store claim+complete took " + std::to_string(done));
   return static_cast<double>(count) / seconds;
 }
+
+// How many messages a destination holds, read by a thread every ~2 ms (`count` is called only
+// there): the arrival rate from the first reading above 0 to the first at `target`, as the Kafka
+// drain's TopicFill measures it. `count` returns -1 when it cannot read; the watcher keeps trying.
+class ArrivalWatcher {
+ public:
+  ArrivalWatcher(std::function<std::int64_t()> count, std::int64_t target)
+      : count_(std::move(count)), target_(target), thread_([this] { Run(); }) {}
+  ~ArrivalWatcher() {
+    stop_ = true;
+    thread_.join();
+  }
+  ArrivalWatcher(const ArrivalWatcher&) = delete;
+  ArrivalWatcher& operator=(const ArrivalWatcher&) = delete;
+
+  // Waits until `target` messages are there; false after `limit`.
+  bool Wait(std::chrono::seconds limit) {
+    const auto until = Clock::now() + limit;
+    while (!done_ && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds{5});
+    return done_;
+  }
+  [[nodiscard]] double Rate() const {
+    const double seconds = Seconds(done_at_ - first_at_);
+    return seconds > 0 ? static_cast<double>(target_ - first_count_) / seconds : 0;
+  }
+  [[nodiscard]] Clock::time_point done_at() const { return done_at_; }
+  // The last reading: what the destination holds (more than the target means duplicates).
+  [[nodiscard]] std::int64_t last() const { return last_; }
+
+ private:
+  void Run() {
+    while (!stop_) {
+      const std::int64_t now = count_();
+      if (now >= 0) {
+        last_ = now;
+        if (now > 0 && first_count_ < 0) {
+          first_count_ = now;
+          first_at_ = Clock::now();
+        }
+        if (now >= target_ && !done_) {
+          done_at_ = Clock::now();
+          done_ = true;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds{2});
+    }
+  }
+
+  std::function<std::int64_t()> count_;
+  std::int64_t target_;
+  std::int64_t first_count_ = -1;
+  Clock::time_point first_at_{};
+  Clock::time_point done_at_{};
+  std::atomic<std::int64_t> last_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+// Waits (at most 60 s) until `schema`'s outbox table is empty: every message confirmed and
+// deleted. Returns the seconds since `start`; throws, naming `what`, when it is not.
+inline double WaitForEmptyOutbox(Env& env, const Schema& schema, Clock::time_point start,
+                                 const std::string& what) {
+  for (int i = 0; i < 6000; ++i) {
+    if (Scalar(env.monitor.get(), "SELECT count(*) FROM " + schema.messages()) == "0") {
+      return Seconds(Clock::now() - start);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+  }
+  throw std::runtime_error(what + ": the outbox table was not empty 60 s after N arrived");
+}
+
+// MemAvailable from /proc/meminfo, in KiB.
+inline double AvailableKib() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  double available_kib = 0;
+  while (std::getline(meminfo, line)) {
+    if (line.rfind("MemAvailable:", 0) == 0) available_kib = std::atof(line.c_str() + 13);
+  }
+  return available_kib;
+}
+
+// What the broker drains (NATS, Redis) share: the server, outboxd's batch and the client window.
+struct BrokerDrainOptions {
+  std::string url;       // the server (--nats / --redis)
+  int batch_size = 500;  // outboxd's relay.batch_size
+  int window = 0;        // acks (NATS) or replies (Redis) outstanding; 0: the sink's default
+  int repeat = 1;        // rounds of each case
+};
 
 }  // namespace outbox::bench

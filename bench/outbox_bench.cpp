@@ -8,6 +8,9 @@
 //   outbox-bench drain --sink kafka [--kafka BROKERS] [--partitions 6] [--batch-size 500]
 //                         (into Kafka, next to a raw librdkafka producer; default: a fresh
 //                         outbox-kafka-mock per case)
+//   outbox-bench drain --sink nats|redis [--nats URL | --redis URL] [--window N] [--batch-size 500]
+//                         (into NATS JetStream or Redis Streams, next to a raw client's ceiling
+//                         on the same server: bench/drains.h)
 //   outbox-bench steady   [--rate 1000] [--seconds 60] [--payload 256] [--streams 1000]
 //   outbox-bench backlog  [--rows 10000000] [--measure 200000]
 //   outbox-bench bloat    [--rate 2000] [--seconds 600]     (steady load, old snapshot held open)
@@ -52,6 +55,7 @@
 #include <vector>
 
 #include "bench_support.h"
+#include "drains.h"
 #include "handles.h"  // the Kafka sink's RAII over librdkafka (src/sink/kafka)
 #include "outbox/core/uuid.h"
 #include "outbox/core/wire_names.h"
@@ -924,13 +928,7 @@ KafkaDrainResult KafkaDrain(Env& env, KafkaCluster& cluster, const KafkaOptions&
   KafkaDrainResult result;
   result.rate = fill.Rate();
   result.filled = Seconds(fill.done_at() - start);
-  bool empty = false;
-  for (int i = 0; i < 6000 && !empty; ++i) {  // the last confirmations and deletes, at most 60 s
-    empty = Scalar(env.monitor.get(), "SELECT count(*) FROM " + schema.messages()) == "0";
-    if (!empty) std::this_thread::sleep_for(std::chrono::milliseconds{10});
-  }
-  if (!empty) throw std::runtime_error("kafka drain: the outbox table was not empty 60 s after N");
-  result.emptied = Seconds(Clock::now() - start);
+  result.emptied = WaitForEmptyOutbox(env, schema, start, "kafka drain");
   result.process = relay.Sample();
   result.statements = statements.Total();
   relay.Stop();
@@ -991,12 +989,7 @@ void KafkaDrainBench(Env& env, const KafkaOptions& options, const std::vector<st
         cluster.CreateTopic(drain_topic);
         const auto ceiling = KafkaCeiling(cluster, options, ceiling_topic, count, payload, streams);
         const auto drain = KafkaDrain(env, cluster, options, drain_topic, count, payload, streams);
-        std::ifstream meminfo("/proc/meminfo");
-        std::string line;
-        double available_kib = 0;
-        while (std::getline(meminfo, line)) {
-          if (line.rfind("MemAvailable:", 0) == 0) available_kib = std::atof(line.c_str() + 13);
-        }
+        const double available_kib = AvailableKib();
         std::printf(
             "  %s x %zu B%s: ceiling %s msgs/s (last delivery report after %.2f s: %s msgs/s); "
             "drain %s msgs/s = %.0f %% of the ceiling (%.0f %% of store claim+complete)\n"
@@ -1536,7 +1529,7 @@ int main(int argc, char** argv) {
   std::string drain_sink = "rabbitmq";
   KafkaOptions kafka;
   drain->add_option("--sink", drain_sink, "where outboxd publishes")
-      ->check(CLI::IsMember({"rabbitmq", "kafka"}));
+      ->check(CLI::IsMember({"rabbitmq", "kafka", "nats", "redis"}));
   drain->add_option("--kafka", kafka.brokers,
                     "with --sink kafka: bootstrap servers (default: outbox-kafka-mock, started "
                     "here, a fresh one per case)");
@@ -1545,11 +1538,27 @@ int main(int argc, char** argv) {
   drain->add_option("--mock-brokers", kafka.mock_brokers)->check(CLI::Range(1, 64));
   drain->add_option("--partitions", kafka.partitions, "partitions of each Kafka topic")
       ->check(CLI::Range(1, 1000));
-  drain->add_option("--batch-size", kafka.batch_size, "with --sink kafka: outboxd's batch_size")
+  drain
+      ->add_option("--batch-size", kafka.batch_size,
+                   "with --sink kafka|nats|redis: outboxd's batch_size")
       ->check(CLI::Range(1, 10000));
+  outbox::bench::BrokerDrainOptions nats{
+      .url = EnvOr("OUTBOX_TEST_NATS_URL", "nats://127.0.0.1:4222")};
+  outbox::bench::BrokerDrainOptions redis{
+      .url = EnvOr("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379")};
+  drain->add_option("--nats", nats.url,
+                    "with --sink nats: the server (default $OUTBOX_TEST_NATS_URL)");
+  drain->add_option("--redis", redis.url,
+                    "with --sink redis: the server (default $OUTBOX_TEST_REDIS_URL)");
+  int window = 0;
+  drain
+      ->add_option("--window", window,
+                   "with --sink nats|redis: acks or replies in flight, sink and ceiling (default: "
+                   "the sink's)")
+      ->check(CLI::Range(1, 1000000));
   drain->add_option("--linger", kafka.linger_ms, "with --sink kafka: linger ms, sink and ceiling")
       ->check(CLI::Range(0, 10000));
-  drain->add_option("--repeat", kafka.repeat, "with --sink kafka: rounds of each case")
+  drain->add_option("--repeat", kafka.repeat, "with --sink kafka|nats|redis: rounds of each case")
       ->check(CLI::Range(1, 100));
 
   SteadyOptions steady_options;
@@ -1599,6 +1608,13 @@ int main(int argc, char** argv) {
     if (idle->parsed()) Idle(env, idle_seconds, latency_messages);
     if (drain->parsed() && drain_sink == "kafka") {
       KafkaDrainBench(env, kafka, drain_counts, drain_payloads, drain_streams, ceiling_messages);
+    } else if (drain->parsed() && (drain_sink == "nats" || drain_sink == "redis")) {
+      auto& broker = drain_sink == "nats" ? nats : redis;
+      broker.batch_size = kafka.batch_size;
+      broker.window = window;
+      broker.repeat = kafka.repeat;
+      (drain_sink == "nats" ? outbox::bench::NatsDrainBench : outbox::bench::RedisDrainBench)(
+          env, broker, drain_counts, drain_payloads, drain_streams, ceiling_messages);
     } else if (drain->parsed()) {
       Drain(env, drain_counts, drain_payloads, drain_streams, ceiling_messages);
     }

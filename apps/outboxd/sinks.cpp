@@ -3,12 +3,15 @@
 #include "config.h"
 #include "outbox/sink/file_type.h"
 #include "outbox/sink/kafka_type.h"
+#include "outbox/sink/nats_type.h"
 #include "outbox/sink/rabbitmq_type.h"
+#include "outbox/sink/redis_type.h"
 
 namespace outbox::outboxd {
 
 const SinkRegistry& SinkTypes() {
-  static const SinkRegistry registry{rabbitmq::Type(), file::Type(), kafka::Type()};
+  static const SinkRegistry registry{rabbitmq::Type(), file::Type(), kafka::Type(), nats::Type(),
+                                     redis::Type()};
   return registry;
 }
 

@@ -1,0 +1,127 @@
+#include <chrono>
+#include <cstdint>
+
+#include "outbox/core/error.h"
+#include "outbox/sink/name_template.h"
+#include "outbox/sink/nats_type.h"
+
+namespace outbox::nats {
+namespace {
+
+using config::Fail;
+using config::Quoted;
+using std::chrono::milliseconds;
+
+constexpr std::int64_t kMaxPending = 100000;
+constexpr std::int64_t kMaxMessageBytes = std::int64_t{64} * 1024 * 1024;
+
+// The keys naming files (ValidateOptions checks that they can be read).
+constexpr std::string_view kFileKeys[] = {"creds", "nkey_seed", "tls_ca_file", "tls_cert_file",
+                                          "tls_key_file"};
+
+std::string* FileOption(SinkOptions& options, std::string_view key) {
+  if (key == "creds") return &options.creds;
+  if (key == "nkey_seed") return &options.nkey_seed;
+  if (key == "tls_ca_file") return &options.tls_ca_file;
+  if (key == "tls_cert_file") return &options.tls_cert_file;
+  return &options.tls_key_file;
+}
+
+std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
+                                                  std::string_view name,
+                                                  const config::GetenvFn& getenv) {
+  sink.AllowOnly({"type", "url", "subject", "expect_stream", "max_pending", "connect_timeout",
+                  "max_message_bytes", "token", "creds", "nkey_seed", "tls_ca_file",
+                  "tls_cert_file", "tls_key_file", "tls_server_name"});
+  SinkOptions options;
+  options.url.clear();
+
+  // url: required; the environment wins (it may hold a password or token).
+  const std::string url_env = SinkSecretEnv(name, "url");
+  sink.Read("url", options.url);
+  const config::TomlValue* url_value = sink.Find("url");
+  std::string url_origin;
+  if (auto url = config::Env(getenv, url_env)) {
+    options.url = std::move(*url);
+    url_origin = " (from " + url_env + ")";
+    url_value = nullptr;
+  }
+  if (options.url.empty()) Fail(sink.Key("url"), "is required (or set " + url_env + ")", url_value);
+  try {
+    ParseUrl(options.url);
+  } catch (const std::invalid_argument& error) {
+    Fail(sink.Key("url"),
+         std::string{error.what()} + ", got " + Quoted(MaskUrl(options.url)) + url_origin,
+         url_value);
+  }
+
+  if (sink.Read("subject", options.subject)) {
+    try {
+      NameTemplate::Parse(options.subject, sink.Key("subject"));
+    } catch (const ConfigError& error) {
+      Fail(sink.Key("subject"), std::string{error.what()}.substr(error.key().size() + 2),
+           sink.Find("subject"));
+    }
+  }
+  sink.Read("expect_stream", options.expect_stream);
+  sink.ReadInteger("max_pending", 1, kMaxPending, options.max_pending);
+  sink.ReadDuration("connect_timeout", milliseconds{1}, std::chrono::minutes{10},
+                    options.connect_timeout);
+  sink.ReadInteger("max_message_bytes", 1, kMaxMessageBytes, options.max_message_bytes);
+
+  const std::string token_env = SinkSecretEnv(name, "token");
+  sink.Read("token", options.token);
+  if (auto token = config::Env(getenv, token_env)) options.token = std::move(*token);
+
+  for (const std::string_view key : kFileKeys) sink.Read(key, *FileOption(options, key));
+  sink.Read("tls_server_name", options.tls_server_name);
+
+  // The rest (subject syntax, stream name, readable files, combinations), named by key.
+  try {
+    ValidateOptions(options);
+  } catch (const ConfigError& error) {
+    const std::string& key = error.key();
+    const std::string message = std::string{error.what()}.substr(key.size() + 2);
+    Fail(sink.Key(key), message + (key == "url" ? url_origin : std::string{}),
+         key == "url" ? url_value : sink.Find(key));
+  }
+  return std::make_unique<const SinkSettings>(std::move(options));
+}
+
+}  // namespace
+
+void SinkSettings::Describe(config::TomlWriter& out) const {
+  out.String("url", MaskUrl(options_.url));
+  out.String("subject", options_.subject);
+  out.String("expect_stream", options_.expect_stream);
+  out.Integer("max_pending", static_cast<std::int64_t>(options_.max_pending));
+  out.Duration("connect_timeout", options_.connect_timeout);
+  out.Integer("max_message_bytes", static_cast<std::int64_t>(options_.max_message_bytes));
+  out.String("token", options_.token.empty() ? "" : "***");
+  out.String("creds", options_.creds);
+  out.String("nkey_seed", options_.nkey_seed);
+  out.String("tls_ca_file", options_.tls_ca_file);
+  out.String("tls_cert_file", options_.tls_cert_file);
+  out.String("tls_key_file", options_.tls_key_file);
+  out.String("tls_server_name", options_.tls_server_name);
+}
+
+std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& context) const {
+  SinkOptions options = options_;
+  if (!options.log) options.log = context.log;
+  options.lease = context.lease;
+  return OpenSink(std::move(options));
+}
+
+std::optional<SinkEndpoint> SinkSettings::Endpoint() const {
+  try {
+    const Servers servers = ParseUrl(options_.url);
+    return SinkEndpoint{servers.addresses.front().host, servers.addresses.front().port};
+  } catch (const std::invalid_argument&) {
+    return SinkEndpoint{};
+  }
+}
+
+SinkType Type() { return {.name = std::string{kSinkName}, .parse = Parse}; }
+
+}  // namespace outbox::nats

@@ -1,0 +1,53 @@
+#include "classify.h"
+
+#include <array>
+
+namespace outbox::redis {
+namespace {
+
+// Error codes that say the server cannot take writes now, whatever the message.
+constexpr std::array<std::string_view, 10> kServerStateCodes = {
+    "LOADING",      // the dataset is being loaded after a restart
+    "BUSY",         // a script or function runs past its time limit
+    "MASTERDOWN",   // a replica that lost its primary (replica-serve-stale-data no)
+    "READONLY",     // a replica: the primary is elsewhere (failover)
+    "NOAUTH",       // authentication required (the server restarted with requirepass)
+    "OOM",          // maxmemory reached with a noeviction policy
+    "TRYAGAIN",     // cluster resharding
+    "CLUSTERDOWN",  // cluster not serving
+    "NOREPLICAS",   // min-replicas-to-write not met
+    "MISCONF",      // snapshots failing with stop-writes-on-bgsave-error
+};
+
+}  // namespace
+
+std::string Shorten(std::string_view text, std::size_t max) {
+  if (text.size() <= max) return std::string{text};
+  std::size_t cut = max;
+  // Back up over UTF-8 continuation bytes (10xxxxxx) so that no sequence is split.
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0U) == 0x80U) --cut;
+  return std::string{text.substr(0, cut)} + "...";
+}
+
+ErrorVerdict ClassifyErrorReply(std::string_view text) {
+  ErrorVerdict verdict;
+  verdict.code = std::string{text.substr(0, text.find(' '))};
+  const std::string reason = Shorten(text);
+  for (const std::string_view code : kServerStateCodes) {
+    if (verdict.code != code) continue;
+    verdict.server_state = true;
+    verdict.reconnect = code == "READONLY" || code == "NOAUTH";
+    verdict.out_of_memory = code == "OOM";
+    verdict.failure = {
+        .kind = FailureKind::kUnavailable,
+        .reason = verdict.out_of_memory
+                      ? "not written: the server is out of memory (" + reason + ")"
+                      : "not written: the server cannot take writes now (" + reason + ")"};
+    return verdict;
+  }
+  // WRONGTYPE, NOPERM, ERR, CROSSSLOT, MOVED, ...: the server refused this command.
+  verdict.failure = {.kind = FailureKind::kRejected, .reason = reason};
+  return verdict;
+}
+
+}  // namespace outbox::redis
