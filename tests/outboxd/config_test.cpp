@@ -391,8 +391,9 @@ TEST(ConfigTest, DurationsAreStringsWithAUnit) {
 // ---- Sinks ----
 
 TEST(ConfigTest, SinkTypeIsRequiredAndKnown) {
-  ExpectError(WithSink("type = \"nats\""), "sinks.default.type",
-              "unknown sink type \"nats\"; expected \"rabbitmq\", \"file\" or \"kafka\"");
+  ExpectError(WithSink("type = \"pulsar\""), "sinks.default.type",
+              "unknown sink type \"pulsar\"; expected \"rabbitmq\", \"file\", \"kafka\", "
+              "\"nats\" or \"redis\"");
   ExpectError(WithSink("path = \"-\""), "sinks.default.type", "is required");
   ExpectError(WithSink("type = 1"), "sinks.default.type", "expected a string, got integer");
   ExpectError("[database]\nurl = \"x\"\n", "sinks", "at least one sink is required");
