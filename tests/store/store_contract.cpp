@@ -372,6 +372,32 @@ TEST_P(StoreContractTest, AFailedMessageHoldsBackOnlyItsOwnStream) {
   EXPECT_EQ(store->Stats().failed, 1);
 }
 
+// A destination that asked to wait (an HTTP endpoint's 429 with Retry-After) holds its message
+// back without spending an attempt, and the rest of its stream, given back with no delay (not
+// sent behind it), waits behind it like behind a rejected message; other streams flow.
+TEST_P(StoreContractTest, AMessageWaitingForRetryAfterHoldsBackItsStream) {
+  auto store = OpenFresh(GetParam());
+  std::vector<NewMessage> messages{Message("t", "a"), Message("t", "a"), Message("t", "a"),
+                                   Message("t", "b")};
+  const auto ids = store->Enqueue(messages);
+  auto batch = store->Claim(Request("relay", 10));
+  ASSERT_EQ(batch.size(), 4U);
+  const Failure wait{FailureKind::kUnavailable, "the endpoint asked to wait", milliseconds{60000}};
+  const Failure behind{FailureKind::kOutcomeUnknown, "not sent: an earlier message failed"};
+  const std::vector<FailedMessage> failed{FailedMessage::Of(batch[0], wait),
+                                          FailedMessage::Of(batch[1], behind),
+                                          FailedMessage::Of(batch[2], behind),
+                                          FailedMessage::Of(batch[3], behind)};
+  EXPECT_EQ(store->Fail("relay", failed).settled, 4);
+  const auto next = store->Claim(Request("relay", 10));
+  ASSERT_EQ(next.size(), 1U);
+  EXPECT_EQ(next[0].id, ids[3]);  // b; a#2 and a#3 wait for a#1
+  EXPECT_TRUE(store->Claim(Request("other", 10)).empty());
+  const StoreStats stats = store->Stats();
+  EXPECT_EQ(stats.failed, 1);  // a#1, until it is due
+  EXPECT_EQ(stats.pending, 2);
+}
+
 TEST_P(StoreContractTest, AnOwnerMayClaimBehindItsOwnLeases) {
   auto store = OpenFresh(GetParam());
   std::vector<NewMessage> messages{Message("t", "a"), Message("t", "a")};

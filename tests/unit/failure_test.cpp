@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "outbox/store/failure_plan.h"
+
 namespace outbox {
 namespace {
 
@@ -53,6 +55,34 @@ TEST(FailureTest, DescribeNamesKindAndReason) {
   EXPECT_EQ((Failure{FailureKind::kRejected, "NOT_FOUND - no exchange 'x'"}.Describe()),
             "rejected: NOT_FOUND - no exchange 'x'");
   EXPECT_EQ((Failure{FailureKind::kLeaseLost, ""}.Describe()), "lease_lost");
+}
+
+// A destination's Retry-After (an HTTP endpoint's 429 or 503) is a floor under the delay: the
+// message is not claimed again sooner, whether the failure spent an attempt or not; abandoning
+// is not postponed by it.
+TEST(FailurePlanTest, RetryAfterIsAFloorUnderTheDelay) {
+  RetryPolicy retry;
+  retry.initial_delay = std::chrono::milliseconds{100};
+  retry.jitter = 0;
+  retry.max_attempts = 3;
+  UniformRandom random = SeededRandom(1);
+  const auto plan = [&](FailureKind kind, int attempts, std::chrono::milliseconds retry_after) {
+    FailedMessage failed;
+    failed.attempts = attempts;
+    failed.failure = Failure{kind, "HTTP 429", retry_after};
+    return PlanFailure(failed, retry, random).value();
+  };
+  using std::chrono::milliseconds;
+  EXPECT_EQ(plan(FailureKind::kRejected, 0, milliseconds{0}).delay, milliseconds{100});
+  EXPECT_EQ(plan(FailureKind::kRejected, 0, milliseconds{2000}).delay, milliseconds{2000});
+  EXPECT_EQ(plan(FailureKind::kRejected, 0, milliseconds{50}).delay, milliseconds{100});
+  EXPECT_EQ(plan(FailureKind::kUnavailable, 0, milliseconds{0}).delay, milliseconds{0});
+  const FailurePlan waiting = plan(FailureKind::kUnavailable, 0, milliseconds{1500});
+  EXPECT_EQ(waiting.delay, milliseconds{1500});
+  EXPECT_FALSE(waiting.spend_attempt);
+  const FailurePlan last = plan(FailureKind::kRejected, 2, milliseconds{2000});
+  EXPECT_TRUE(last.abandon);
+  EXPECT_TRUE(plan(FailureKind::kPermanent, 0, milliseconds{2000}).abandon);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // The one classification of failures used by every store, sink and the relay (STYLE.md point 5).
 // Broker and database failures are values of this type, not exceptions.
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -60,6 +61,10 @@ std::optional<FailureKind> ParseFailureKind(std::string_view name);
 struct Failure {
   FailureKind kind = FailureKind::kUnavailable;
   std::string reason;  // human-readable, e.g. "NOT_FOUND - no exchange 'orders'"
+  // The destination asked not to be sent anything for this long (an HTTP endpoint's
+  // Retry-After): the message is not claimed again sooner, whatever the retry policy says. 0: no
+  // such request.
+  std::chrono::milliseconds retry_after{0};
 
   [[nodiscard]] FailureTreatment treatment() const { return TreatmentOf(kind); }
   // "rejected: NOT_FOUND - no exchange 'orders'"

@@ -3,6 +3,7 @@
 // already spent and the RetryPolicy into "retry after this delay" or "abandon". Every store uses
 // it, so they cannot disagree.
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
@@ -28,6 +29,7 @@ inline std::optional<FailurePlan> PlanFailure(const FailedMessage& failed, const
   const int attempts = failed.attempts + (treatment.spends_attempt ? 1 : 0);
   plan.abandon = treatment.abandon_now || (treatment.spends_attempt && retry.Exhausted(attempts));
   if (treatment.spends_attempt && !plan.abandon) plan.delay = retry.Delay(attempts, random);
+  if (!plan.abandon) plan.delay = std::max(plan.delay, failed.failure.retry_after);
   return plan;
 }
 

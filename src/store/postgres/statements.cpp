@@ -39,11 +39,14 @@ constexpr const char* kFenced = R"(
 // target, the transaction's start, the oldest running transaction id, this transaction's id). The
 // cursor thus passes a paused target's backlog once instead of walking it on every claim; it
 // starts from the oldest again when the target resumes (claim_cursor.h).
+// The clock is read once per claim (the `clock` CTE): read per row, a stream's failed head that
+// became due during a long claim was "not due" where it was scanned and "due" (so no longer
+// blocking) where its successor was checked, and the successor went out alone, ahead of it.
 constexpr const char* kHeadOfLine = R"(
     AND (m.stream_key IS NULL OR NOT EXISTS (
       SELECT 1 FROM __TABLE__ e
       WHERE e.stream_key = m.stream_key AND e.id < m.id AND e.status = 'failed'
-        AND e.available_at > clock_timestamp()))
+        AND e.available_at > (SELECT now FROM clock)))
     AND (m.stream_key IS NULL OR $2::integer[] IS NOT NULL OR NOT EXISTS (
       SELECT 1 FROM __TABLE__ e
       WHERE e.stream_key = m.stream_key AND e.id < m.id AND e.status = 'processing'
@@ -100,6 +103,7 @@ constexpr const char* kPrevSeq = R"(
 
 constexpr const char* kClaim = R"(
 WITH __HELD__,
+clock AS MATERIALIZED (SELECT clock_timestamp() AS now),
 frontier AS (
   SELECT m.id FROM __TABLE__ m
   WHERE m.status = 'pending' AND m.lease_epoch = 0 AND m.id >= $6::uuid __IN_HELD__
@@ -109,13 +113,13 @@ frontier AS (
 fresh AS (
   SELECT m.id FROM __TABLE__ m
   WHERE m.status = 'pending' AND m.lease_epoch = 0 AND m.id >= $6::uuid
-    AND m.available_at <= clock_timestamp() __IN_HELD__ __HEAD_OF_LINE__
+    AND m.available_at <= (SELECT now FROM clock) __IN_HELD__ __HEAD_OF_LINE__
   ORDER BY m.id
   LIMIT $1::integer),
 returned AS (
   SELECT m.id FROM __TABLE__ m
   WHERE m.status IN ('pending', 'failed') AND m.lease_epoch > 0
-    AND m.available_at <= clock_timestamp() __IN_HELD__ __HEAD_OF_LINE__
+    AND m.available_at <= (SELECT now FROM clock) __IN_HELD__ __HEAD_OF_LINE__
   ORDER BY m.id
   LIMIT $1::integer),
 claimable AS (
@@ -154,9 +158,12 @@ constexpr const char* kRelease = R"(
 UPDATE __TABLE__ m SET status = 'pending', lease_owner = NULL, lease_until = NULL
 FROM unnest($2::uuid[], $3::bigint[]) __FENCED__ RETURNING m.id)";
 
+// A message that must wait (a retry's backoff, or a destination's Retry-After with no attempt
+// spent) is 'failed' until it is due, so that the later messages of its stream wait behind it
+// (kHeadOfLine); with no delay it is 'pending' at once.
 constexpr const char* kFail = R"(
 UPDATE __TABLE__ m SET
-  status = CASE WHEN c.abandon THEN 'abandoned' WHEN c.spend THEN 'failed' ELSE 'pending' END,
+  status = CASE WHEN c.abandon THEN 'abandoned' WHEN c.spend OR c.delay_ms > 0 THEN 'failed' ELSE 'pending' END,
   attempts = m.attempts + CASE WHEN c.spend THEN 1 ELSE 0 END,
   available_at = now() + c.delay_ms * interval '1 millisecond',
   abandoned_at = CASE WHEN c.abandon THEN now() END,

@@ -156,7 +156,7 @@ class SqliteStore final : public Store {
     return InWriteTransaction(db_.get(), [&] {
       Statement fail{db_.get(),
                      "UPDATE outbox_messages SET"
-                     " status = CASE WHEN ?4 THEN 'abandoned' WHEN ?5 THEN 'failed'"
+                     " status = CASE WHEN ?4 THEN 'abandoned' WHEN ?5 OR ?6 > 0 THEN 'failed'"
                      "  ELSE 'pending' END,"
                      " attempts = attempts + ?5, available_at = " +
                          kNow +
