@@ -11,6 +11,9 @@
 //   outbox-bench drain --sink nats|redis [--nats URL | --redis URL] [--window N] [--batch-size 500]
 //                         (into NATS JetStream or Redis Streams, next to a raw client's ceiling
 //                         on the same server: bench/drains.h)
+//   outbox-bench drain --sink http [--window 64] [--endpoint-threads 1] [--batch-size 500]
+//                         (into an HTTP endpoint in this process, next to a raw libcurl multi
+//                         loop's ceiling: bench/drains.h)
 //   outbox-bench steady   [--rate 1000] [--seconds 60] [--payload 256] [--streams 1000]
 //   outbox-bench backlog  [--rows 10000000] [--measure 200000]
 //   outbox-bench bloat    [--rate 2000] [--seconds 600]     (steady load, old snapshot held open)
@@ -1529,7 +1532,7 @@ int main(int argc, char** argv) {
   std::string drain_sink = "rabbitmq";
   KafkaOptions kafka;
   drain->add_option("--sink", drain_sink, "where outboxd publishes")
-      ->check(CLI::IsMember({"rabbitmq", "kafka", "nats", "redis"}));
+      ->check(CLI::IsMember({"rabbitmq", "kafka", "nats", "redis", "http"}));
   drain->add_option("--kafka", kafka.brokers,
                     "with --sink kafka: bootstrap servers (default: outbox-kafka-mock, started "
                     "here, a fresh one per case)");
@@ -1540,7 +1543,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000));
   drain
       ->add_option("--batch-size", kafka.batch_size,
-                   "with --sink kafka|nats|redis: outboxd's batch_size")
+                   "with --sink kafka|nats|redis|http: outboxd's batch_size")
       ->check(CLI::Range(1, 10000));
   outbox::bench::BrokerDrainOptions nats{
       .url = EnvOr("OUTBOX_TEST_NATS_URL", "nats://127.0.0.1:4222")};
@@ -1553,13 +1556,20 @@ int main(int argc, char** argv) {
   int window = 0;
   drain
       ->add_option("--window", window,
-                   "with --sink nats|redis: acks or replies in flight, sink and ceiling (default: "
-                   "the sink's)")
+                   "with --sink nats|redis|http: acks, replies or requests in flight, sink and "
+                   "ceiling (default: the sink's)")
       ->check(CLI::Range(1, 1000000));
   drain->add_option("--linger", kafka.linger_ms, "with --sink kafka: linger ms, sink and ceiling")
       ->check(CLI::Range(0, 10000));
-  drain->add_option("--repeat", kafka.repeat, "with --sink kafka|nats|redis: rounds of each case")
+  drain
+      ->add_option("--repeat", kafka.repeat,
+                   "with --sink kafka|nats|redis|http: rounds of each case")
       ->check(CLI::Range(1, 100));
+  outbox::bench::HttpDrainOptions http;
+  drain
+      ->add_option("--endpoint-threads", http.endpoint_threads,
+                   "with --sink http: the endpoint's I/O threads")
+      ->check(CLI::Range(1, 2));
 
   SteadyOptions steady_options;
   auto* steady = app.add_subcommand("steady", "writers at a fixed rate: latency and lag");
@@ -1615,6 +1625,12 @@ int main(int argc, char** argv) {
       broker.repeat = kafka.repeat;
       (drain_sink == "nats" ? outbox::bench::NatsDrainBench : outbox::bench::RedisDrainBench)(
           env, broker, drain_counts, drain_payloads, drain_streams, ceiling_messages);
+    } else if (drain->parsed() && drain_sink == "http") {
+      http.batch_size = kafka.batch_size;
+      http.window = window;
+      http.repeat = kafka.repeat;
+      outbox::bench::HttpDrainBench(env, http, drain_counts, drain_payloads, drain_streams,
+                                    ceiling_messages);
     } else if (drain->parsed()) {
       Drain(env, drain_counts, drain_payloads, drain_streams, ceiling_messages);
     }

@@ -2,6 +2,7 @@
 
 #include "config.h"
 #include "outbox/sink/file_type.h"
+#include "outbox/sink/http_type.h"
 #include "outbox/sink/kafka_type.h"
 #include "outbox/sink/nats_type.h"
 #include "outbox/sink/rabbitmq_type.h"
@@ -10,8 +11,8 @@
 namespace outbox::outboxd {
 
 const SinkRegistry& SinkTypes() {
-  static const SinkRegistry registry{rabbitmq::Type(), file::Type(), kafka::Type(), nats::Type(),
-                                     redis::Type()};
+  static const SinkRegistry registry{rabbitmq::Type(), file::Type(),  kafka::Type(),
+                                     nats::Type(),     redis::Type(), webhook::Type()};
   return registry;
 }
 

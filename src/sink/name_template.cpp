@@ -49,20 +49,28 @@ NameTemplate NameTemplate::Parse(std::string_view text, const std::string& key) 
 
 std::string NameTemplate::Expand(const Envelope& envelope) const {
   if (parts_.size() == 1 && parts_[0].field == Field::kTopic) return envelope.topic;
+  return Expand(envelope, nullptr);
+}
+
+std::string NameTemplate::Expand(const Envelope& envelope,
+                                 std::string (*encode)(std::string_view)) const {
   std::string out;
+  const auto append = [&out, encode](std::string_view value) {
+    out += encode == nullptr ? std::string{value} : encode(value);
+  };
   for (const Part& part : parts_) {
     switch (part.field) {
       case Field::kLiteral:
         out += part.literal;
         break;
       case Field::kTopic:
-        out += envelope.topic;
+        append(envelope.topic);
         break;
       case Field::kTarget:
-        out += envelope.target;
+        append(envelope.target);
         break;
       case Field::kType:
-        if (envelope.type) out += *envelope.type;
+        if (envelope.type) append(*envelope.type);
         break;
     }
   }

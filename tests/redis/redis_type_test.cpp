@@ -13,24 +13,17 @@
 
 #include "classify.h"
 #include "outbox/core/error.h"
+#include "support/sink_type_test.h"
 
 namespace outbox::redis {
 namespace {
 
-using Env = std::map<std::string, std::string>;
+using Env = testing::FakeEnvironment;
 using std::chrono::milliseconds;
 
 // Parses `[sinks.events]` + `body` with `env` as the environment.
 std::unique_ptr<const outbox::SinkSettings> ParseSink(const std::string& body, Env env = {}) {
-  std::istringstream stream("[sinks.events]\ntype = \"redis\"\n" + body);
-  const config::TomlValue root =
-      toml::parse<toml::discard_comments, std::map, std::vector>(stream, "test.toml");
-  const config::Section table{&root.at("sinks").at("events"), "sinks.events"};
-  const config::GetenvFn getenv = [env = std::move(env)](const char* name) -> const char* {
-    const auto found = env.find(name);
-    return found == env.end() ? nullptr : found->second.c_str();
-  };
-  return Type().parse(table, "events", getenv);
+  return testing::ParseSinkTable(Type(), body, std::move(env));
 }
 
 const SinkOptions& OptionsOf(const std::unique_ptr<const outbox::SinkSettings>& settings) {
@@ -38,20 +31,12 @@ const SinkOptions& OptionsOf(const std::unique_ptr<const outbox::SinkSettings>& 
 }
 
 std::string Described(const std::unique_ptr<const outbox::SinkSettings>& settings) {
-  config::TomlWriter out;
-  settings->Describe(out);
-  return out.Take();
+  return testing::DescribeSink(settings);
 }
 
 // The ConfigError of parsing `body`: its key and message.
 std::pair<std::string, std::string> ErrorOf(const std::string& body, Env env = {}) {
-  try {
-    ParseSink(body, std::move(env));
-  } catch (const ConfigError& error) {
-    return {error.key(), error.what()};
-  }
-  ADD_FAILURE() << "no ConfigError for:\n" << body;
-  return {};
+  return testing::SinkTableError(Type(), body, std::move(env));
 }
 
 const std::string kUrl = "url = \"redis://127.0.0.1:6379\"\n";

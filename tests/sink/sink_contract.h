@@ -19,8 +19,9 @@
 // stream with many messages in flight, in one batch and over several; exactly one outcome per
 // message, in batch order; Close() and Publish again. With the faults: server down -> every
 // message kUnavailable and none arrives; the server comes back -> the next Publish reconnects;
-// unknown destination -> kRejected for that message only; too large -> kPermanent for that
-// message only; lost confirmation -> kOutcomeUnknown, then published again; a silent server ->
+// unknown destination -> kRejected for that message only (and, for a sink that holds a stream
+// after a failure, the rest of its stream not sent); too large -> kPermanent for that message
+// only; lost confirmation -> kOutcomeUnknown, then published again; a silent server ->
 // Publish returns by its deadline; Close() with publishes unconfirmed.
 //
 // Writing a harness (see tests/rabbitmq/rabbitmq_sink_contract_test.cpp,
@@ -136,6 +137,13 @@ class SinkHarness {
   [[nodiscard]] virtual std::optional<std::string> Lacks(SinkFault fault) const = 0;
   // A test bed for one test, on a working server.
   virtual std::unique_ptr<SinkTestBed> NewTestBed() = 0;
+  // True when the sink sends a stream's next message only once the one before it was accepted
+  // (the HTTP sink: an endpoint may refuse any request, and a later one of the stream must not be
+  // accepted first). A message that failed in a way that is tried again (anything but
+  // kPermanent) then holds the rest of its stream in the batch: each of them is reported
+  // kOutcomeUnknown (not sent, no attempt spent) unless it failed on its own before sending, and
+  // none of them arrives. False: every message is sent whatever happened to the ones before it.
+  [[nodiscard]] virtual bool HoldsStreamAfterFailure() const { return false; }
 };
 
 // Test names end with the harness's name, and CTest's with "GetParam() = <name>" (not an address

@@ -75,7 +75,9 @@ TcpProxy::TcpProxy(std::string upstream_host, int upstream_port, int listen_port
   address.sin_port = htons(static_cast<std::uint16_t>(listen_port));
   sockaddr* generic = reinterpret_cast<sockaddr*>(&address);
   if (bind(listen_fd_, generic, sizeof address) != 0) Fail("bind");
-  if (listen(listen_fd_, 16) != 0) Fail("listen");
+  // A sink may open many connections at once (the HTTP sink: one per request in flight): a short
+  // accept queue would drop their SYNs, and a dropped SYN is retried only after a second.
+  if (listen(listen_fd_, SOMAXCONN) != 0) Fail("listen");
   socklen_t length = sizeof address;
   if (getsockname(listen_fd_, generic, &length) != 0) Fail("getsockname");
   port_ = ntohs(address.sin_port);

@@ -23,5 +23,19 @@ TEST(PercentDecodeTest, RefusesATruncatedOrNonHexEscape) {
   EXPECT_EQ(HexDigitValue('g'), -1);
 }
 
+TEST(PercentEncodeTest, KeepsOnlyUnreservedBytesAndRoundTrips) {
+  EXPECT_EQ(PercentEncode("orders"), "orders");
+  EXPECT_EQ(PercentEncode("A-z_0.9~"), "A-z_0.9~");
+  EXPECT_EQ(PercentEncode("a/b?c#d e%"), "a%2Fb%3Fc%23d%20e%25");
+  EXPECT_EQ(PercentEncode(std::string{"\0\xff", 2}), "%00%FF");
+  EXPECT_EQ(PercentEncode(""), "");
+  const std::string every_byte = [] {
+    std::string bytes;
+    for (int byte = 0; byte < 256; ++byte) bytes += static_cast<char>(byte);
+    return bytes;
+  }();
+  EXPECT_EQ(PercentDecode(PercentEncode(every_byte)), every_byte);
+}
+
 }  // namespace
 }  // namespace outbox

@@ -74,6 +74,14 @@ std::optional<std::string> Env(const GetenvFn& getenv, const std::string& name);
 std::string MaskPassword(std::string_view text);
 // `text` as a TOML basic string literal (quoted and escaped).
 std::string TomlString(std::string_view text);
+// `name` as a TOML key: bare when it can be (A-Z a-z 0-9 _ -), else a quoted string.
+inline std::string TomlKey(std::string_view name) {
+  const bool bare = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
+  });
+  return bare ? std::string{name} : TomlString(name);
+}
 // `value` as a TOML float literal ("2.0", "0.25", "inf").
 std::string TomlFloat(double value);
 
@@ -267,6 +275,29 @@ class TomlWriter {
   void Float(std::string_view key, double value) { Line(key, TomlFloat(value)); }
   void Duration(std::string_view key, std::chrono::milliseconds value) {
     Line(key, TomlString(FormatDuration(value)));
+  }
+  void Strings(std::string_view key, const std::vector<std::string>& values) {
+    std::string array = "[";
+    for (const std::string& value : values) {
+      array += (array.size() > 1 ? ", " : "") + TomlString(value);
+    }
+    Line(key, array + "]");
+  }
+  void Integers(std::string_view key, const std::vector<int>& values) {
+    std::string array = "[";
+    for (const int value : values) {
+      array += (array.size() > 1 ? ", " : "") + std::to_string(value);
+    }
+    Line(key, array + "]");
+  }
+  // An inline table of strings: { name = "value", "odd name" = "value" }.
+  void StringTable(std::string_view key,
+                   const std::vector<std::pair<std::string, std::string>>& entries) {
+    std::string table = "{";
+    for (const auto& [name, value] : entries) {
+      table += (table.size() > 1 ? ", " : " ") + TomlKey(name) + " = " + TomlString(value);
+    }
+    Line(key, table + (entries.empty() ? "}" : " }"));
   }
   [[nodiscard]] std::string Take() { return std::move(out_); }
 

@@ -18,6 +18,10 @@ class NameTemplate {
 
   // The name for `envelope` ({type} is "" when the envelope has none).
   [[nodiscard]] std::string Expand(const Envelope& envelope) const;
+  // The same with each placeholder's value passed through `encode` (the HTTP sink's URLs:
+  // percent-encoding); the text around the placeholders is kept as written.
+  [[nodiscard]] std::string Expand(const Envelope& envelope,
+                                   std::string (*encode)(std::string_view)) const;
   // True when the template has no placeholder: every envelope gets the same name.
   [[nodiscard]] bool is_literal() const;
   [[nodiscard]] const std::string& text() const { return text_; }

@@ -1,0 +1,157 @@
+#pragma once
+// The HTTP webhook sink (libcurl's multi interface): each message is one HTTP request to an
+// endpoint, signed as Standard Webhooks (standardwebhooks.com) say, and it is published when the
+// endpoint answers 2xx. Connections are kept and reused (HTTP/1.1 keep-alive, HTTP/2 streams),
+// many requests are in flight at once, but never two of one stream.
+//
+// What an endpoint receives, for an envelope `e`:
+//   request line  `method` (POST) to the `url` template expanded for e: {topic}, {target} and
+//                 {type} ("" when unset) are replaced by the envelope's fields, percent-encoded
+//                 (every byte but A-Z a-z 0-9 - . _ ~), so a topic cannot change the path
+//   body          e.payload, the bytes as stored
+//   headers       (names in lower case; HTTP/2 sends them so anyway)
+//     content-type            e.content_type
+//     webhook-id              e.id (the outbox message id, the same on every attempt)
+//     webhook-timestamp       when this attempt was sent, in seconds since the Unix epoch
+//     webhook-signature       "v1,<base64 of HMAC-SHA256(key, id + "." + timestamp + "." + body)>"
+//                             for each of `secrets` (space-separated, in the order configured;
+//                             key: the secret's bytes after "whsec_", base64-decoded); absent
+//                             when no secret is configured
+//     outbox-topic            e.topic
+//     outbox-type             e.type, when set
+//     outbox-stream-key       e.stream_key, when set
+//     outbox-stream-seq       e.stream_seq, when set
+//     outbox-stream-prev-seq  e.stream_prev_seq, when set (see Envelope)
+//     outbox-partition        e.partition (the outbox's)
+//     outbox-attempts         e.attempts
+//   then the configured `headers` (the same on every request), then the envelope's own headers
+//   (traceparent, correlation_id, ...). An envelope header the sink sets itself or that HTTP
+//   reserves is left out: content-type, content-length, host, transfer-encoding, connection,
+//   keep-alive, upgrade, te, trailer, expect, proxy-*, webhook-*, outbox-* (any case).
+// A receiver checks the signature (with its own HMAC, e.g. Python's hmac), refuses a timestamp
+// too far from its clock (Standard Webhooks: 5 minutes), and removes duplicates by webhook-id.
+//
+// How answers are classified (outbox/core/failure.h):
+//   2xx              published.
+//   kRejected        408, 429 and every 5xx, and the statuses listed in `retry_statuses`; 3xx
+//                    (redirects are not followed: the reason names the Location); 1xx and any
+//                    other status outside 2xx-5xx. Retried with the relay's backoff.
+//   kPermanent       every other 4xx (400, 401, 403, 404, 410, 413, 422, ...: the request is wrong
+//                    as it is, sending it again changes nothing; list a status in
+//                    `retry_statuses` to have it retried instead); never sent: a payload over
+//                    `max_message_bytes`, a URL that is not a valid http(s) URL once expanded, a
+//                    header name that is not an HTTP token or a value with CR, LF or NUL.
+//   kUnavailable     not sent, nothing wrong with the message: the host cannot be reached (name
+//                    not found, connection refused, connect timeout, TLS handshake or certificate
+//                    refused): the sink then sends nothing to that host for 100 ms, doubling up to
+//                    5 s, and answers kUnavailable at once meanwhile; the host asked to wait
+//                    (below) and the time is not up; the deadline passed before the message's
+//                    turn; an earlier message of its stream in this batch was unavailable.
+//   kOutcomeUnknown  sent, no answer: the connection broke, the request timed out, the deadline
+//                    passed; or not sent because an earlier message of its stream in this batch
+//                    failed otherwise (it must go after it). Sent again later, the endpoint gets
+//                    the same webhook-id twice.
+// Retry-After: a 429 or 503 answer with Retry-After (seconds or an HTTP date; at most
+// `max_retry_after` is honoured) makes the sink send nothing more to that host (scheme, name and
+// port) until then; a 429 without it, for 1 s. Other hosts go on. Requests already on the wire
+// when the answer came are not called back.
+//
+// Order and limits: at most one request of a stream (stream_key) in flight at a time, the next
+// sent only once the one before it was answered 2xx; at most `max_in_flight` requests per host at
+// a time (HTTP/1.1: as many connections; HTTP/2: streams on one connection). Messages without a
+// stream key have no order among themselves.
+//
+// Timeouts: connect (TCP and TLS) within `connect_timeout`, the whole request within
+// `request_timeout`, and neither beyond the Publish deadline.
+//
+// Threading: one thread calls Publish or Close at a time; all I/O happens inside Publish, on the
+// calling thread. Connections stay open between calls (libcurl's connection cache).
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "outbox/core/log.h"
+#include "outbox/sink/sink.h"
+
+namespace outbox::webhook {
+
+enum class HttpVersion : std::uint8_t {
+  kAuto,   // HTTP/2 when a https endpoint offers it (ALPN), else HTTP/1.1
+  kHttp1,  // HTTP/1.1 only
+  kHttp2,  // HTTP/2 only: over TLS by ALPN, on http:// with prior knowledge (h2c)
+};
+
+struct SinkOptions {
+  // A template: http:// or https:// URL with {topic}, {target} and {type} placeholders (any other
+  // '{' or '}' is a configuration error). User info in it (https://user:password@host/...) is
+  // sent as HTTP Basic authentication and masked everywhere.
+  std::string url;
+  // "POST" or "PUT".
+  std::string method = "POST";
+  // Sent with every request, after the sink's own (names: HTTP tokens, not one the sink sets or
+  // HTTP reserves; values: no CR, LF or NUL). Their values are masked in --check-config: they
+  // often carry credentials (Authorization).
+  std::vector<std::pair<std::string, std::string>> headers;
+  // Standard Webhooks secrets, "whsec_" + base64 of 16 to 64 random bytes; each signs every
+  // request (several: rotation, the receiver accepts any). Empty: requests are not signed.
+  std::vector<std::string> secrets;
+  // Most requests in flight per host, 1 to 10000.
+  std::size_t max_in_flight = 64;
+  std::chrono::milliseconds connect_timeout{5000};
+  std::chrono::milliseconds request_timeout{30000};
+  // 4xx statuses that are retried (kRejected) rather than permanent; 408 and 429 always are.
+  std::vector<int> retry_statuses;
+  // The longest Retry-After honoured; a longer one waits this long.
+  std::chrono::milliseconds max_retry_after{std::chrono::minutes{10}};
+  // The largest payload; larger ones are kPermanent without being sent.
+  std::size_t max_message_bytes = std::size_t{1024} * 1024;
+  HttpVersion http_version = HttpVersion::kAuto;
+  // TLS is always verified: CA certificates to trust (PEM file; empty: the system's), a client
+  // certificate and its key (PEM files, both or neither).
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // A proxy URL (http://host:port) for every request; empty: none. The environment's
+  // http_proxy/https_proxy are ignored, so that where requests go is what the config says.
+  std::string proxy;
+  // Where the sink logs its warnings (a host that asked to wait, a host unreachable); unset:
+  // nothing.
+  LogFn log;
+};
+
+// The sink's name, as Sink::Name() returns it, and the `type` of its [sinks.<name>] tables.
+inline constexpr std::string_view kSinkName = "http";
+
+// The Standard Webhooks header names.
+inline constexpr std::string_view kIdHeader = "webhook-id";
+inline constexpr std::string_view kTimestampHeader = "webhook-timestamp";
+inline constexpr std::string_view kSignatureHeader = "webhook-signature";
+// The header carrying the envelope's type (other sinks: "type").
+inline constexpr std::string_view kTypeHeader = "outbox-type";
+
+// The value of webhook-signature for one request: "v1,<base64>" per secret, space-separated.
+// Throws std::invalid_argument when a secret is not "whsec_" + base64 of 16 to 64 bytes.
+std::string Sign(const std::vector<std::string>& secrets, std::string_view id,
+                 std::int64_t timestamp, std::string_view body);
+
+// `url` with the password of its user info replaced by *** ("https://user:***@host/...").
+std::string MaskUrl(std::string_view url);
+
+// Checks `options` without connecting. Throws outbox::ConfigError naming the offending key
+// ("url", "method", "headers", "secrets", "max_in_flight", "connect_timeout", "request_timeout",
+// "retry_statuses", "max_retry_after", "max_message_bytes", "tls_ca_file", "tls_cert_file",
+// "tls_key_file", "proxy"); messages never contain a secret, a password or a header value.
+// Files must be readable.
+void ValidateOptions(const SinkOptions& options);
+
+// Checks `options` and creates the sink; connecting is lazy (the first Publish), so this works
+// while the endpoint is down. Throws outbox::ConfigError as ValidateOptions does.
+std::unique_ptr<Sink> OpenSink(SinkOptions options);
+
+}  // namespace outbox::webhook

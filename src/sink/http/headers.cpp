@@ -1,0 +1,46 @@
+#include "headers.h"
+
+#include <algorithm>
+#include <array>
+
+#include "outbox/core/wire_names.h"
+
+namespace outbox::webhook {
+namespace {
+
+char Lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+
+bool StartsWithNoCase(std::string_view text, std::string_view lower_prefix) {
+  if (text.size() < lower_prefix.size()) return false;
+  for (std::size_t i = 0; i < lower_prefix.size(); ++i) {
+    if (Lower(text[i]) != lower_prefix[i]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool ReservedHeaderName(std::string_view name) {
+  static constexpr std::array<std::string_view, 10> kExact{
+      "content-type", "content-length", "host", "transfer-encoding", "connection",
+      "keep-alive",   "upgrade",        "te",   "trailer",           "expect"};
+  for (const std::string_view reserved : kExact) {
+    if (name.size() == reserved.size() && StartsWithNoCase(name, reserved)) return true;
+  }
+  return StartsWithNoCase(name, "proxy-") || StartsWithNoCase(name, "webhook-") ||
+         StartsWithNoCase(name, wire::kReservedHeaderPrefix);
+}
+
+bool IsHeaderName(std::string_view name) {
+  if (name.empty()) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
+    return std::string_view{"!#$%&'*+-.^_`|~"}.find(c) != std::string_view::npos;
+  });
+}
+
+bool IsHeaderValue(std::string_view value) {
+  return value.find_first_of(std::string_view{"\r\n\0", 3}) == std::string_view::npos;
+}
+
+}  // namespace outbox::webhook

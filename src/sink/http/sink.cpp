@@ -1,0 +1,633 @@
+// The HTTP webhook sink (sink/http.h): one libcurl multi handle, driven on the calling thread
+// inside Publish. A batch becomes per-host queues of requests that may go now (messages without a
+// stream, and the first message of each stream); a stream's next message joins its host's queue
+// when the one before it was answered 2xx. Nothing is sent to a host that asked to wait
+// (Retry-After) or that could not be reached a moment ago.
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "classify.h"
+#include "handles.h"
+#include "headers.h"
+#include "outbox/core/error.h"
+#include "outbox/core/percent_decode.h"
+#include "outbox/core/version.h"
+#include "outbox/core/wire_names.h"
+#include "outbox/sink/http.h"
+#include "outbox/sink/name_template.h"
+#include "signature.h"
+#include "url.h"
+
+namespace outbox::webhook {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// A host that could not be reached gets nothing for this long, doubling up to the maximum.
+constexpr milliseconds kMinHostBackoff{100};
+constexpr milliseconds kMaxHostBackoff{5000};
+// A 429 without Retry-After: the host gets nothing for this long.
+constexpr milliseconds kTooManyRequestsPause{1000};
+// How much of an answer's body is kept, to quote in a failure's reason.
+constexpr std::size_t kKeptBodyBytes = 256;
+// The longest single wait for network activity (the loop also wakes at the deadline).
+constexpr milliseconds kLongestPoll{1000};
+
+milliseconds Until(SteadyClock::time_point when, SteadyClock::time_point now) {
+  return std::max(milliseconds{0}, std::chrono::ceil<milliseconds>(when - now));
+}
+
+// "name: value" as curl_slist takes it; "name;" sends an empty value ("name:" would remove it).
+std::string HeaderLine(std::string_view name, std::string_view value) {
+  std::string line{name};
+  if (value.empty()) {
+    line += ';';
+    return line;
+  }
+  line += ": ";
+  line += value;
+  return line;
+}
+
+class HttpSink final : public Sink {
+ public:
+  explicit HttpSink(SinkOptions options)
+      : options_(std::move(options)),
+        url_(NameTemplate::Parse(options_.url, "url")),
+        signer_(options_.secrets),
+        user_agent_(std::string{"outbox/"} + kVersion) {
+    if (HostIsLiteral(options_.url)) {
+      const UrlCheck check = CheckUrl(SampleUrl(options_.url));
+      if (check.host) fixed_host_ = check.host->key;
+    }
+    for (const auto& [name, value] : options_.headers) {
+      static_headers_.push_back(HeaderLine(name, value));
+    }
+  }
+
+  ~HttpSink() override { Close(); }
+  HttpSink(const HttpSink&) = delete;
+  HttpSink& operator=(const HttpSink&) = delete;
+
+  [[nodiscard]] std::string_view Name() const override { return kSinkName; }
+
+  std::vector<PublishOutcome> Publish(std::span<const Envelope> batch, Deadline deadline) override;
+
+  void Close() override {
+    for (auto& request : running_) {
+      if (request && multi_) curl_multi_remove_handle(multi_.get(), request->easy.get());
+    }
+    running_.clear();
+    idle_.clear();
+    multi_.reset();  // closes every cached connection
+  }
+
+ private:
+  // What the sink remembers of a host between calls.
+  struct HostState {
+    SteadyClock::time_point wait_until;  // Retry-After
+    std::string wait_reason;
+    SteadyClock::time_point down_until;  // could not be reached
+    milliseconds backoff{0};
+    std::string down_reason;
+    // Within one Publish: requests in flight, and the batch indexes that may go now.
+    std::size_t in_flight = 0;
+    std::deque<std::size_t> ready;
+  };
+
+  // One request in flight.
+  struct Request {
+    std::size_t index = 0;
+    HostState* host = nullptr;
+    EasyPtr easy;
+    SlistPtr headers;
+    std::string url;
+    std::string body_start;  // the start of the answer's body
+    bool sent = false;       // a connection was made or reused for it: it may have arrived
+    std::array<char, CURL_ERROR_SIZE> error{};
+  };
+
+  // A stream's state within one Publish.
+  struct StreamState {
+    bool busy = false;  // its current message is ready or in flight
+    std::deque<std::size_t> rest;
+    std::optional<Failure> broken;  // what its later messages are told
+  };
+
+  // The state of one Publish call.
+  struct Batch {
+    std::span<const Envelope> envelopes;
+    std::vector<std::optional<PublishOutcome>> outcomes;
+    std::vector<std::string> urls;
+    std::vector<HostState*> hosts;
+    std::unordered_map<std::string_view, StreamState> streams;
+    std::vector<HostState*> active;  // hosts with work in this batch
+  };
+
+  static std::size_t OnBody(char* data, std::size_t size, std::size_t count, void* user) {
+    auto* request = static_cast<Request*>(user);
+    const std::size_t bytes = size * count;
+    if (request->body_start.size() < kKeptBodyBytes) {
+      request->body_start.append(data,
+                                 std::min(bytes, kKeptBodyBytes - request->body_start.size()));
+    }
+    return bytes;
+  }
+
+  static int OnPrerequest(void* user, char* /*remote_ip*/, char* /*local_ip*/, int /*remote*/,
+                          int /*local*/) {
+    static_cast<Request*>(user)->sent = true;
+    return CURL_PREREQFUNC_OK;
+  }
+
+  void Log(LogLevel level, const std::string& message) const {
+    if (options_.log) options_.log(level, message);
+  }
+
+  CURLM* Multi() {
+    if (!multi_) {
+      InitCurlOnce();
+      multi_.reset(curl_multi_init());
+      if (!multi_) throw std::runtime_error("libcurl: curl_multi_init failed");
+      const long per_host = static_cast<long>(options_.max_in_flight);
+      curl_multi_setopt(multi_.get(), CURLMOPT_PIPELINING, CURLPIPE_MULTIPLEX);
+      curl_multi_setopt(multi_.get(), CURLMOPT_MAX_HOST_CONNECTIONS, per_host);
+      curl_multi_setopt(multi_.get(), CURLMOPT_MAXCONNECTS, std::max(16L, per_host * 2));
+    }
+    return multi_.get();
+  }
+
+  // Why `envelope` cannot be sent as it is, or "".
+  std::string Problem(const Envelope& envelope) const {
+    if (envelope.payload.size() > options_.max_message_bytes) {
+      return "payload of " + std::to_string(envelope.payload.size()) +
+             " bytes is over max_message_bytes (" + std::to_string(options_.max_message_bytes) +
+             ")";
+    }
+    const auto check_value = [](std::string_view what, std::string_view value) {
+      return IsHeaderValue(value)
+                 ? std::string{}
+                 : std::string{what} + " contains CR, LF or NUL, which an HTTP header cannot carry";
+    };
+    const auto optional_text = [](const std::optional<std::string>& text) {
+      return text ? std::string_view{*text} : std::string_view{};
+    };
+    const std::array<std::pair<std::string_view, std::string_view>, 4> fields{{
+        {"topic", envelope.topic},
+        {"content_type", envelope.content_type},
+        {"stream_key", optional_text(envelope.stream_key)},
+        {"type", optional_text(envelope.type)},
+    }};
+    for (const auto& [what, value] : fields) {
+      if (auto problem = check_value(what, value); !problem.empty()) return problem;
+    }
+    for (const auto& [name, value] : envelope.headers) {
+      if (ReservedHeaderName(name)) continue;  // left out
+      if (!IsHeaderName(name)) {
+        return "header name '" + SanitizeName(name) + "' is not an HTTP token";
+      }
+      if (auto problem = check_value("header '" + name + "'", value); !problem.empty()) {
+        return problem;
+      }
+    }
+    return {};
+  }
+
+  static std::string SanitizeName(std::string_view name) {
+    std::string out;
+    for (const char c : name.substr(0, 64)) {
+      out += (c >= 0x20 && c < 0x7f) ? c : '?';
+    }
+    return out;
+  }
+
+  SlistPtr Headers(const Envelope& envelope) const {
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+    const std::string id = envelope.id.ToString();
+    std::vector<std::string> lines;
+    lines.reserve(16 + static_headers_.size() + envelope.headers.size());
+    lines.push_back(HeaderLine("content-type", envelope.content_type));
+    lines.push_back(HeaderLine(kIdHeader, id));
+    lines.push_back(HeaderLine(kTimestampHeader, std::to_string(seconds)));
+    if (!signer_.empty()) {
+      lines.push_back(HeaderLine(kSignatureHeader, signer_.Sign(id, seconds, envelope.payload)));
+    }
+    lines.push_back(HeaderLine(wire::kTopicHeader, envelope.topic));
+    if (envelope.type) lines.push_back(HeaderLine(kTypeHeader, *envelope.type));
+    if (envelope.stream_key)
+      lines.push_back(HeaderLine(wire::kStreamKeyHeader, *envelope.stream_key));
+    if (envelope.stream_seq) {
+      lines.push_back(HeaderLine(wire::kStreamSeqHeader, std::to_string(*envelope.stream_seq)));
+    }
+    if (envelope.stream_prev_seq) {
+      lines.push_back(
+          HeaderLine(wire::kStreamPrevSeqHeader, std::to_string(*envelope.stream_prev_seq)));
+    }
+    lines.push_back(HeaderLine(wire::kPartitionHeader, std::to_string(envelope.partition)));
+    lines.push_back(HeaderLine(wire::kAttemptsHeader, std::to_string(envelope.attempts)));
+    lines.emplace_back("Expect:");  // no 100-continue round trip before large bodies
+    for (const std::string& line : static_headers_) lines.push_back(line);
+    for (const auto& [name, value] : envelope.headers) {
+      if (!ReservedHeaderName(name)) lines.push_back(HeaderLine(name, value));
+    }
+    curl_slist* list = nullptr;
+    for (const std::string& line : lines) {
+      curl_slist* next = curl_slist_append(list, line.c_str());
+      if (next == nullptr) {
+        curl_slist_free_all(list);
+        throw std::bad_alloc();
+      }
+      list = next;
+    }
+    return SlistPtr{list};
+  }
+
+  HostState& Host(const std::string& key) { return hosts_[key]; }
+
+  // Records the outcome of message `index` and, for a stream, lets its next message go (after a
+  // success) or tells its later messages why they are not sent (after a failure).
+  void Decide(Batch& batch, std::size_t index, std::optional<Failure> failure) {
+    const Envelope& envelope = batch.envelopes[index];
+    const bool published = !failure.has_value();
+    batch.outcomes[index] = PublishOutcome{envelope.id, std::move(failure)};
+    if (!envelope.stream_key) return;
+    StreamState& stream = batch.streams[*envelope.stream_key];
+    stream.busy = false;
+    // A permanent failure is abandoned by the relay, never accepted later: the rest of the stream
+    // goes on. Any other failure is tried again, so nothing after it may be accepted first.
+    if (!published && batch.outcomes[index]->failure->kind != FailureKind::kPermanent) {
+      const Failure& cause = *batch.outcomes[index]->failure;
+      stream.broken =
+          cause.kind == FailureKind::kUnavailable
+              ? Failure{FailureKind::kUnavailable,
+                        "not sent: an earlier message of its stream could not be sent (" +
+                            cause.reason + ")",
+                        cause.retry_after}
+              : Failure{FailureKind::kOutcomeUnknown,
+                        "not sent: an earlier message of its stream failed; it goes "
+                        "after it"};
+    }
+    Advance(batch, stream);
+  }
+
+  // The stream's next message becomes ready, unless the stream is broken (then all of the rest
+  // are told so).
+  void Advance(Batch& batch, StreamState& stream) {
+    while (!stream.rest.empty() && !stream.busy) {
+      const std::size_t next = stream.rest.front();
+      stream.rest.pop_front();
+      if (stream.broken) {
+        // (One refused before sending keeps its own, permanent, failure.)
+        if (!batch.outcomes[next]) {
+          batch.outcomes[next] = PublishOutcome{batch.envelopes[next].id, stream.broken};
+        }
+        continue;
+      }
+      if (batch.outcomes[next]) {  // refused before sending: the rest waits for it
+        Decide(batch, next, batch.outcomes[next]->failure);
+        return;
+      }
+      stream.busy = true;
+      batch.hosts[next]->ready.push_back(next);
+    }
+  }
+
+  // Starts what may go now on every host; tells the messages of hosts that wait why.
+  void StartReady(Batch& batch, Deadline deadline) {
+    const auto now = SteadyClock::now();
+    bool again = true;
+    while (again) {  // a failure here can make a stream's next message ready on another host
+      again = false;
+      for (HostState* host : batch.active) {
+        if (host->ready.empty()) continue;
+        std::optional<Failure> refuse;
+        if (now < host->wait_until) {
+          const milliseconds left = Until(host->wait_until, now);
+          refuse = Failure{FailureKind::kUnavailable,
+                           "the endpoint asked to wait " + std::to_string(left.count()) +
+                               " ms more (" + host->wait_reason + ")",
+                           left};
+        } else if (now < host->down_until) {
+          refuse =
+              Failure{FailureKind::kUnavailable,
+                      "cannot reach the endpoint: " + host->down_reason + "; trying again in " +
+                          std::to_string(Until(host->down_until, now).count()) + " ms"};
+        }
+        if (refuse) {
+          while (!host->ready.empty()) {
+            const std::size_t index = host->ready.front();
+            host->ready.pop_front();
+            Decide(batch, index, refuse);
+          }
+          again = true;
+          continue;
+        }
+        // Once the deadline has passed nothing more starts (it would go with a 1 ms timeout):
+        // what is still ready is told so by GiveUp.
+        while (!host->ready.empty() && host->in_flight < options_.max_in_flight && now < deadline) {
+          const std::size_t index = host->ready.front();
+          host->ready.pop_front();
+          Start(batch, index, *host, deadline);
+        }
+      }
+    }
+  }
+
+  void Start(Batch& batch, std::size_t index, HostState& host, Deadline deadline) {
+    const Envelope& envelope = batch.envelopes[index];
+    auto request = std::make_unique<Request>();
+    request->index = index;
+    request->host = &host;
+    request->url = std::move(batch.urls[index]);
+    if (!idle_.empty()) {
+      request->easy = std::move(idle_.back());
+      idle_.pop_back();
+      curl_easy_reset(request->easy.get());
+    } else {
+      request->easy.reset(curl_easy_init());
+      if (!request->easy) throw std::runtime_error("libcurl: curl_easy_init failed");
+    }
+    request->headers = Headers(envelope);
+    CURL* easy = request->easy.get();
+    const milliseconds left = Until(deadline, SteadyClock::now());
+    const long total = static_cast<long>(
+        std::max<std::int64_t>(1, std::min(options_.request_timeout, left).count()));
+    const long connect = static_cast<long>(
+        std::max<std::int64_t>(1, std::min(options_.connect_timeout, left).count()));
+    curl_easy_setopt(easy, CURLOPT_URL, request->url.c_str());
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE,
+                     static_cast<curl_off_t>(envelope.payload.size()));
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, envelope.payload.data());
+    if (options_.method != "POST") {
+      curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, options_.method.c_str());
+    }
+    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, request->headers.get());
+    curl_easy_setopt(easy, CURLOPT_USERAGENT, user_agent_.c_str());
+    curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, &HttpSink::OnBody);
+    curl_easy_setopt(easy, CURLOPT_WRITEDATA, request.get());
+    curl_easy_setopt(easy, CURLOPT_PREREQFUNCTION, &HttpSink::OnPrerequest);
+    curl_easy_setopt(easy, CURLOPT_PREREQDATA, request.get());
+    curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, request->error.data());
+    curl_easy_setopt(easy, CURLOPT_PRIVATE, request.get());
+    curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
+    curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+    // The URL as expanded: libcurl would otherwise remove "." and ".." segments, and a topic of
+    // ".." (not percent-encoded: '.' is unreserved) would send the request to the parent path.
+    curl_easy_setopt(easy, CURLOPT_PATH_AS_IS, 1L);
+    curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, total);
+    curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, connect);
+    curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
+    curl_easy_setopt(easy, CURLOPT_PROXY, options_.proxy.c_str());
+    switch (options_.http_version) {
+      case HttpVersion::kAuto:
+        curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_2TLS));
+        break;
+      case HttpVersion::kHttp1:
+        curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
+        break;
+      case HttpVersion::kHttp2:
+        curl_easy_setopt(easy, CURLOPT_HTTP_VERSION,
+                         static_cast<long>(request->url.starts_with("https:")
+                                               ? CURL_HTTP_VERSION_2TLS
+                                               : CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE));
+        break;
+    }
+    if (!options_.tls_ca_file.empty()) {
+      curl_easy_setopt(easy, CURLOPT_CAINFO, options_.tls_ca_file.c_str());
+    }
+    if (!options_.tls_cert_file.empty()) {
+      curl_easy_setopt(easy, CURLOPT_SSLCERT, options_.tls_cert_file.c_str());
+      curl_easy_setopt(easy, CURLOPT_SSLKEY, options_.tls_key_file.c_str());
+    }
+    const CURLMcode added = curl_multi_add_handle(Multi(), easy);
+    if (added != CURLM_OK) {
+      Decide(
+          batch, index,
+          Failure{FailureKind::kUnavailable, std::string{"libcurl could not start the request: "} +
+                                                 curl_multi_strerror(added)});
+      idle_.push_back(std::move(request->easy));
+      return;
+    }
+    ++host.in_flight;
+    running_.push_back(std::move(request));
+  }
+
+  // A request ended: its outcome, and what it says about its host.
+  void Finish(Batch& batch, Request& request, CURLcode code) {
+    HostState& host = *request.host;
+    --host.in_flight;
+    CURL* easy = request.easy.get();
+    const auto now = SteadyClock::now();
+    if (code != CURLE_OK) {
+      Failure failure = ClassifyError(code, request.sent, request.error.data());
+      if (failure.kind == FailureKind::kUnavailable) {
+        host.backoff = host.backoff.count() == 0 ? kMinHostBackoff
+                                                 : std::min(host.backoff * 2, kMaxHostBackoff);
+        if (now >= host.down_until) {
+          Log(LogLevel::kWarn, "webhook endpoint " + MaskUrl(request.url) + " cannot be reached: " +
+                                   failure.reason + "; nothing is sent to its host for " +
+                                   std::to_string(host.backoff.count()) + " ms");
+        }
+        host.down_until = now + host.backoff;
+        host.down_reason = failure.reason;
+      }
+      Decide(batch, request.index, std::move(failure));
+      return;
+    }
+    host.backoff = milliseconds{0};
+    host.down_until = {};
+    long status = 0;
+    curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+    const char* location = nullptr;
+    if (status >= 300 && status < 400) curl_easy_getinfo(easy, CURLINFO_REDIRECT_URL, &location);
+    std::optional<Failure> failure =
+        ClassifyStatus(status, options_.retry_statuses, request.body_start,
+                       location == nullptr ? std::string_view{} : std::string_view{location});
+    if (failure && HonoursRetryAfter(status)) {
+      curl_off_t retry_after = 0;
+      curl_easy_getinfo(easy, CURLINFO_RETRY_AFTER, &retry_after);
+      milliseconds wait{0};
+      if (retry_after > 0) {
+        wait = std::min<milliseconds>(std::chrono::seconds{retry_after}, options_.max_retry_after);
+      } else if (status == 429) {
+        wait = kTooManyRequestsPause;
+      }
+      if (wait.count() > 0) {
+        const auto until = now + wait;
+        if (until > host.wait_until) {
+          host.wait_until = until;
+          host.wait_reason = "HTTP " + std::to_string(status) + " with Retry-After: " +
+                             (retry_after > 0 ? std::to_string(retry_after) + " s" : "none");
+        }
+        failure->retry_after = wait;
+      }
+    }
+    Decide(batch, request.index, std::move(failure));
+  }
+
+  // Collects every request libcurl has finished. True when any had.
+  bool CollectFinished(Batch& batch) {
+    bool any = false;
+    int queued = 0;
+    while (CURLMsg* message = curl_multi_info_read(multi_.get(), &queued)) {
+      if (message->msg != CURLMSG_DONE) continue;
+      CURL* easy = message->easy_handle;
+      const CURLcode code = message->data.result;
+      Request* request = nullptr;
+      curl_easy_getinfo(easy, CURLINFO_PRIVATE, &request);
+      curl_multi_remove_handle(multi_.get(), easy);
+      Finish(batch, *request, code);
+      idle_.push_back(std::move(request->easy));
+      std::erase_if(running_, [request](const auto& held) { return held.get() == request; });
+      any = true;
+    }
+    return any;
+  }
+
+  // The deadline passed: what is in flight is given up on, what waits is told so.
+  void GiveUp(Batch& batch) {
+    for (auto& request : running_) {
+      curl_multi_remove_handle(multi_.get(), request->easy.get());
+      --request->host->in_flight;
+      Decide(batch, request->index,
+             request->sent
+                 ? Failure{FailureKind::kOutcomeUnknown, "sent, no answer by the deadline"}
+                 : Failure{FailureKind::kUnavailable, "the deadline passed while connecting"});
+      // A transfer cut short leaves its connection unusable; the handle is not reused either.
+    }
+    running_.clear();
+    for (HostState* host : batch.active) {
+      while (!host->ready.empty()) {
+        const std::size_t index = host->ready.front();
+        host->ready.pop_front();
+        Decide(batch, index,
+               Failure{FailureKind::kUnavailable, "not sent: the deadline passed before its turn"});
+      }
+    }
+  }
+
+  SinkOptions options_;
+  NameTemplate url_;
+  Signer signer_;
+  std::string user_agent_;
+  std::optional<std::string> fixed_host_;  // when every message goes to the same host
+  std::vector<std::string> static_headers_;
+  MultiPtr multi_;
+  std::vector<EasyPtr> idle_;
+  std::vector<std::unique_ptr<Request>> running_;
+  std::map<std::string, HostState, std::less<>> hosts_;
+};
+
+std::vector<PublishOutcome> HttpSink::Publish(std::span<const Envelope> batch_envelopes,
+                                              Deadline deadline) {
+  Batch batch;
+  batch.envelopes = batch_envelopes;
+  const std::size_t size = batch_envelopes.size();
+  batch.outcomes.resize(size);
+  batch.urls.resize(size);
+  batch.hosts.resize(size, nullptr);
+  HostState* fixed = fixed_host_ ? &Host(*fixed_host_) : nullptr;
+
+  for (std::size_t i = 0; i < size; ++i) {
+    const Envelope& envelope = batch_envelopes[i];
+    if (std::string problem = Problem(envelope); !problem.empty()) {
+      batch.outcomes[i] = PublishOutcome{envelope.id, Failure{FailureKind::kPermanent, problem}};
+    } else {
+      batch.urls[i] = url_.Expand(envelope, &PercentEncode);
+      if (fixed != nullptr) {
+        batch.hosts[i] = fixed;
+      } else {
+        const UrlCheck check = CheckUrl(batch.urls[i]);
+        if (check.host) {
+          batch.hosts[i] = &Host(check.host->key);
+        } else {
+          batch.outcomes[i] = PublishOutcome{
+              envelope.id, Failure{FailureKind::kPermanent,
+                                   "url " + MaskUrl(batch.urls[i]) + " " + check.problem}};
+        }
+      }
+      if (batch.hosts[i] != nullptr && std::find(batch.active.begin(), batch.active.end(),
+                                                 batch.hosts[i]) == batch.active.end()) {
+        batch.active.push_back(batch.hosts[i]);
+      }
+    }
+    if (!envelope.stream_key) {
+      if (!batch.outcomes[i]) batch.hosts[i]->ready.push_back(i);
+      continue;
+    }
+    StreamState& stream = batch.streams[*envelope.stream_key];
+    stream.rest.push_back(i);
+    if (!stream.busy) Advance(batch, stream);
+  }
+
+  if (SteadyClock::now() >= deadline) {
+    GiveUp(batch);
+  } else {
+    StartReady(batch, deadline);
+    while (!running_.empty()) {
+      int still_running = 0;
+      const CURLMcode performed = curl_multi_perform(multi_.get(), &still_running);
+      if (performed != CURLM_OK) {
+        Log(LogLevel::kError, std::string{"libcurl: "} + curl_multi_strerror(performed));
+        break;
+      }
+      if (CollectFinished(batch)) {
+        StartReady(batch, deadline);
+        continue;
+      }
+      const auto now = SteadyClock::now();
+      if (now >= deadline) break;
+      const int wait_ms = static_cast<int>(std::min(Until(deadline, now), kLongestPoll).count());
+      curl_multi_poll(multi_.get(), nullptr, 0, std::max(wait_ms, 1), nullptr);
+    }
+    GiveUp(batch);
+  }
+
+  std::vector<PublishOutcome> outcomes;
+  outcomes.reserve(size);
+  for (std::size_t i = 0; i < size; ++i) {
+    if (batch.outcomes[i]) {
+      outcomes.push_back(std::move(*batch.outcomes[i]));
+    } else {  // cannot happen: every message is decided above
+      outcomes.push_back(PublishOutcome{
+          batch_envelopes[i].id, Failure{FailureKind::kOutcomeUnknown, "no outcome was recorded"}});
+    }
+  }
+  for (HostState* host : batch.active) host->in_flight = 0;
+  return outcomes;
+}
+
+}  // namespace
+
+void InitCurlOnce() {
+  static const CURLcode code = curl_global_init(CURL_GLOBAL_DEFAULT);
+  if (code != CURLE_OK) {
+    throw std::runtime_error(std::string{"libcurl could not start: "} + curl_easy_strerror(code));
+  }
+}
+
+std::unique_ptr<Sink> OpenSink(SinkOptions options) {
+  ValidateOptions(options);
+  InitCurlOnce();
+  return std::make_unique<HttpSink>(std::move(options));
+}
+
+}  // namespace outbox::webhook
