@@ -3,7 +3,10 @@
 // Webhooks signature checked by the receiver's own HMAC, the payload's bytes, the URL with its
 // placeholders percent-encoded), how each answer is classified, Retry-After per host, one request
 // in flight per stream, max_in_flight per host, connection failures and timeouts, what is refused
-// before sending, basic authentication from the URL, PUT, a proxy.
+// before sending, basic authentication from the URL, PUT, a proxy; TLS (HttpSinkTlsTest, against
+// a receiver serving HTTPS with certificates that openssl makes at run time: a CA of the test's
+// own trusted, an untrusted server certificate, an endpoint that requires a client certificate,
+// http:// and https:// at the wrong kind of port).
 //
 // What arrived is read back from the receiver's record, never through the sink. Concurrency is
 // judged from the receiver's clock: a request is on the wire at least from its arrival (t) to the
@@ -21,6 +24,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <ctime>
@@ -1140,6 +1144,201 @@ TEST(HttpSinkTest, AConfiguredProxyIsUsedAndTheEnvironmentsIsNot) {
   const auto all = destination.WaitFor(2);
   ASSERT_EQ(all.size(), 2U);
   EXPECT_EQ(RequestOf(all, direct[0].id)->path, "/hooks/" + destination.name());
+}
+
+// --- TLS --------------------------------------------------------------------------------------
+// Receivers of the test's own serving HTTPS (SharedCertificates(): a server certificate for
+// 127.0.0.1 by the test CA); the sink's options differ only in what they trust and show.
+
+// A receiver's TLS: the test CA's server certificate; with `require_client_certificate`, only
+// clients with a certificate by the test CA are let in (its control requests show one).
+ReceiverTls ServerTls(bool require_client_certificate = false) {
+  const TestCertificates& certificates = SharedCertificates();
+  ReceiverTls tls{.cert_file = certificates.ServerCert(),
+                  .key_file = certificates.ServerKey(),
+                  .control = {.ca_file = certificates.CaFile()}};
+  if (require_client_certificate) {
+    tls.client_ca_file = certificates.CaFile();
+    tls.control.cert_file = certificates.ClientCert();
+    tls.control.key_file = certificates.ClientKey();
+  }
+  return tls;
+}
+
+// Whether a reason says the failure was TLS's (a certificate, a handshake, an alert).
+bool MentionsTls(const std::string& reason) {
+  std::string lower = reason;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return Contains(lower, "certificate") || Contains(lower, "ssl") || Contains(lower, "tls");
+}
+
+// Waits (at most 5 s) until `receiver` has recorded at least `count` failed TLS handshakes; all of
+// them then.
+std::vector<std::string> WaitForTlsFailures(WebhookReceiver& receiver, std::size_t count) {
+  const auto until = SteadyClock::now() + seconds{5};
+  for (;;) {
+    auto failures = receiver.TlsFailures();
+    if (failures.size() >= count || SteadyClock::now() >= until) return failures;
+    std::this_thread::sleep_for(milliseconds{20});
+  }
+}
+
+std::string Join(const std::vector<std::string>& lines) {
+  std::string all;
+  for (const std::string& line : lines) all += line + "\n";
+  return all;
+}
+
+// Every outcome is `kind`, with a reason that names TLS when `names_tls`.
+void ExpectAllFailed(const std::vector<PublishOutcome>& outcomes,
+                     const std::vector<Envelope>& batch, FailureKind kind, bool names_tls) {
+  ASSERT_EQ(outcomes.size(), batch.size());
+  for (std::size_t i = 0; i < outcomes.size(); ++i) {
+    EXPECT_EQ(outcomes[i].id, batch[i].id);
+    EXPECT_EQ(KindOf(outcomes[i]), kind) << i << ": " << Describe(outcomes[i]);
+    if (names_tls) {
+      EXPECT_TRUE(MentionsTls(ReasonOf(outcomes[i]))) << i << ": " << Describe(outcomes[i]);
+    }
+  }
+}
+
+TEST(HttpSinkTlsTest, AnHttpsEndpointSignedByTheConfiguredCaGetsSignedRequests) {
+  const std::string secret = NewSecret();
+  WebhookReceiver receiver({secret}, "127.0.0.1", 0, {}, ServerTls());
+  ASSERT_TRUE(receiver.BaseUrl().starts_with("https://127.0.0.1:")) << receiver.BaseUrl();
+  Destination destination("tls-ok", "{}", receiver);
+  webhook::SinkOptions options = OptionsFor(receiver, {secret});
+  options.tls_ca_file = SharedCertificates().CaFile();
+  const std::vector<Envelope> batch{Make(destination.name(), R"({"tls":1})"),
+                                    MakeInStream(destination.name(), "tls-stream", 1),
+                                    MakeInStream(destination.name(), "tls-stream", 2)};
+  ExpectAllPublished(Publish(options, batch), batch);
+
+  // http_version kAuto: the receiver offers no ALPN, so HTTP/1.1 over TLS.
+  options.http_version = webhook::HttpVersion::kAuto;
+  const std::vector<Envelope> more{Make(destination.name(), R"({"tls":2})")};
+  ExpectAllPublished(Publish(options, more), more);
+
+  const auto requests = destination.WaitFor(4);
+  ASSERT_EQ(requests.size(), 4U);
+  for (const Envelope& envelope : {batch[0], batch[1], batch[2], more[0]}) {
+    const auto request = RequestOf(requests, envelope.id);
+    ASSERT_TRUE(request.has_value()) << envelope.id.ToString();
+    EXPECT_EQ(request->signature_ok, std::optional<bool>{true});
+    EXPECT_EQ(request->payload, envelope.payload);
+    EXPECT_EQ(request->status, std::optional<int>{200});
+  }
+  EXPECT_TRUE(receiver.TlsFailures().empty()) << Join(receiver.TlsFailures());
+}
+
+TEST(HttpSinkTlsTest, AServerCertificateThatIsNotTrustedIsUnavailableAndNothingArrives) {
+  const std::string secret = NewSecret();
+  WebhookReceiver receiver({secret}, "127.0.0.1", 0, {}, ServerTls());
+  Destination destination("tls-untrusted", "{}", receiver);
+  const std::vector<Envelope> batch{Make(destination.name()),
+                                    MakeInStream(destination.name(), "untrusted", 1),
+                                    MakeInStream(destination.name(), "untrusted", 2)};
+
+  // Trusting only the unrelated CA, then only the system's CAs (tls_ca_file empty).
+  webhook::SinkOptions options = OptionsFor(receiver, {secret});
+  for (const std::string& ca_file : {SharedCertificates().OtherCaFile(), std::string{}}) {
+    SCOPED_TRACE("tls_ca_file = \"" + ca_file + "\"");
+    options.tls_ca_file = ca_file;
+    const auto start = SteadyClock::now();
+    ExpectAllFailed(Publish(options, batch), batch, FailureKind::kUnavailable, true);
+    EXPECT_LT(Since(start), milliseconds{3000});
+  }
+  // The receiver saw the handshakes fail (the sink refused its certificate: an unknown CA) and
+  // nothing reached the destination.
+  const auto failures = WaitForTlsFailures(receiver, 2);
+  EXPECT_GE(failures.size(), 2U) << Join(failures);
+  for (const std::string& failure : failures) {
+    EXPECT_TRUE(Contains(failure, "UNKNOWN_CA")) << failure;
+  }
+  EXPECT_TRUE(destination.Requests().empty());
+}
+
+TEST(HttpSinkTlsTest, AnEndpointThatRequiresAClientCertificateTakesOnlyOneItTrusts) {
+  const std::string secret = NewSecret();
+  WebhookReceiver receiver({secret}, "127.0.0.1", 0, {}, ServerTls(true));
+  Destination destination("tls-client", "{}", receiver);
+  webhook::SinkOptions options = OptionsFor(receiver, {secret});
+  options.tls_ca_file = SharedCertificates().CaFile();
+
+  // Without a client certificate, then with one by a CA that the endpoint does not trust: the
+  // endpoint refuses the handshake. Not delivered: kUnavailable, as for any refused handshake.
+  // (TLS 1.3: the sink's side of the handshake ends before the endpoint has checked the
+  // certificate, so the request goes out, unread, and the refusal comes as an alert instead of
+  // an answer; or the endpoint has reset the connection before the request is written, and the
+  // failed write is all the sink sees: its reason need not name TLS.)
+  const std::vector<std::pair<std::string, std::string>> refused{
+      {"", ""}, {SharedCertificates().OtherClientCert(), SharedCertificates().OtherClientKey()}};
+  for (const auto& [cert, key] : refused) {
+    SCOPED_TRACE("tls_cert_file = \"" + cert + "\"");
+    options.tls_cert_file = cert;
+    options.tls_key_file = key;
+    const std::vector<Envelope> batch{Make(destination.name()),
+                                      MakeInStream(destination.name(), "client-cert", 1),
+                                      MakeInStream(destination.name(), "client-cert", 2)};
+    const auto start = SteadyClock::now();
+    ExpectAllFailed(Publish(options, batch), batch, FailureKind::kUnavailable, false);
+    EXPECT_LT(Since(start), milliseconds{3000});
+  }
+  // (The receiver's words: PEER_DID_NOT_RETURN_A_CERTIFICATE, CERTIFICATE_VERIFY_FAILED.)
+  const auto failures = WaitForTlsFailures(receiver, 2);
+  EXPECT_GE(failures.size(), 2U) << Join(failures);
+  for (const std::string& failure : failures) {
+    EXPECT_TRUE(Contains(failure, "CERTIFICATE")) << failure;
+  }
+  EXPECT_TRUE(destination.Requests().empty());
+
+  // With the client certificate by the test CA: published.
+  options.tls_cert_file = SharedCertificates().ClientCert();
+  options.tls_key_file = SharedCertificates().ClientKey();
+  const std::vector<Envelope> batch{Make(destination.name(), R"({"mtls":true})"),
+                                    MakeInStream(destination.name(), "client-cert", 1)};
+  ExpectAllPublished(Publish(options, batch), batch);
+  const auto requests = destination.WaitFor(2);
+  ASSERT_EQ(requests.size(), 2U);
+  for (const ReceivedRequest& request : requests) {
+    EXPECT_EQ(request.signature_ok, std::optional<bool>{true});
+  }
+}
+
+// Plain HTTP to the TLS port: the request goes out in clear text, the receiver's handshake fails
+// on it ("http request") and it closes the connection without an answer: sent, no answer.
+TEST(HttpSinkTlsTest, HttpToATlsPortIsNotPublishedAndNothingIsAccepted) {
+  const std::string secret = NewSecret();
+  WebhookReceiver receiver({secret}, "127.0.0.1", 0, {}, ServerTls());
+  Destination destination("tls-plain-to-tls", "{}", receiver);
+  webhook::SinkOptions options = OptionsFor(receiver, {secret});
+  options.url = "http://127.0.0.1:" + std::to_string(receiver.port()) + "/hooks/{topic}";
+  options.tls_ca_file = SharedCertificates().CaFile();
+  const std::vector<Envelope> batch{Make(destination.name())};
+  const auto start = SteadyClock::now();
+  const auto outcomes = Publish(options, batch);
+  EXPECT_LT(Since(start), milliseconds{3000});
+  ASSERT_EQ(outcomes.size(), 1U);
+  EXPECT_EQ(KindOf(outcomes[0]), FailureKind::kOutcomeUnknown) << Describe(outcomes[0]);
+  EXPECT_TRUE(Contains(ReasonOf(outcomes[0]), "sent, no answer")) << Describe(outcomes[0]);
+  const auto failures = WaitForTlsFailures(receiver, 1);
+  ASSERT_EQ(failures.size(), 1U) << Join(failures);
+  EXPECT_TRUE(Contains(failures[0], "HTTP_REQUEST")) << failures[0];
+  EXPECT_TRUE(destination.Requests().empty());
+}
+
+// https:// to a plain HTTP receiver: it answers the sink's ClientHello with an HTTP 400, which is
+// no TLS: the handshake fails before anything is sent.
+TEST(HttpSinkTlsTest, HttpsToAPlainHttpPortIsUnavailableAndNothingIsAccepted) {
+  Destination destination("tls-to-plain");
+  webhook::SinkOptions options = SharedOptions();
+  options.url = "https://127.0.0.1:" + std::to_string(SharedReceiver().port()) + "/hooks/{topic}";
+  options.tls_ca_file = SharedCertificates().CaFile();
+  const std::vector<Envelope> batch{Make(destination.name()), Make(destination.name())};
+  const auto start = SteadyClock::now();
+  ExpectAllFailed(Publish(options, batch), batch, FailureKind::kUnavailable, true);
+  EXPECT_LT(Since(start), milliseconds{3000});
+  EXPECT_TRUE(destination.Requests().empty());
 }
 
 }  // namespace

@@ -74,16 +74,38 @@ bool Exited(pid_t pid) {
   return paren == std::string::npos || (paren + 2 < stat.size() && stat[paren + 2] == 'Z');
 }
 
-// python3 as PATH finds it (ChildProcess runs an absolute path).
-std::string Python() {
+// `program` as PATH finds it (ChildProcess runs an absolute path); "" when it is not there.
+std::string OnPath(const std::string& program) {
   const char* path = std::getenv("PATH");
   std::istringstream dirs(path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin");
   for (std::string dir; std::getline(dirs, dir, ':');) {
     if (dir.empty()) continue;
-    const std::string candidate = dir + "/python3";
+    std::string candidate = dir;
+    candidate += '/';
+    candidate += program;
     if (access(candidate.c_str(), X_OK) == 0) return candidate;
   }
-  throw std::runtime_error("python3 is not on PATH (the HTTP tests run webhook_receiver.py)");
+  return {};
+}
+
+std::string Python() {
+  std::string python = OnPath("python3");
+  if (python.empty()) {
+    throw std::runtime_error("python3 is not on PATH (the HTTP tests run webhook_receiver.py)");
+  }
+  return python;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// A new directory under the system's temporary one, named `prefix` + a random suffix.
+std::string MakeTempDir(const std::string& prefix) {
+  std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "XXXXXX")).string();
+  if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  return pattern;
 }
 
 using Json = nlohmann::ordered_json;  // keeps the order of the headers
@@ -128,11 +150,12 @@ ReceivedRequest Parse(const Json& record) {
 
 WebhookReceiver::WebhookReceiver(
     std::vector<std::string> secrets, std::string host, int port,
-    const std::vector<std::pair<std::string, std::string>>& destinations)
-    : host_(std::move(host)) {
-  std::string pattern = (std::filesystem::temp_directory_path() / "outbox-webhook-XXXXXX").string();
-  if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  dir_ = pattern;
+    const std::vector<std::pair<std::string, std::string>>& destinations, ReceiverTls tls)
+    : host_(std::move(host)), tls_(std::move(tls)) {
+  if (tls_.cert_file.empty() != tls_.key_file.empty()) {
+    throw std::invalid_argument("WebhookReceiver: a TLS certificate and its key go together");
+  }
+  dir_ = MakeTempDir("outbox-webhook-");
   const std::string port_file = dir_ + "/port";
   std::vector<std::string> argv{Python(), WEBHOOK_RECEIVER_PY,  "--port-file", port_file,
                                 "--port", std::to_string(port), "--host",      host_};
@@ -144,6 +167,12 @@ WebhookReceiver::WebhookReceiver(
     argv.emplace_back("--dest");
     argv.push_back(name);
     argv.push_back(behaviour);
+  }
+  if (this->tls()) {
+    argv.insert(argv.end(), {"--tls-cert", tls_.cert_file, "--tls-key", tls_.key_file});
+    if (!tls_.client_ca_file.empty()) {
+      argv.insert(argv.end(), {"--tls-client-ca", tls_.client_ca_file});
+    }
   }
   process_ = std::make_unique<ChildProcess>(argv, dir_ + "/receiver.log");
   const auto until = SteadyClock::now() + std::chrono::seconds{10};
@@ -169,12 +198,13 @@ WebhookReceiver::~WebhookReceiver() {
 }
 
 std::string WebhookReceiver::BaseUrl() const {
-  return "http://" + host_ + ":" + std::to_string(port_);
+  return (tls() ? "https://" : "http://") + host_ + ":" + std::to_string(port_);
 }
 
 void WebhookReceiver::CreateDestination(const std::string& name, const std::string& behaviour) {
-  const HttpAnswer answer = HttpRequest("PUT", BaseUrl() + "/_control/dest/" + PercentEncode(name),
-                                        behaviour, {{"Content-Type", "application/json"}});
+  const HttpAnswer answer =
+      HttpRequest("PUT", BaseUrl() + "/_control/dest/" + PercentEncode(name), behaviour,
+                  {{"Content-Type", "application/json"}}, std::chrono::seconds{10}, tls_.control);
   if (answer.status != 200) {
     throw std::runtime_error("the receiver refused destination " + name + ": " +
                              std::to_string(answer.status) + " " + answer.body);
@@ -183,14 +213,16 @@ void WebhookReceiver::CreateDestination(const std::string& name, const std::stri
 
 void WebhookReceiver::RemoveDestination(const std::string& name) noexcept {
   try {
-    HttpRequest("DELETE", BaseUrl() + "/_control/dest/" + PercentEncode(name));
+    HttpRequest("DELETE", BaseUrl() + "/_control/dest/" + PercentEncode(name), "", {},
+                std::chrono::seconds{10}, tls_.control);
   } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): a receiver that is gone
   }
 }
 
 std::vector<ReceivedRequest> WebhookReceiver::Requests(const std::string& name) {
   const HttpAnswer answer =
-      HttpRequest("GET", BaseUrl() + "/_control/dest/" + PercentEncode(name) + "/requests");
+      HttpRequest("GET", BaseUrl() + "/_control/dest/" + PercentEncode(name) + "/requests", "", {},
+                  std::chrono::seconds{10}, tls_.control);
   if (answer.status != 200) {
     throw std::runtime_error("the receiver's requests of " + name + ": " +
                              std::to_string(answer.status) + " " + answer.body);
@@ -218,15 +250,110 @@ std::vector<ReceivedRequest> WebhookReceiver::WaitForRequests(const std::string&
   }
 }
 
+std::vector<std::string> WebhookReceiver::TlsFailures() {
+  const HttpAnswer answer = HttpRequest("GET", BaseUrl() + "/_control/tls_failures", "", {},
+                                        std::chrono::seconds{10}, tls_.control);
+  if (answer.status != 200) {
+    throw std::runtime_error("the receiver's TLS failures: " + std::to_string(answer.status) + " " +
+                             answer.body);
+  }
+  std::vector<std::string> failures;
+  for (const Json& failure : Json::parse(answer.body)) {
+    failures.push_back(failure.at("error").get<std::string>());
+  }
+  return failures;
+}
+
 void WebhookReceiver::Stop() {
   if (!process_) return;
   if (process_->Stop(SIGTERM, std::chrono::seconds{10}) < 0) process_.reset();  // SIGKILL
   process_.reset();
 }
 
-std::string WebhookReceiver::Log() const {
-  std::ifstream in(dir_ + "/receiver.log");
-  return {std::istreambuf_iterator<char>(in), {}};
+std::string WebhookReceiver::Log() const { return ReadFile(dir_ + "/receiver.log"); }
+
+TestCertificates::TestCertificates() : openssl_(OnPath("openssl")) {
+  if (openssl_.empty()) {
+    throw std::runtime_error(
+        "openssl is not on PATH (the HTTP sink's TLS tests make their certificates with it: "
+        "Debian's openssl package, in scripts/install-deps)");
+  }
+  dir_ = MakeTempDir("outbox-tls-");
+  try {
+    const std::string p256 = "ec_paramgen_curve:P-256";
+    // The CAs: self-signed, for signing certificates only.
+    for (const std::string_view name : {"ca", "other-ca"}) {
+      const std::string base = dir_ + "/" + std::string{name};
+      OpenSsl({"req", "-x509", "-newkey", "ec", "-pkeyopt", p256, "-nodes", "-keyout",
+               base + ".key", "-out", base + ".pem", "-days", "2", "-subj",
+               "/CN=outbox test " + std::string{name}, "-addext",
+               "basicConstraints=critical,CA:TRUE", "-addext",
+               "keyUsage=critical,keyCertSign,cRLSign"});
+    }
+    // The leaf certificates: a key and a request, signed by their CA with these extensions.
+    struct Leaf {
+      std::string name;
+      std::string ca;
+      std::string subject;
+      std::string extensions;
+    };
+    const std::string leaf =
+        "basicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\n";
+    const std::vector<Leaf> leaves{
+        {"server", "ca", "/CN=127.0.0.1",
+         leaf + "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n"},
+        {"client", "ca", "/CN=outbox test client", leaf + "extendedKeyUsage=clientAuth\n"},
+        {"other-client", "other-ca", "/CN=outbox test other client",
+         leaf + "extendedKeyUsage=clientAuth\n"},
+    };
+    int serial = 1;
+    for (const Leaf& cert : leaves) {
+      const std::string base = dir_ + "/" + cert.name;
+      {
+        std::ofstream out(base + ".ext");
+        out << cert.extensions;
+        if (!out) throw std::runtime_error("cannot write " + base + ".ext");
+      }
+      OpenSsl({"req", "-new", "-newkey", "ec", "-pkeyopt", p256, "-nodes", "-keyout", base + ".key",
+               "-out", base + ".csr", "-subj", cert.subject});
+      OpenSsl({"x509", "-req", "-in", base + ".csr", "-CA", dir_ + "/" + cert.ca + ".pem", "-CAkey",
+               dir_ + "/" + cert.ca + ".key", "-set_serial", std::to_string(++serial), "-days", "2",
+               "-extfile", base + ".ext", "-out", base + ".pem"});
+    }
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+    throw;
+  }
+}
+
+TestCertificates::~TestCertificates() {
+  std::error_code ignored;
+  std::filesystem::remove_all(dir_, ignored);
+}
+
+void TestCertificates::OpenSsl(const std::vector<std::string>& args) const {
+  std::vector<std::string> argv{openssl_};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const std::string log = dir_ + "/openssl.log";
+  std::error_code ignored;
+  std::filesystem::remove(log, ignored);
+  ChildProcess openssl(argv, log);
+  const int code = openssl.Wait(std::chrono::seconds{10});  // -1: still running (then killed)
+  if (code != 0) {
+    std::string command = "openssl";
+    for (const std::string& arg : args) command += " " + arg;
+    throw std::runtime_error(
+        command +
+        (code < 0 ? ": not done within 10 s" : ": failed (" + std::to_string(code) + ")") + ":\n" +
+        ReadFile(log));
+  }
+}
+
+const TestCertificates& SharedCertificates() {
+  static const TestCertificates certificates;
+  return certificates;
 }
 
 const std::string& SharedSecret() {
@@ -315,7 +442,7 @@ std::string Base64Decode(std::string_view text) {
 
 HttpAnswer HttpRequest(const std::string& method, const std::string& url, const std::string& body,
                        const std::vector<std::pair<std::string, std::string>>& headers,
-                       milliseconds timeout) {
+                       milliseconds timeout, const TlsClient& tls) {
   CurlGlobalInit();
   const CurlPtr curl{curl_easy_init()};
   if (!curl) throw std::runtime_error("curl_easy_init failed");
@@ -346,6 +473,11 @@ HttpAnswer HttpRequest(const std::string& method, const std::string& url, const 
   curl_easy_setopt(handle, CURLOPT_WRITEDATA, &answer.body);
   curl_easy_setopt(handle, CURLOPT_HEADERFUNCTION, AppendHeader);
   curl_easy_setopt(handle, CURLOPT_HEADERDATA, &answer.headers);
+  if (!tls.ca_file.empty()) curl_easy_setopt(handle, CURLOPT_CAINFO, tls.ca_file.c_str());
+  if (!tls.cert_file.empty()) {
+    curl_easy_setopt(handle, CURLOPT_SSLCERT, tls.cert_file.c_str());
+    curl_easy_setopt(handle, CURLOPT_SSLKEY, tls.key_file.c_str());
+  }
   const CURLcode code = curl_easy_perform(handle);
   if (code != CURLE_OK) {
     throw std::runtime_error(method + " " + url + ": " + curl_easy_strerror(code));

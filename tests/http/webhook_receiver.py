@@ -4,6 +4,7 @@
     python3 webhook_receiver.py --port-file FILE [--port N] [--secret whsec_...]...
                                 [--tolerance SECONDS] [--host 127.0.0.1]
                                 [--dest NAME BEHAVIOUR]...
+                                [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
 
 Listens on --host (a loopback address, 127.0.0.1 unless given), port N (or any free port),
 writes the port to FILE (FILE.tmp, then renamed) once listening, and serves until SIGTERM or
@@ -20,6 +21,14 @@ this clock; else 401 with a short text saying why. Without --secret nothing is c
 the receiver listens: a receiver started again on the same port answers its first request as the
 one before it did, not 404.
 
+TLS: with --tls-cert and --tls-key (PEM files: the certificate, its chain after it, and its key)
+the receiver serves HTTPS only (Python's ssl module, TLS 1.2 or later, no ALPN: HTTP/1.1), and
+with --tls-client-ca also requires a client certificate signed by a CA of that PEM file
+(ssl.CERT_REQUIRED), on control requests too. The handshake runs in the connection's own thread
+(at most 10 s); one that fails (no or an untrusted client certificate, a client that does not trust
+this one, plain HTTP sent to this port) is answered by TLS alone (an alert, or the connection is
+closed), never reaches a destination, and is recorded for GET /_control/tls_failures.
+
 Control (the destination name percent-encoded as one path segment):
     PUT    /_control/dest/<dest>            JSON body (may be {}): creates or replaces its behaviour
            {"ratio_503": 0.0, "ratio_429": 0.0, "retry_after": "1" or null,
@@ -33,6 +42,9 @@ Control (the destination name percent-encoded as one path segment):
     GET    /_control/dest/<dest>/requests   every request to <dest>, in the order answers were
                                             decided (see Record below), as a JSON array
     GET    /_control/healthz                200 "ok"
+    GET    /_control/tls_failures           every failed TLS handshake so far, in order, as a
+                                            JSON array of {"t": ..., "error": "..."} ([] without
+                                            --tls-cert)
 
 Times in a record (time.monotonic(), CLOCK_MONOTONIC: comparable across receivers on one host): t
 when the request had been read, answered_t when its answer was decided, sent_t when the answer
@@ -49,6 +61,7 @@ import os
 import random
 import signal
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -61,6 +74,8 @@ _records = {}  # dest -> [record dict]
 _seq = 0
 _secrets = []  # decoded HMAC keys
 _tolerance = 300.0
+_tls_context = None  # ssl.SSLContext with --tls-cert
+_tls_failures = []  # [{"t": monotonic, "error": str}] of failed handshakes
 
 
 class Behaviour:
@@ -281,6 +296,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if raw_path == "/_control/healthz" and self.command == "GET":
             self._answer(200, "ok")
             return
+        if raw_path == "/_control/tls_failures" and self.command == "GET":
+            with _lock:
+                failures = list(_tls_failures)
+            self._answer(200, json.dumps(failures), content_type="application/json")
+            return
         if len(parts) >= 4 and parts[2] == "dest" and parts[3]:
             dest = urllib.parse.unquote(parts[3])
             if len(parts) == 4 and self.command == "PUT":
@@ -335,9 +355,30 @@ class Server(http.server.ThreadingHTTPServer):
     request_queue_size = 1024
     allow_reuse_address = True
 
+    def finish_request(self, request, client_address):
+        """Serves one connection (in its own thread); with TLS, the handshake first."""
+        if _tls_context is None:
+            super().finish_request(request, client_address)
+            return
+        try:
+            request.settimeout(10.0)
+            tls = _tls_context.wrap_socket(request, server_side=True)
+            tls.settimeout(None)
+        except (ssl.SSLError, OSError) as error:
+            with _lock:
+                _tls_failures.append({"t": time.monotonic(), "error": str(error)})
+            return
+        try:
+            super().finish_request(tls, client_address)
+        finally:
+            try:
+                tls.close()
+            except OSError:
+                pass
+
     def handle_error(self, request, client_address):
         # A client that went away (a request timed out, a connection cut by the tests) is normal.
-        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError, ssl.SSLError)):
             return
         super().handle_error(request, client_address)
 
@@ -349,7 +390,7 @@ def _decode_secret(secret):
 
 
 def main():
-    global _tolerance
+    global _tolerance, _tls_context
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--port", type=int, default=0)
@@ -358,7 +399,22 @@ def main():
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--dest", nargs=2, action="append", default=[],
                         metavar=("NAME", "BEHAVIOUR"))
+    parser.add_argument("--tls-cert")
+    parser.add_argument("--tls-key")
+    parser.add_argument("--tls-client-ca")
     args = parser.parse_args()
+    if (args.tls_cert is None) != (args.tls_key is None):
+        sys.exit("--tls-cert and --tls-key go together")
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        sys.exit("--tls-client-ca needs --tls-cert and --tls-key")
+    if args.tls_cert is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+        if args.tls_client_ca is not None:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(cafile=args.tls_client_ca)
+        _tls_context = context
     _secrets.extend(_decode_secret(s) for s in args.secret)
     for name, spec in args.dest:
         try:

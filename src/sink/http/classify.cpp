@@ -11,6 +11,19 @@ namespace {
 // How much of an answer's body a reason quotes.
 constexpr std::size_t kQuotedBody = 200;
 
+// Whether libcurl's error says that the endpoint refused the TLS handshake by an alert about
+// certificates (OpenSSL's reasons: "tlsv13 alert certificate required", "tlsv1 alert unknown ca",
+// "sslv3 alert bad certificate", ...): it never read what was sent.
+bool HandshakeRefused(CURLcode code, std::string_view detail) {
+  if (code == CURLE_SSL_CLIENTCERT) return true;
+  if (code != CURLE_RECV_ERROR && code != CURLE_SEND_ERROR) return false;
+  if (detail.find(" alert ") == std::string_view::npos) return false;
+  for (const std::string_view what : {"certificate", "unknown ca", "access denied"}) {
+    if (detail.find(what) != std::string_view::npos) return true;
+  }
+  return false;
+}
+
 std::string Quote(std::string_view body) {
   if (body.empty()) return {};
   return ": " + SanitizeForLog(body.substr(0, kQuotedBody)) +
@@ -46,6 +59,10 @@ Failure ClassifyError(CURLcode code, bool sent, std::string_view detail) {
   if (!detail.empty()) reason += " (" + SanitizeForLog(detail) + ")";
   if (code == CURLE_URL_MALFORMAT || code == CURLE_UNSUPPORTED_PROTOCOL) {
     return Failure{FailureKind::kPermanent, "cannot send to this URL: " + reason};
+  }
+  if (HandshakeRefused(code, detail)) {
+    return Failure{FailureKind::kUnavailable,
+                   "cannot reach the endpoint: it refused the TLS handshake: " + reason};
   }
   if (!sent) return Failure{FailureKind::kUnavailable, "cannot reach the endpoint: " + reason};
   return Failure{FailureKind::kOutcomeUnknown, "sent, no answer: " + reason};

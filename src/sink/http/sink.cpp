@@ -437,7 +437,15 @@ class HttpSink final : public Sink {
     CURL* easy = request.easy.get();
     const auto now = SteadyClock::now();
     if (code != CURLE_OK) {
-      Failure failure = ClassifyError(code, request.sent, request.error.data());
+      // A connection was made for it but its first write failed: none of it went out (the
+      // endpoint had closed the connection already, e.g. after refusing the TLS handshake).
+      bool sent = request.sent;
+      if (sent && code == CURLE_SEND_ERROR) {
+        long written = 0;  // NOLINT(google-runtime-int): libcurl's type
+        curl_easy_getinfo(easy, CURLINFO_REQUEST_SIZE, &written);
+        sent = written > 0;
+      }
+      Failure failure = ClassifyError(code, sent, request.error.data());
       if (failure.kind == FailureKind::kUnavailable) {
         host.backoff = host.backoff.count() == 0 ? kMinHostBackoff
                                                  : std::min(host.backoff * 2, kMaxHostBackoff);
