@@ -173,15 +173,24 @@ class Relay::Engine {
     }
     std::vector<Envelope> current;
     while (!stopping()) {
-      // Outcomes not yet recorded come first: a message of a stream left leased here must be back
-      // before the stream's later messages can be claimed behind it.
-      if (const auto error = RecordUnrecorded()) {
-        Backoff("recording outcomes failed: " + *error);
-        continue;
+      // Outcomes not yet recorded come before any claim: a message of a stream left leased here
+      // must be back before the stream's later messages can be claimed behind it. With a batch
+      // ready to publish they are recorded while it is published (below); partitions are handed
+      // back only once they are recorded (the next owner would find them fenced and publish them
+      // again).
+      if (HandBackPending()) {
+        if (const auto error = RecordUnrecorded()) {
+          Backoff("recording outcomes failed: " + *error);
+          continue;
+        }
       }
       Housekeeping(current);
       KeepPartitions(current);
       if (current.empty()) {
+        if (const auto error = RecordUnrecorded()) {
+          Backoff("recording outcomes failed: " + *error);
+          continue;
+        }
         current = Claim();
         if (current.empty()) {
           current = IdleUntilWork();
@@ -189,12 +198,14 @@ class Relay::Engine {
         }
       }
       WithdrawIdle();
-      // Publish this batch on another thread while the next one is claimed: the database and
-      // the broker work at the same time. Only a full batch suggests there is more to claim.
+      // Publish this batch on another thread while the database records the previous batch's
+      // outcomes and claims the next one: the broker never waits for the database. Only a full
+      // batch suggests there is more to claim.
       auto publishing =
           std::async(std::launch::async, [this, &current] { return Publish(current); });
+      const auto unrecorded = RecordUnrecorded();
       std::vector<Envelope> next;
-      if (static_cast<int>(current.size()) >= options_.batch_size && !stopping()) {
+      if (!unrecorded && static_cast<int>(current.size()) >= options_.batch_size && !stopping()) {
         next = Claim(current);
       }
       const auto published = publishing.get();
@@ -411,6 +422,20 @@ class Relay::Engine {
   // found taken over (their leases are void; the new owner publishes them) and, when the
   // heartbeat found surplus partitions, gives their messages in `current` back and asks the
   // heartbeat thread to hand them over. Claims made after the surplus was known exclude it.
+  // Partitions wait to be handed back (see KeepPartitions).
+  bool HandBackPending() {
+    if (options_.partition_leases == nullptr) return false;
+    std::lock_guard lock(membership_mutex_);
+    return release_.empty() && !surplus_.empty();
+  }
+
+  [[nodiscard]] bool HasUnrecorded() const {
+    return !unrecorded_.done.empty() || !unrecorded_.failed.empty() ||
+           !unrecorded_.released.empty();
+  }
+
+  // Drops the messages of partitions taken over from `current`, and hands back the partitions
+  // beyond the fair share (their messages in `current` released) once every outcome is recorded.
   void KeepPartitions(std::vector<Envelope>& current) {
     if (options_.partition_leases == nullptr) return;
     std::set<int> lost;
@@ -418,7 +443,7 @@ class Relay::Engine {
     {
       std::lock_guard lock(membership_mutex_);
       lost.swap(lost_);
-      if (release_.empty()) surplus = surplus_;
+      if (release_.empty() && !HasUnrecorded()) surplus = surplus_;
     }
     if (!lost.empty()) {
       const auto dropped = std::erase_if(
@@ -792,10 +817,9 @@ class Relay::Engine {
       failed.push_back(FailedMessage::Of(envelope, failure));
       if (envelope.stream_key) broken_streams.insert(*envelope.stream_key);
     }
-    // The outcomes are known. If the database is away, they are kept and recorded before anything
-    // more is claimed (see Run).
+    // The outcomes are known; they are recorded while the next batch is published, or before
+    // anything more is claimed (see Run), also when the database is away now.
     Unrecorded(std::move(done), std::move(failed), {});
-    RecordUnrecorded();
     return broken_streams;
   }
 
