@@ -405,6 +405,38 @@ inline double WaitForEmptyOutbox(Env& env, const Schema& schema, Clock::time_poi
   throw std::runtime_error(what + ": the outbox table was not empty 60 s after N arrived");
 }
 
+// What every drain into a broker or endpoint measures of outboxd.
+struct OutboxdDrain {
+  double rate = 0;     // as the watcher measures it
+  double filled = 0;   // outboxd start -> N at the destination
+  double emptied = 0;  // outboxd start -> the outbox table empty (every message confirmed)
+  ProcSample process;
+  double statements = 0;
+};
+
+// Starts outboxd on `schema` with the [sinks.default] table `sink` and `batch_size`, waits (at
+// most 30 min) until `watcher` (ArrivalWatcher, TopicFill: Wait, Rate, done_at) has seen every
+// message and the table is empty, samples outboxd and stops it. `what` names the drain in errors.
+template <typename Watcher>
+OutboxdDrain RunOutboxdDrain(Env& env, const Schema& schema, const std::string& sink,
+                             int batch_size, Watcher& watcher, const std::string& what) {
+  StatementCounter statements(env);
+  statements.Reset();
+  const auto start = Clock::now();
+  Outboxd relay(env, schema.name(), sink, "batch_size = " + std::to_string(batch_size) + "\n");
+  if (!watcher.Wait(std::chrono::seconds{1800})) {
+    throw std::runtime_error(what + " did not finish in 30 min");
+  }
+  OutboxdDrain drain;
+  drain.rate = watcher.Rate();
+  drain.filled = Seconds(watcher.done_at() - start);
+  drain.emptied = WaitForEmptyOutbox(env, schema, start, what);
+  drain.process = relay.Sample();
+  drain.statements = statements.Total();
+  relay.Stop();
+  return drain;
+}
+
 // MemAvailable from /proc/meminfo, in KiB.
 inline double AvailableKib() {
   std::ifstream meminfo("/proc/meminfo");

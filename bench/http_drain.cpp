@@ -185,14 +185,9 @@ CeilingResult HttpCeiling(const HttpDrainOptions& options, const std::string& to
   return result;
 }
 
-struct HttpDrainResult {
-  double rate = 0;
-  double filled = 0;   // outboxd start -> N at the endpoint
-  double emptied = 0;  // outboxd start -> the outbox table empty
+struct HttpDrainResult : OutboxdDrain {
   EndpointCounts endpoint;
   std::string first_signature;
-  ProcSample process;
-  double statements = 0;
 };
 
 HttpDrainResult HttpDrain(Env& env, const HttpDrainOptions& options, const std::string& topic,
@@ -202,25 +197,13 @@ HttpDrainResult HttpDrain(Env& env, const HttpDrainOptions& options, const std::
   Preinsert(env, schema, topic, 0, count, payload, streams);
   BenchEndpoint endpoint(options.endpoint_threads, count, secret);
   ArrivalWatcher watcher([&endpoint] { return endpoint.distinct(); }, count);
-  StatementCounter statements(env);
-  statements.Reset();
   const std::string sink =
       "type = \"http\"\nurl = \"http://127.0.0.1:" + std::to_string(endpoint.port()) +
       "/hooks/{topic}\"\nsecrets = [\"" + secret +
       "\"]\nmax_in_flight = " + std::to_string(window) + "\n";
-  const auto start = Clock::now();
-  Outboxd relay(env, schema.name(), sink,
-                "batch_size = " + std::to_string(options.batch_size) + "\n");
-  if (!watcher.Wait(std::chrono::seconds{1800})) {
-    throw std::runtime_error("http drain did not finish in 30 min");
-  }
   HttpDrainResult result;
-  result.rate = watcher.Rate();
-  result.filled = Seconds(watcher.done_at() - start);
-  result.emptied = WaitForEmptyOutbox(env, schema, start, "http drain");
-  result.process = relay.Sample();
-  result.statements = statements.Total();
-  relay.Stop();
+  static_cast<OutboxdDrain&>(result) =
+      RunOutboxdDrain(env, schema, sink, options.batch_size, watcher, "http drain");
   result.endpoint = endpoint.counts();
   result.first_signature = endpoint.first_signature();
   return result;

@@ -185,13 +185,8 @@ double NatsCeiling(const BrokerDrainOptions& options, BenchStream& stream,
   return watcher.Rate();
 }
 
-struct NatsDrainResult {
-  double rate = 0;
-  double filled = 0;   // outboxd start -> N in the stream
-  double emptied = 0;  // outboxd start -> the outbox table empty
+struct NatsDrainResult : OutboxdDrain {
   std::int64_t extra = 0;
-  ProcSample process;
-  double statements = 0;
 };
 
 NatsDrainResult NatsDrain(Env& env, const BrokerDrainOptions& options, BenchStream& stream,
@@ -200,24 +195,12 @@ NatsDrainResult NatsDrain(Env& env, const BrokerDrainOptions& options, BenchStre
   Schema schema(env);
   Preinsert(env, schema, subject, 0, count, payload, streams);
   ArrivalWatcher watcher([&stream] { return stream.Count(); }, count);
-  StatementCounter statements(env);
-  statements.Reset();
   const std::string sink = "type = \"nats\"\nurl = \"" + options.url +
                            "\"\nsubject = \"{topic}\"\nmax_pending = " + std::to_string(window) +
                            "\n";
-  const auto start = Clock::now();
-  Outboxd relay(env, schema.name(), sink,
-                "batch_size = " + std::to_string(options.batch_size) + "\n");
-  if (!watcher.Wait(std::chrono::seconds{1800})) {
-    throw std::runtime_error("nats drain did not finish in 30 min");
-  }
   NatsDrainResult result;
-  result.rate = watcher.Rate();
-  result.filled = Seconds(watcher.done_at() - start);
-  result.emptied = WaitForEmptyOutbox(env, schema, start, "nats drain");
-  result.process = relay.Sample();
-  result.statements = statements.Total();
-  relay.Stop();
+  static_cast<OutboxdDrain&>(result) =
+      RunOutboxdDrain(env, schema, sink, options.batch_size, watcher, "nats drain");
   result.extra = stream.Count() - count;
   return result;
 }

@@ -901,13 +901,8 @@ KafkaCeilingResult KafkaCeiling(KafkaCluster& cluster, const KafkaOptions& optio
   return {.rate = fill.Rate(), .reports = static_cast<double>(count) / seconds};
 }
 
-struct KafkaDrainResult {
-  double rate = 0;     // as TopicFill measures it
-  double filled = 0;   // outboxd start -> `count` records in the topic
-  double emptied = 0;  // outboxd start -> the outbox table empty (every message confirmed)
+struct KafkaDrainResult : OutboxdDrain {
   std::int64_t extra_records = 0;  // records in the topic beyond `count`: duplicates
-  ProcSample process;
-  double statements = 0;
 };
 
 // `count` pending messages for topic `topic` (Preinsert), then outboxd with a Kafka sink.
@@ -917,24 +912,12 @@ KafkaDrainResult KafkaDrain(Env& env, KafkaCluster& cluster, const KafkaOptions&
   Schema schema(env);
   Preinsert(env, schema, topic, 0, count, payload, streams);
   TopicFill fill(cluster.brokers(), topic, options.partitions, count);
-  StatementCounter statements(env);
-  statements.Reset();
   const std::string sink = "type = \"kafka\"\nbrokers = \"" + cluster.brokers() +
                            "\"\ntopic = \"{topic}\"\nlinger = \"" +
                            std::to_string(options.linger_ms) + "ms\"\n";
-  const auto start = Clock::now();
-  Outboxd relay(env, schema.name(), sink,
-                "batch_size = " + std::to_string(options.batch_size) + "\n");
-  if (!fill.Wait(std::chrono::seconds{1800})) {
-    throw std::runtime_error("kafka drain did not finish in 30 min");
-  }
   KafkaDrainResult result;
-  result.rate = fill.Rate();
-  result.filled = Seconds(fill.done_at() - start);
-  result.emptied = WaitForEmptyOutbox(env, schema, start, "kafka drain");
-  result.process = relay.Sample();
-  result.statements = statements.Total();
-  relay.Stop();
+  static_cast<OutboxdDrain&>(result) =
+      RunOutboxdDrain(env, schema, sink, options.batch_size, fill, "kafka drain");
   const std::int64_t written = fill.Written();
   if (written < 0) throw std::runtime_error("kafka drain: cannot read the topic's watermarks");
   result.extra_records = written - count;

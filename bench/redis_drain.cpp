@@ -203,13 +203,8 @@ double RedisCeiling(const BrokerDrainOptions& options, const std::string& stream
   return watcher.Rate();
 }
 
-struct RedisDrainResult {
-  double rate = 0;
-  double filled = 0;
-  double emptied = 0;
+struct RedisDrainResult : OutboxdDrain {
   std::int64_t extra = 0;
-  ProcSample process;
-  double statements = 0;
 };
 
 RedisDrainResult RedisDrain(Env& env, const BrokerDrainOptions& options, const std::string& stream,
@@ -219,24 +214,12 @@ RedisDrainResult RedisDrain(Env& env, const BrokerDrainOptions& options, const s
   Preinsert(env, schema, stream, 0, count, payload, streams);
   RedisClient reader(options.url);
   ArrivalWatcher watcher([&reader, &stream] { return reader.Length(stream); }, count);
-  StatementCounter statements(env);
-  statements.Reset();
   const std::string sink = "type = \"redis\"\nurl = \"" + options.url +
                            "\"\nstream = \"{topic}\"\npipeline = " + std::to_string(window) +
                            "\ndedup_prefix = \"" + dedup_prefix + "\"\n";
-  const auto start = Clock::now();
-  Outboxd relay(env, schema.name(), sink,
-                "batch_size = " + std::to_string(options.batch_size) + "\n");
-  if (!watcher.Wait(std::chrono::seconds{1800})) {
-    throw std::runtime_error("redis drain did not finish in 30 min");
-  }
   RedisDrainResult result;
-  result.rate = watcher.Rate();
-  result.filled = Seconds(watcher.done_at() - start);
-  result.emptied = WaitForEmptyOutbox(env, schema, start, "redis drain");
-  result.process = relay.Sample();
-  result.statements = statements.Total();
-  relay.Stop();
+  static_cast<OutboxdDrain&>(result) =
+      RunOutboxdDrain(env, schema, sink, options.batch_size, watcher, "redis drain");
   result.extra = reader.Length(stream) - count;
   return result;
 }
