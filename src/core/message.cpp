@@ -1,8 +1,9 @@
 #include "outbox/core/message.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
+
+#include "outbox/core/ascii.h"
 
 namespace outbox {
 namespace {
@@ -23,12 +24,7 @@ std::string ControlError(std::string_view what, std::string_view text, std::size
 }
 
 bool IsReservedHeader(std::string_view name) {
-  const auto lower = [](char c) {
-    return static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  };
-  std::string folded(name.size(), '\0');
-  std::transform(name.begin(), name.end(), folded.begin(), lower);
-  return folded == kMessageIdHeader || folded.starts_with(kReservedHeaderPrefix);
+  return EqualsNoCase(name, kMessageIdHeader) || StartsWithNoCase(name, kReservedHeaderPrefix);
 }
 
 // "<what> is N bytes, over the limit of M (<limit>)"; without the parenthesis when `limit` is

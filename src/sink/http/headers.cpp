@@ -3,29 +3,17 @@
 #include <algorithm>
 #include <array>
 
+#include "outbox/core/ascii.h"
 #include "outbox/core/wire_names.h"
 
 namespace outbox::webhook {
-namespace {
-
-char Lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
-
-bool StartsWithNoCase(std::string_view text, std::string_view lower_prefix) {
-  if (text.size() < lower_prefix.size()) return false;
-  for (std::size_t i = 0; i < lower_prefix.size(); ++i) {
-    if (Lower(text[i]) != lower_prefix[i]) return false;
-  }
-  return true;
-}
-
-}  // namespace
 
 bool ReservedHeaderName(std::string_view name) {
   static constexpr std::array<std::string_view, 10> kExact{
       "content-type", "content-length", "host", "transfer-encoding", "connection",
       "keep-alive",   "upgrade",        "te",   "trailer",           "expect"};
   for (const std::string_view reserved : kExact) {
-    if (name.size() == reserved.size() && StartsWithNoCase(name, reserved)) return true;
+    if (EqualsNoCase(name, reserved)) return true;
   }
   return StartsWithNoCase(name, "proxy-") || StartsWithNoCase(name, "webhook-") ||
          StartsWithNoCase(name, wire::kReservedHeaderPrefix);

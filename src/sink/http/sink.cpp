@@ -24,6 +24,7 @@
 #include "handles.h"
 #include "headers.h"
 #include "outbox/core/error.h"
+#include "outbox/core/log_text.h"
 #include "outbox/core/percent_decode.h"
 #include "outbox/core/version.h"
 #include "outbox/core/wire_names.h"
@@ -43,6 +44,8 @@ constexpr milliseconds kMinHostBackoff{100};
 constexpr milliseconds kMaxHostBackoff{5000};
 // A 429 without Retry-After: the host gets nothing for this long.
 constexpr milliseconds kTooManyRequestsPause{1000};
+// How much of a refused header name a failure's reason quotes.
+constexpr std::size_t kQuotedNameBytes = 64;
 // How much of an answer's body is kept, to quote in a failure's reason.
 constexpr std::size_t kKeptBodyBytes = 256;
 // The longest single wait for network activity (the loop also wakes at the deadline).
@@ -199,7 +202,7 @@ class HttpSink final : public Sink {
     for (const auto& [name, value] : envelope.headers) {
       if (ReservedHeaderName(name)) continue;  // left out
       if (!IsHeaderName(name)) {
-        return "header name '" + SanitizeName(name) + "' is not an HTTP token";
+        return "header name '" + SanitizeForLog(name, kQuotedNameBytes) + "' is not an HTTP token";
       }
       if (auto problem = check_value("header '" + name + "'", value); !problem.empty()) {
         return problem;
@@ -208,55 +211,40 @@ class HttpSink final : public Sink {
     return {};
   }
 
-  static std::string SanitizeName(std::string_view name) {
-    std::string out;
-    for (const char c : name.substr(0, 64)) {
-      out += (c >= 0x20 && c < 0x7f) ? c : '?';
-    }
-    return out;
-  }
-
   SlistPtr Headers(const Envelope& envelope) const {
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
     const std::string id = envelope.id.ToString();
-    std::vector<std::string> lines;
-    lines.reserve(16 + static_headers_.size() + envelope.headers.size());
-    lines.push_back(HeaderLine("content-type", envelope.content_type));
-    lines.push_back(HeaderLine(kIdHeader, id));
-    lines.push_back(HeaderLine(kTimestampHeader, std::to_string(seconds)));
+    SlistPtr list;
+    const auto add = [&list](const std::string& line) {
+      curl_slist* head = curl_slist_append(list.get(), line.c_str());
+      if (head == nullptr) throw std::bad_alloc();  // `list` is left whole, freed by its owner
+      if (!list) list.reset(head);
+    };
+    add(HeaderLine("content-type", envelope.content_type));
+    add(HeaderLine(kIdHeader, id));
+    add(HeaderLine(kTimestampHeader, std::to_string(seconds)));
     if (!signer_.empty()) {
-      lines.push_back(HeaderLine(kSignatureHeader, signer_.Sign(id, seconds, envelope.payload)));
+      add(HeaderLine(kSignatureHeader, signer_.Sign(id, seconds, envelope.payload)));
     }
-    lines.push_back(HeaderLine(wire::kTopicHeader, envelope.topic));
-    if (envelope.type) lines.push_back(HeaderLine(kTypeHeader, *envelope.type));
-    if (envelope.stream_key)
-      lines.push_back(HeaderLine(wire::kStreamKeyHeader, *envelope.stream_key));
+    add(HeaderLine(wire::kTopicHeader, envelope.topic));
+    if (envelope.type) add(HeaderLine(kTypeHeader, *envelope.type));
+    if (envelope.stream_key) add(HeaderLine(wire::kStreamKeyHeader, *envelope.stream_key));
     if (envelope.stream_seq) {
-      lines.push_back(HeaderLine(wire::kStreamSeqHeader, std::to_string(*envelope.stream_seq)));
+      add(HeaderLine(wire::kStreamSeqHeader, std::to_string(*envelope.stream_seq)));
     }
     if (envelope.stream_prev_seq) {
-      lines.push_back(
-          HeaderLine(wire::kStreamPrevSeqHeader, std::to_string(*envelope.stream_prev_seq)));
+      add(HeaderLine(wire::kStreamPrevSeqHeader, std::to_string(*envelope.stream_prev_seq)));
     }
-    lines.push_back(HeaderLine(wire::kPartitionHeader, std::to_string(envelope.partition)));
-    lines.push_back(HeaderLine(wire::kAttemptsHeader, std::to_string(envelope.attempts)));
-    lines.emplace_back("Expect:");  // no 100-continue round trip before large bodies
-    for (const std::string& line : static_headers_) lines.push_back(line);
+    add(HeaderLine(wire::kPartitionHeader, std::to_string(envelope.partition)));
+    add(HeaderLine(wire::kAttemptsHeader, std::to_string(envelope.attempts)));
+    add("Expect:");  // no 100-continue round trip before large bodies
+    for (const std::string& line : static_headers_) add(line);
     for (const auto& [name, value] : envelope.headers) {
-      if (!ReservedHeaderName(name)) lines.push_back(HeaderLine(name, value));
+      if (!ReservedHeaderName(name)) add(HeaderLine(name, value));
     }
-    curl_slist* list = nullptr;
-    for (const std::string& line : lines) {
-      curl_slist* next = curl_slist_append(list, line.c_str());
-      if (next == nullptr) {
-        curl_slist_free_all(list);
-        throw std::bad_alloc();
-      }
-      list = next;
-    }
-    return SlistPtr{list};
+    return list;
   }
 
   HostState& Host(const std::string& key) { return hosts_[key]; }

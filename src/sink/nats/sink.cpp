@@ -52,6 +52,7 @@
 
 #include "classify.h"
 #include "handles.h"
+#include "outbox/core/ascii.h"
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/name_template.h"
@@ -99,15 +100,6 @@ std::string Seconds(std::chrono::nanoseconds duration) {
   const auto ms = std::chrono::duration_cast<milliseconds>(duration).count();
   if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
   return std::to_string(ms) + " ms";
-}
-
-bool StartsWithNoCase(std::string_view text, std::string_view prefix) {
-  if (text.size() < prefix.size()) return false;
-  for (std::size_t i = 0; i < prefix.size(); ++i) {
-    const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
-    if (lower(text[i]) != lower(prefix[i])) return false;
-  }
-  return true;
 }
 
 // Why `name` cannot be a NATS header name (a line "name: value"), or empty.
