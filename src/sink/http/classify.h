@@ -21,8 +21,8 @@ std::optional<Failure> ClassifyStatus(long status, const std::vector<int>& retry
 // Whether a status may carry a Retry-After that the sink honours (429, 503).
 bool HonoursRetryAfter(long status);
 
-// A request that ended without an answer. `sent`: libcurl began to send it (a connection was
-// established or reused for it), so the endpoint may have acted on it; unless `detail` (libcurl's
+// A request that ended without an answer. `sent`: some of it was written to a connection made or
+// reused for it, so the endpoint may have acted on it; unless `detail` (libcurl's
 // error text) shows that the endpoint refused the TLS handshake with an alert about certificates
 // (TLS 1.3: the client's side of the handshake ends before the server has checked the client's
 // certificate, so the request goes out, unread, and the refusal comes instead of an answer).

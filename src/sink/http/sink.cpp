@@ -425,10 +425,11 @@ class HttpSink final : public Sink {
     CURL* easy = request.easy.get();
     const auto now = SteadyClock::now();
     if (code != CURLE_OK) {
-      // A connection was made for it but its first write failed: none of it went out (the
-      // endpoint had closed the connection already, e.g. after refusing the TLS handshake).
+      // A connection was made for it, but whatever ended it came before any of the request was
+      // written (the endpoint had closed the connection, e.g. after refusing the TLS handshake;
+      // a timeout while connecting through a proxy): it never went out.
       bool sent = request.sent;
-      if (sent && code == CURLE_SEND_ERROR) {
+      if (sent) {
         long written = 0;  // NOLINT(google-runtime-int): libcurl's type
         curl_easy_getinfo(easy, CURLINFO_REQUEST_SIZE, &written);
         sent = written > 0;
