@@ -21,9 +21,9 @@
 //   tls_key_file = ""          # PEM: its private key
 //   proxy = ""                 # http://host:port; empty: none (http_proxy is ignored)
 //
-// Files must exist and be readable when the configuration is read. Secrets (the URL's password,
-// `secrets`, the values of `headers`) may come from the environment where said, which wins over
-// the file, and --check-config shows them as ***.
+// Files must exist and be readable when the configuration is read. The URL and `secrets` may come
+// from the environment (it wins over the file); the URL's password, every secret and the values of
+// `headers` are shown as *** by --check-config.
 //
 // What the keys mean: outbox::webhook::SinkOptions (sink/http.h).
 
