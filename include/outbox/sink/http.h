@@ -45,8 +45,9 @@
 //                    not found, connection refused, connect timeout, TLS handshake or certificate
 //                    refused): the sink then sends nothing to that host for 100 ms, doubling up to
 //                    5 s, and answers kUnavailable at once meanwhile; the host asked to wait
-//                    (below) and the time is not up; the deadline passed before the message's
-//                    turn; an earlier message of its stream in this batch was unavailable.
+//                    (below) and the time is not up; the deadline passed (or less than 20 ms of
+//                    it were left) before the message's turn; an earlier message of its stream
+//                    in this batch was unavailable.
 //   kOutcomeUnknown  sent, no answer: the connection broke, the request timed out, the deadline
 //                    passed; or not sent because an earlier message of its stream in this batch
 //                    failed otherwise (it must go after it). Sent again later, the endpoint gets

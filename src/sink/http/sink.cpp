@@ -48,6 +48,8 @@ constexpr milliseconds kTooManyRequestsPause{1000};
 constexpr std::size_t kQuotedNameBytes = 64;
 // How much of an answer's body is kept, to quote in a failure's reason.
 constexpr std::size_t kKeptBodyBytes = 256;
+// The least time a request is started with before the Publish deadline.
+constexpr milliseconds kMinRequestBudget{20};
 // The longest single wait for network activity (the loop also wakes at the deadline).
 constexpr milliseconds kLongestPoll{1000};
 
@@ -327,9 +329,11 @@ class HttpSink final : public Sink {
           again = true;
           continue;
         }
-        // Once the deadline has passed nothing more starts (it would go with a 1 ms timeout):
-        // what is still ready is told so by GiveUp.
-        while (!host->ready.empty() && host->in_flight < options_.max_in_flight && now < deadline) {
+        // Nothing starts with less than kMinRequestBudget left (it would go with a timeout of a
+        // millisecond or two and end "sent, no answer"): what is still ready is told by GiveUp
+        // that the deadline came before its turn.
+        while (!host->ready.empty() && host->in_flight < options_.max_in_flight &&
+               now + kMinRequestBudget <= deadline) {
           const std::size_t index = host->ready.front();
           host->ready.pop_front();
           Start(batch, index, *host, deadline);
