@@ -1341,6 +1341,7 @@ void Enqueue(Env& env, int messages, std::size_t payload) {
     int writers;
     int streams;  // 0: unkeyed
     bool sequenced;
+    int targets = 0;  // > 0: one enqueue fans out to this many targets (NewMessage::targets)
   };
   const Case cases[] = {
       {"1 writer, unkeyed", 1, 0, false},
@@ -1348,6 +1349,8 @@ void Enqueue(Env& env, int messages, std::size_t payload) {
       {"8 writers, 500 streams, unsequenced", 8, 500, false},
       {"8 writers, 500 streams, stream_seq", 8, 500, true},
       {"8 writers, 1 stream, stream_seq", 8, 1, true},
+      {"8 writers, 500 streams, stream_seq, one target named", 8, 500, true, 1},
+      {"8 writers, 500 streams, stream_seq, 2 targets (msgs/s counts events)", 8, 500, true, 2},
   };
   for (const auto& c : cases) {
     Schema schema(env);
@@ -1365,6 +1368,7 @@ void Enqueue(Env& env, int messages, std::size_t payload) {
             outbox::NewMessage message{.topic = "bench", .payload = Payload(i, payload)};
             if (c.streams > 0) message.stream_key = "s" + std::to_string(i % c.streams);
             message.sequenced = c.sequenced;
+            for (int t = 0; t < c.targets; ++t) message.targets.push_back("t" + std::to_string(t));
             Sql(conn.get(), "BEGIN");
             writer.Enqueue(conn.get(), message);
             Sql(conn.get(), "COMMIT");

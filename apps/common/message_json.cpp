@@ -45,6 +45,7 @@ std::string Hex(std::string_view bytes, std::size_t per_line) {
 Json SummaryJson(const MessageSummary& message) {
   return Json{
       {"id", message.id.ToString()},
+      {"event_id", message.event_id.ToString()},
       {"topic", message.topic},
       {"stream_key", OptionalJson(message.stream_key)},
       {"stream_seq", message.stream_seq ? Json(*message.stream_seq) : Json(nullptr)},

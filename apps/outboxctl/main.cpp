@@ -70,8 +70,8 @@ std::string Plural(std::int64_t count, const char* noun) {
   return std::to_string(count) + " " + noun + (count == 1 ? "" : "s");
 }
 
-// --status, --topic, --stream, --target, --older-than and (for replay and abandon) positional
-// ids.
+// --status, --topic, --stream, --target, --event, --older-than and (for replay and abandon)
+// positional ids.
 class FilterOptions {
  public:
   void Add(CLI::App* command, bool with_ids, const std::string& statuses) {
@@ -79,6 +79,9 @@ class FilterOptions {
     topic_ = command->add_option("--topic", topic_text_, "only this topic");
     stream_ = command->add_option("--stream", stream_text_, "only this stream key");
     target_ = command->add_option("--target", target_text_, "only this target (sink)");
+    event_ = command->add_option("--event", event_text_,
+                                 "only the copies of this event (an event id: the messages "
+                                 "written together to several targets share one)");
     older_than_ = command->add_option("--older-than", older_than_text_,
                                       "only messages created longer ago than this: 30s, 10m, 2h, "
                                       "30d (on the database's clock)");
@@ -90,7 +93,7 @@ class FilterOptions {
   // True when any criterion was given.
   [[nodiscard]] bool Any() const {
     return HasIds() || status_->count() > 0 || topic_->count() > 0 || stream_->count() > 0 ||
-           target_->count() > 0 || older_than_->count() > 0;
+           target_->count() > 0 || event_->count() > 0 || older_than_->count() > 0;
   }
 
   // The filter, or UsageError naming the bad option.
@@ -106,6 +109,13 @@ class FilterOptions {
     filter.topic = NonEmpty(topic_, topic_text_);
     filter.stream_key = NonEmpty(stream_, stream_text_);
     filter.target = NonEmpty(target_, target_text_);
+    if (event_->count() > 0) {
+      try {
+        filter.event_id = outbox::apps::ParseMessageId(event_text_);
+      } catch (const std::invalid_argument& error) {
+        throw UsageError(std::string{"--event: "} + error.what());
+      }
+    }
     if (older_than_->count() > 0) {
       try {
         filter.older_than = outbox::apps::ParseDuration(older_than_text_);
@@ -132,12 +142,14 @@ class FilterOptions {
   CLI::Option* topic_ = nullptr;
   CLI::Option* stream_ = nullptr;
   CLI::Option* target_ = nullptr;
+  CLI::Option* event_ = nullptr;
   CLI::Option* older_than_ = nullptr;
   CLI::Option* ids_ = nullptr;
   std::string status_text_;
   std::string topic_text_;
   std::string stream_text_;
   std::string target_text_;
+  std::string event_text_;
   std::string older_than_text_;
   std::vector<std::string> id_texts_;
 };
@@ -242,14 +254,27 @@ int List(Admin& admin, const MessageFilter& filter, int limit,
     std::cout << "no messages match\n";
     return 0;
   }
-  outboxctl::Table table{
-      {"ID", "STATUS", "ATTEMPTS", "TOPIC", "STREAM", "TARGET", "TYPE", "AGE", "BYTES", "DETAIL"}};
+  // The EVENT column only when the page holds a copy of a message written to several targets
+  // (its event id is another message's id); otherwise it would repeat the ID column.
+  const bool copies = std::any_of(page.messages.begin(), page.messages.end(),
+                                  [](const MessageSummary& m) { return m.event_id != m.id; });
+  std::vector<std::string> header{"ID",     "STATUS", "ATTEMPTS", "TOPIC", "STREAM",
+                                  "TARGET", "TYPE",   "AGE",      "BYTES", "DETAIL"};
+  if (copies) header.insert(header.begin() + 1, "EVENT");
+  outboxctl::Table table{header};
   for (const auto& message : page.messages) {
-    table.Add({message.id.ToString(), std::string{MessageStatusName(message.status)},
-               std::to_string(message.attempts), OneLine(message.topic, 40), Stream(message),
-               OneLine(message.target, 20), OneLine(message.type.value_or("-"), 30),
-               FormatDuration(Since(message.created_at, page.database_now)),
-               std::to_string(message.payload_bytes), Detail(message, page.database_now)});
+    std::vector<std::string> row{message.id.ToString(),
+                                 std::string{MessageStatusName(message.status)},
+                                 std::to_string(message.attempts),
+                                 OneLine(message.topic, 40),
+                                 Stream(message),
+                                 OneLine(message.target, 20),
+                                 OneLine(message.type.value_or("-"), 30),
+                                 FormatDuration(Since(message.created_at, page.database_now)),
+                                 std::to_string(message.payload_bytes),
+                                 Detail(message, page.database_now)};
+    if (copies) row.insert(row.begin() + 1, message.event_id.ToString());
+    table.Add(row);
   }
   std::cout << table.Render();
   if (page.more) std::cout << "more: --after " << page.messages.back().id.ToString() << "\n";
@@ -277,6 +302,11 @@ int Show(Admin& admin, const MessageId& id, bool json) {
                                                    : " (in " + FormatDuration(-since) + ")");
   };
   outboxctl::Table fields{{"id", message.id.ToString()}};
+  fields.Add({"event", message.event_id.ToString() +
+                           (message.event_id == message.id
+                                ? ""
+                                : " (a copy: outboxctl list --event " +
+                                      message.event_id.ToString() + " lists them all)")});
   fields.Add({"status", std::string{MessageStatusName(message.status)}});
   fields.Add({"attempts", std::to_string(message.attempts)});
   fields.Add({"topic", OneLine(message.topic, 1000)});
@@ -496,7 +526,7 @@ int main(int argc, char** argv) {
       if (!all_abandoned && !replay_filter.Any()) {
         throw UsageError(
             "replay: say which messages: ids, --all-abandoned, or a filter (--status, --topic, "
-            "--stream, --target, --older-than); refusing to replay everything");
+            "--stream, --target, --event, --older-than); refusing to replay everything");
       }
       if (filter.status && *filter.status != MessageStatus::kAbandoned &&
           *filter.status != MessageStatus::kFailed) {
@@ -507,7 +537,7 @@ int main(int argc, char** argv) {
       if (!abandon_filter.Any()) {
         throw UsageError(
             "abandon: say which messages: ids or a filter (--status, --topic, --stream, --target, "
-            "--older-than); refusing to abandon everything");
+            "--event, --older-than); refusing to abandon everything");
       }
       if (filter.status && *filter.status != MessageStatus::kPending &&
           *filter.status != MessageStatus::kFailed) {

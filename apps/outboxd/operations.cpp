@@ -95,6 +95,8 @@ bool SetFilter(MessageFilter& filter, std::string_view key, const std::string& v
     filter.stream_key = value;
   } else if (key == "target") {
     filter.target = value;
+  } else if (key == "event") {
+    filter.event_id = apps::ParseMessageId(value);
   } else if (key == "older_than") {
     filter.older_than = apps::ParseDuration(value);
   } else {
@@ -109,7 +111,7 @@ struct ListQuery {
   std::optional<MessageId> after;
 };
 
-// GET /api/messages?status=&topic=&stream=&target=&older_than=&limit=&after=
+// GET /api/messages?status=&topic=&stream=&target=&event=&older_than=&limit=&after=
 ListQuery ParseListQuery(const http::Request& request) {
   ListQuery query;
   for (const auto& [key, value] : request.query) {
@@ -129,8 +131,8 @@ ListQuery ParseListQuery(const http::Request& request) {
       query.after = apps::ParseMessageId(value);
     } else {
       throw std::invalid_argument("unknown parameter '" + key +
-                                  "' (known: status, topic, stream, target, older_than, limit, "
-                                  "after)");
+                                  "' (known: status, topic, stream, target, event, older_than, "
+                                  "limit, after)");
     }
   }
   return query;
@@ -143,7 +145,7 @@ struct ChangeRequest {
 };
 
 // The body of POST /api/messages/replay and /abandon: {"ids": [...]} and/or the criteria
-// "status", "topic", "stream", "target", "older_than"; "dry_run": bool; "reason": text.
+// "status", "topic", "stream", "target", "event", "older_than"; "dry_run": bool; "reason": text.
 ChangeRequest ParseChangeRequest(const std::string& body) {
   const Json json = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) throw std::invalid_argument("the body is not valid JSON");
@@ -174,8 +176,8 @@ ChangeRequest ParseChangeRequest(const std::string& body) {
     } else if (value.is_string()) {
       if (!SetFilter(change.filter, key, value.get<std::string>())) {
         throw std::invalid_argument("unknown field '" + key +
-                                    "' (known: ids, status, topic, stream, target, older_than, "
-                                    "dry_run, reason)");
+                                    "' (known: ids, status, topic, stream, target, event, "
+                                    "older_than, dry_run, reason)");
       }
     } else {
       throw std::invalid_argument("field '" + key + "' must be a string");

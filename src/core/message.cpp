@@ -23,10 +23,6 @@ std::string ControlError(std::string_view what, std::string_view text, std::size
   return std::string{what} + " contains a control character (" + code + ")";
 }
 
-bool IsReservedHeader(std::string_view name) {
-  return EqualsNoCase(name, kMessageIdHeader) || StartsWithNoCase(name, kReservedHeaderPrefix);
-}
-
 // "<what> is N bytes, over the limit of M (<limit>)"; without the parenthesis when `limit` is
 // empty (a fixed limit rather than one of MessageLimits).
 std::string SizeError(std::string_view what, std::size_t size, std::size_t max_bytes,
@@ -49,6 +45,20 @@ std::string CheckText(std::string_view field, std::string_view text, std::size_t
 
 }  // namespace
 
+std::string ValidateTargets(std::span<const std::string> targets) {
+  if (targets.size() > kMaxTargets) {
+    return "targets: " + std::to_string(targets.size()) + " targets, over the limit of " +
+           std::to_string(kMaxTargets);
+  }
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    if (auto error = CheckText("target", targets[i], 255); !error.empty()) return error;
+    for (std::size_t j = 0; j < i; ++j) {
+      if (targets[j] == targets[i]) return "targets: '" + targets[i] + "' is named twice";
+    }
+  }
+  return {};
+}
+
 std::string ValidateHeaders(const Headers& headers, const MessageLimits& limits) {
   if (headers.size() > limits.max_header_count) {
     return "headers: " + std::to_string(headers.size()) + " headers, over the limit of " +
@@ -61,8 +71,8 @@ std::string ValidateHeaders(const Headers& headers, const MessageLimits& limits)
         !error.empty()) {
       return error + (name.empty() ? "" : " ('" + name.substr(0, 64) + "')");
     }
-    if (IsReservedHeader(name)) {
-      return "header '" + name + "' is reserved (message_id and names starting with '" +
+    if (wire::IsReservedName(name)) {
+      return "header '" + name + "' is reserved (message_id, event_id and names starting with '" +
              std::string{kReservedHeaderPrefix} + "' are set by the outbox)";
     }
     const std::string field = "header '" + name + "': value";
@@ -100,7 +110,7 @@ std::string ValidateMessage(const NewMessage& message, const MessageLimits& limi
   if (auto error = CheckText("content_type", message.content_type, 255); !error.empty()) {
     return error;
   }
-  if (auto error = CheckText("target", message.target, 255); !error.empty()) return error;
+  if (auto error = ValidateTargets(message.targets); !error.empty()) return error;
   if (message.type) {
     if (auto error = CheckText("type", *message.type, 255); !error.empty()) return error;
   }

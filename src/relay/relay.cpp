@@ -5,12 +5,14 @@
 #include <condition_variable>
 #include <future>
 #include <iterator>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "outbox/core/error.h"
 #include "outbox/core/message.h"
@@ -32,6 +34,13 @@ std::string DescribeAttempt(const Envelope& envelope) {
 }
 
 using SteadyClock = std::chrono::steady_clock;
+
+// A stream, as the stores order it: stream_seq counts per (target, stream key), and head-of-line
+// is per pair, so that one target's failure never holds back another target's copies.
+using StreamId = std::pair<std::string, std::string>;
+StreamId StreamOf(const Envelope& envelope) {
+  return {envelope.target, envelope.stream_key.value_or(std::string{})};
+}
 
 std::string Describe(const std::exception& error) { return error.what(); }
 
@@ -216,7 +225,7 @@ class Relay::Engine {
       std::vector<Envelope> parked;
       std::erase_if(next, [&](Envelope& envelope) {
         if (!paused_.contains(envelope.target)) return false;
-        if (envelope.stream_key) broken_streams.insert(*envelope.stream_key);
+        if (envelope.stream_key) broken_streams.insert(StreamOf(envelope));
         parked.push_back(std::move(envelope));
         return true;
       });
@@ -601,40 +610,30 @@ class Relay::Engine {
 
   // Messages go to the sink named by their target, each target in a lane of its own: the sinks
   // publish side by side, so that a slow or dead broker costs the others nothing but its own
-  // publish_timeout. Not sent (kOutcomeUnknown, no attempt spent), to keep streams in order:
-  // - the rest of a stream whose first message here is a retry: if it fails again, its followers
-  //   have not reached the broker ahead of it;
-  // - the rest of a stream from its first change of target on: lanes confirm independently, so a
-  //   later message could be confirmed by one broker while an earlier one fails at another.
+  // publish_timeout. A stream is a (target, stream key) pair, so each lane keeps its own streams
+  // in order. Not sent (kOutcomeUnknown, no attempt spent): the rest of a stream whose first
+  // message here is a retry, so that if it fails again its followers have not reached the broker
+  // ahead of it.
   Published Publish(const std::vector<Envelope>& batch) {
     const Deadline deadline = SteadyClock::now() + options_.publish_timeout;
     Published published;
     auto& outcomes = published.outcomes;
     outcomes.resize(batch.size());
     std::map<std::string_view, std::vector<std::size_t>> by_target;
-    struct StreamHead {
-      bool retrying = false;  // its first message here is a retry
-      std::string_view target;
-      bool cut = false;  // the rest waits for the next batch
-    };
-    std::unordered_map<std::string_view, StreamHead> streams;
+    // Per stream: its first message here is a retry, and the rest waits for the next batch.
+    std::map<std::pair<std::string_view, std::string_view>, bool> retrying;
     for (std::size_t i = 0; i < batch.size(); ++i) {
       const Envelope& envelope = batch[i];
       if (envelope.stream_key) {
-        const auto [head, first] = streams.try_emplace(
-            *envelope.stream_key, StreamHead{envelope.attempts > 0, envelope.target});
-        if (!first) {
-          auto& stream = head->second;
-          stream.cut = stream.cut || stream.retrying || stream.target != envelope.target;
-          if (stream.cut) {
-            outcomes[i] = {envelope.id,
-                           Failure{FailureKind::kOutcomeUnknown,
-                                   stream.retrying ? "not sent: waiting for the retry of an "
-                                                     "earlier message of its stream"
-                                                   : "not sent: waiting for an earlier message "
-                                                     "of its stream to another target"}};
-            continue;
-          }
+        const auto [head, first] = retrying.try_emplace(
+            std::pair<std::string_view, std::string_view>{envelope.target, *envelope.stream_key},
+            envelope.attempts > 0);
+        if (!first && head->second) {
+          outcomes[i] = {envelope.id,
+                         Failure{FailureKind::kOutcomeUnknown,
+                                 "not sent: waiting for the retry of an earlier message of its "
+                                 "stream"}};
+          continue;
         }
       }
       by_target[envelope.target].push_back(i);
@@ -779,18 +778,18 @@ class Relay::Engine {
   // failure, later messages of that stream in this batch go back unpublished (they will be
   // published again after the failed one, so nothing is reordered).
   // Returns the streams that had a failure: their later messages must wait for it.
-  std::set<std::string> Settle(const std::vector<Envelope>& batch,
-                               const std::vector<PublishOutcome>& outcomes) {
+  std::set<StreamId> Settle(const std::vector<Envelope>& batch,
+                            const std::vector<PublishOutcome>& outcomes) {
     std::vector<LeasedId> done;
     std::vector<FailedMessage> failed;
-    std::set<std::string> broken_streams;
+    std::set<StreamId> broken_streams;
     // The broker's confirmations are in: the end of the commit -> confirm latency.
     const TimePoint confirmed_at = std::chrono::system_clock::now();
     LeasesHeld(0, batch.size());
     for (std::size_t i = 0; i < batch.size(); ++i) {
       const Envelope& envelope = batch[i];
       const PublishOutcome& outcome = outcomes[i];
-      const bool broken = envelope.stream_key && broken_streams.contains(*envelope.stream_key);
+      const bool broken = envelope.stream_key && broken_streams.contains(StreamOf(envelope));
       if (outcome.published() && !broken) {
         done.push_back(LeasedId::Of(envelope));
         const std::chrono::duration<double> latency = confirmed_at - envelope.created_at;
@@ -815,7 +814,7 @@ class Relay::Engine {
         ++counters_.unconfirmed;
       }
       failed.push_back(FailedMessage::Of(envelope, failure));
-      if (envelope.stream_key) broken_streams.insert(*envelope.stream_key);
+      if (envelope.stream_key) broken_streams.insert(StreamOf(envelope));
     }
     // The outcomes are known; they are recorded while the next batch is published, or before
     // anything more is claimed (see Run), also when the database is away now.
@@ -825,11 +824,11 @@ class Relay::Engine {
 
   // The next batch was claimed while this one was in flight; messages in it that follow a
   // failure of their stream go back unpublished, to wait for the failed one.
-  void HoldBack(std::vector<Envelope>& next, const std::set<std::string>& broken_streams) {
+  void HoldBack(std::vector<Envelope>& next, const std::set<StreamId>& broken_streams) {
     if (broken_streams.empty() || next.empty()) return;
     std::vector<FailedMessage> held;
     std::erase_if(next, [&](const Envelope& envelope) {
-      if (!envelope.stream_key || !broken_streams.contains(*envelope.stream_key)) return false;
+      if (!envelope.stream_key || !broken_streams.contains(StreamOf(envelope))) return false;
       held.push_back(FailedMessage::Of(
           envelope, Failure{FailureKind::kOutcomeUnknown,
                             "not sent: an earlier message of its stream failed"}));

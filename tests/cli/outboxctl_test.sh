@@ -25,8 +25,8 @@ expect() {
 cleanup() { psql -q "$db" -c "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null 2>&1; }
 trap cleanup EXIT
 
-expect 0 "migrated from version 0 to 9" --db "$db" --schema "$schema" migrate
-expect 0 "is up to date \(version 9\)" --db "$db" --schema "$schema" migrate
+expect 0 "migrated from version 0 to 10" --db "$db" --schema "$schema" migrate
+expect 0 "is up to date \(version 10\)" --db "$db" --schema "$schema" migrate
 psql -q "$db" -c "SELECT $schema.enqueue('t', '{}') FROM generate_series(1, 3)" >/dev/null
 expect 0 "pending     3" --db "$db" --schema "$schema" status
 expect 0 '"pending":3,' --db "$db" --schema "$schema" status --json
@@ -78,7 +78,7 @@ last_page=$("$ctl" "${c[@]}" list --topic orders --limit 2 --after "${orders[1]}
 expect 0 "${orders[2]} +pending .*${nl}${orders[3]} +processing [^$nl]*\$" \
   "${c[@]}" list --topic orders --limit 2 --after "${orders[1]}"
 same "last page has no 'more:' line" "$(grep -c more: <<<"$last_page")" 0
-expect 0 '^\{"messages":\[\{"id":"'"${orders[2]}"'","topic":"orders","stream_key":"o-3",.*\],"more":false,"next_after":null\}$' \
+expect 0 '^\{"messages":\[\{"id":"'"${orders[2]}"'","event_id":"'"${orders[2]}"'","topic":"orders","stream_key":"o-3",.*\],"more":false,"next_after":null\}$' \
   "${c[@]}" list --stream o-3 --json
 expect 0 '"more":true,"next_after":"'"${orders[0]}"'"\}$' \
   "${c[@]}" list --status abandoned --limit 1 --json
@@ -150,6 +150,19 @@ expect 1 'the outbox schema "nope_'"$$"'" is not migrated .*run outboxctl migrat
   --db "$db" --schema "nope_$$" list
 expect 1 "cannot connect to PostgreSQL \(host=127.0.0.1 port=1" \
   --db "postgresql://u:pw@127.0.0.1:1/x" replay --all-abandoned
+
+# ---- the copies of one event (issue #24) ----
+mapfile -t copies < <(q "SELECT unnest($schema.enqueue(topic => 'fan', payload => '{}',
+                         stream_key => 'f', targets => ARRAY['default', 'partner']))")
+event=${copies[0]}
+expect 0 "^ID +EVENT +STATUS +ATTEMPTS .*${nl}[0-9a-f-]{36} +$event +pending +0 +fan +f#1 +default .*${nl}[0-9a-f-]{36} +$event +pending +0 +fan +f#1 +partner " \
+  "${c[@]}" list --event "$event"
+expect 0 "^ID +STATUS +ATTEMPTS" "${c[@]}" list --topic bin
+expect 0 "event +$event \(a copy: outboxctl list --event $event lists them all\)" \
+  "${c[@]}" show "${copies[1]}"
+expect 0 '"event_id":"'"$event"'"' "${c[@]}" show "${copies[1]}" --json
+expect 0 "^would abandon 2 messages" "${c[@]}" abandon --event "$event" --reason r --dry-run
+expect 2 "--event: 'x' is not a message id" "${c[@]}" list --event x
 
 [[ $failures -eq 0 ]] && echo "outboxctl: all checks passed"
 exit "$failures"

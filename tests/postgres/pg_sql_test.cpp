@@ -141,11 +141,14 @@ TEST_F(PgSqlTest, BadInputGetsClearErrors) {
   EXPECT_EQ(Error("topic => 't', payload => '{}', headers => '{\"a\": 1}'"),
             "outbox.enqueue: header \"a\" must be a string, got number");
   EXPECT_EQ(Error("topic => 't', payload => '{}', headers => '{\"Message_Id\": \"x\"}'"),
-            "outbox.enqueue: header \"Message_Id\" is reserved (message_id and names starting "
-            "with \"outbox-\" are set by the outbox)");
-  EXPECT_EQ(Error("topic => 't', payload => '{}', headers => '{\"outbox-stream-seq\": \"9\"}'"),
-            "outbox.enqueue: header \"outbox-stream-seq\" is reserved (message_id and names "
+            "outbox.enqueue: header \"Message_Id\" is reserved (message_id, event_id and names "
             "starting with \"outbox-\" are set by the outbox)");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', headers => '{\"event_id\": \"x\"}'"),
+            "outbox.enqueue: header \"event_id\" is reserved (message_id, event_id and names "
+            "starting with \"outbox-\" are set by the outbox)");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', headers => '{\"outbox-stream-seq\": \"9\"}'"),
+            "outbox.enqueue: header \"outbox-stream-seq\" is reserved (message_id, event_id and "
+            "names starting with \"outbox-\" are set by the outbox)");
   EXPECT_EQ(Error("topic => 't', payload => '{}', stream_key => ''"),
             "outbox.enqueue: stream_key must not be empty");
   EXPECT_EQ(Error("topic => 't', payload => '{}', target => ''"),
@@ -385,8 +388,8 @@ TEST_F(PgSqlTest, IdsOfAStreamSortInSeqOrderEvenIfTheClockGoesBack) {
   Enqueue("'t', '{}', stream_key => 'k'");
   // Pretend the previous message of the stream got an id from a clock an hour ahead.
   Sql(conn(), "UPDATE " + S() +
-                  ".streams SET last_id = 'ffff0000-0000-7000-8000-000000000000' "
-                  "WHERE stream_key = 'k'");
+                  ".target_streams SET last_id = 'ffff0000-0000-7000-8000-000000000000' "
+                  "WHERE target = 'default' AND stream_key = 'k'");
   const std::string id = Enqueue("'t', '{}', stream_key => 'k'");
   EXPECT_EQ(id, "ffff0000-0000-7000-8000-000000000001");
   EXPECT_EQ(Scalar(conn(), "SELECT string_agg(stream_seq::text, ',' ORDER BY id) FROM " + S() +
@@ -540,6 +543,147 @@ TEST_F(PgSqlTest, WritersTakingStreamsInOrderDoNotDeadlock) {
   EXPECT_EQ(Scalar(conn(), "SELECT string_agg(stream_key || stream_seq, ',' ORDER BY id) FROM " +
                                S() + ".messages"),
             "a1,b1,b2");
+}
+
+// Issue #24: targets => ARRAY[...] writes one message per target and returns their ids in the
+// order given; each copy has its own stream_seq per (target, stream), and all share the first
+// copy's id as event_id. A message for one target has none (its event id is its own id).
+TEST_F(PgSqlTest, EnqueueWithTargetsWritesOneMessagePerTarget) {
+  const std::string ids = Enqueue(
+      "topic => 'orders', payload => '{\"n\": 1}', stream_key => 'o-1', type => 'Placed', "
+      "headers => '{\"x\": \"y\"}', correlation_id => 'c-1', "
+      "targets => ARRAY['partner', 'default']");
+  Enqueue(
+      "topic => 'orders', payload => '{\"n\": 2}', stream_key => 'o-1', "
+      "targets => ARRAY['default', 'partner']");
+  Enqueue(
+      "topic => 'orders', payload => '\\x0102'::bytea, stream_key => 'o-1', "
+      "target => 'partner'");
+  const auto rows = [&](const std::string& what) {
+    return Scalar(conn(), "SELECT string_agg(" + what + ", ',' ORDER BY payload, target) FROM " +
+                              S() + ".messages");
+  };
+  EXPECT_EQ(rows("target || stream_seq"), "partner3,default1,partner1,default2,partner2");
+  const std::string first_id = ids.substr(1, 36);
+  const std::string second_id = ids.substr(38, 36);
+  EXPECT_EQ(ids.size(), 2 + 36 * 2 + 1U) << ids;
+  EXPECT_EQ(Scalar(conn(), "SELECT target || ',' || coalesce(event_id::text, '-') FROM " + S() +
+                               ".messages WHERE id = '" + first_id + "'"),
+            "partner," + first_id);
+  EXPECT_EQ(Scalar(conn(), "SELECT target || ',' || event_id FROM " + S() +
+                               ".messages WHERE id = '" + second_id + "'"),
+            "default," + first_id);
+  EXPECT_EQ(Scalar(conn(),
+                   "SELECT count(DISTINCT (type, headers, content_type, topic, payload)) "
+                   "FROM " +
+                       S() + ".messages WHERE event_id = '" + first_id + "'"),
+            "1")
+      << "the copies carry the same message";
+  EXPECT_EQ(Scalar(conn(), "SELECT count(*) FROM " + S() + ".messages WHERE event_id IS NULL"),
+            "1");
+  // Every payload form takes targets; positional calls still mean the single-target forms.
+  EXPECT_EQ(Enqueue("topic => 't', payload => '{}'::jsonb, targets => ARRAY['a', 'b']").size(),
+            2 + 36 * 2 + 1U);
+  EXPECT_EQ(Enqueue("topic => 't', payload => '\\x00'::bytea, targets => '{a}'").size(), 38U);
+  EXPECT_EQ(Enqueue("'t', '{}', 'key'").size(), 36U);
+}
+
+TEST_F(PgSqlTest, BadTargetsGetClearErrors) {
+  EXPECT_EQ(Error("topic => 't', payload => '{}', targets => ARRAY['a', 'a']"),
+            "outbox.enqueue: targets: \"a\" is named twice");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', targets => ARRAY[]::text[]"),
+            "outbox.enqueue: targets must name at least one target");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', targets => NULL"),
+            "outbox.enqueue: targets must name at least one target");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', targets => ARRAY['a', NULL]"),
+            "outbox.enqueue: target must not be empty");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', targets => ARRAY['a', E'b\\n']"),
+            "outbox.enqueue: target contains a control character");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', targets => ARRAY[['a'], ['b']]"),
+            "outbox.enqueue: targets must be a one-dimensional array");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', targets => "
+                  "(SELECT array_agg('t' || n) FROM generate_series(1, 33) n)"),
+            "outbox.enqueue: targets: 33 targets, over the limit of 32");
+  EXPECT_EQ(Error("topic => 't', payload => '{}', target => ''"),
+            "outbox.enqueue: target must not be empty");
+  EXPECT_EQ(RunExpectingError(conn(), "INSERT INTO " + S() +
+                                          ".topic_settings (topic, targets) VALUES ('t', '{}')"),
+            "outbox.enqueue: targets must name at least one target");
+  EXPECT_EQ(RunExpectingError(conn(), "SELECT * FROM " + S() +
+                                          ".enqueue_batch('[{\"topic\": \"t\", \"payload\": "
+                                          "1, \"targets\": [\"a\"], \"target\": \"b\"}]')"),
+            "outbox.enqueue_batch: element 1: give \"target\" or \"targets\", not both");
+  EXPECT_EQ(RunExpectingError(conn(), "SELECT * FROM " + S() +
+                                          ".enqueue_batch('[{\"topic\": \"t\", \"payload\": "
+                                          "1, \"targets\": [\"a\", 2]}]')"),
+            "outbox.enqueue_batch: element 1: targets must be a JSON array of strings");
+  EXPECT_EQ(Scalar(conn(), "SELECT count(*) FROM " + S() + ".messages"), "0");
+}
+
+// A topic's default targets apply when the call names none; `target => x` still means x alone.
+// The batch form gives one row per copy, with the message's ordinal.
+TEST_F(PgSqlTest, ATopicsDefaultTargetsApplyWhenTheCallNamesNone) {
+  Sql(conn(), "INSERT INTO " + S() +
+                  ".topic_settings (topic, targets) VALUES ('evt', ARRAY['default', 'partner'])");
+  const std::string event = Enqueue("topic => 'evt', payload => '{}', stream_key => 'k'");
+  Enqueue("topic => 'evt', payload => '{}', stream_key => 'k', target => 'default'");
+  EXPECT_EQ(Scalar(conn(), "SELECT string_agg(target || stream_seq, ',' ORDER BY id) FROM " + S() +
+                               ".messages"),
+            "default1,partner1,default2");
+  EXPECT_EQ(
+      Scalar(conn(), "SELECT count(*) FROM " + S() + ".messages WHERE event_id = '" + event + "'"),
+      "2")
+      << "the single-target form returns the event id";
+  EXPECT_EQ(
+      Scalar(conn(), "SELECT string_agg(ordinal::text, ',' ORDER BY ordinal, id) FROM " + S() +
+                         ".enqueue_batch('[{\"topic\": \"evt\", \"payload\": 1}, "
+                         "{\"topic\": \"evt\", \"payload\": 2, \"target\": \"a\"}, "
+                         "{\"topic\": \"o\", \"payload\": 3, \"targets\": [\"a\", "
+                         "\"b\", \"c\"]}]')"),
+      "1,1,2,3,3,3");
+}
+
+// Schema version 9 counted stream_seq per stream across targets; version 10 counts per (target,
+// stream) and continues each pair from its stream's old counter, so that no consumer sees a seq
+// it has already seen.
+TEST_F(PgSqlTest, StreamSeqPerTargetContinuesFromTheOldPerStreamCounter) {
+  Sql(conn(), "INSERT INTO " + S() + ".streams VALUES ('s', 17, " + S() + ".uuid_v7())");
+  Enqueue("topic => 't', payload => '{}', stream_key => 's', targets => ARRAY['b', 'a']");
+  Enqueue("topic => 't', payload => '{}', stream_key => 's', target => 'a'");
+  Enqueue("topic => 't', payload => '{}', stream_key => 'fresh', target => 'a'");
+  EXPECT_EQ(Scalar(conn(),
+                   "SELECT string_agg(target || stream_key || stream_seq, ',' ORDER BY "
+                   "stream_key, stream_seq, target) FROM " +
+                       S() + ".messages"),
+            "afresh1,as18,bs18,as19");
+}
+
+// Writers fanning one stream out to the same targets, named in opposite orders, take the
+// counters in one order (target name) and so wait for each other instead of deadlocking.
+TEST_F(PgSqlTest, WritersFanningOutOneStreamInOppositeOrdersDoNotDeadlock) {
+  auto t1 = Connect();
+  auto t2 = Connect();
+  Sql(t2.get(), "SET deadlock_timeout = '100ms'");
+  Sql(t1.get(), "BEGIN");
+  Sql(t1.get(), "SELECT " + S() + ".enqueue('t', '{}'::json, ARRAY['a', 'b'], stream_key => 's')");
+  Sql(t2.get(), "BEGIN");
+  ASSERT_EQ(PQsendQuery(t2.get(), ("SELECT " + S() +
+                                   ".enqueue('t', '{}'::json, ARRAY['b', 'a'], stream_key => 's')")
+                                      .c_str()),
+            1);
+  std::this_thread::sleep_for(std::chrono::milliseconds{300});
+  Sql(t1.get(), "COMMIT");
+  std::vector<PgResult> results;
+  while (PGresult* result = PQgetResult(t2.get())) results.emplace_back(result);
+  ASSERT_EQ(results.size(), 1U);
+  EXPECT_EQ(PQresultStatus(results[0].get()), PGRES_TUPLES_OK)
+      << PQresultErrorMessage(results[0].get());
+  Sql(t2.get(), "COMMIT");
+  EXPECT_EQ(Scalar(conn(),
+                   "SELECT string_agg(target || stream_seq, ',' ORDER BY stream_seq, "
+                   "target) FROM " +
+                       S() + ".messages"),
+            "a1,b1,a2,b2");
 }
 
 // relay_idle lists the writers in flight (which may have read the state from before it), and

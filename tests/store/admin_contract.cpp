@@ -66,6 +66,51 @@ TEST_P(AdminContractTest, ListFiltersByStatusTopicStreamTargetAgeAndIds) {
   EXPECT_GT(row.created_at, page.database_now - std::chrono::minutes{10});
 }
 
+// Issue #24: every copy of a message written to several targets shows the same event id, and a
+// filter by event id finds them all (and, for a message written to one target, itself).
+TEST_P(AdminContractTest, TheCopiesOfOneEventShareItsIdAndAreFoundByIt) {
+  NewMessage fanned;
+  fanned.topic = "orders";
+  fanned.stream_key = "order-7";
+  fanned.payload = R"({"n":7})";
+  fanned.targets = {"default", "partner", "audit"};
+  const auto fanned_event = store_->Enqueue(std::span{&fanned, 1});
+  const auto single = Enqueue(2, "orders", "order-7");
+  ASSERT_EQ(fanned_event.size(), 1U);
+
+  const auto all = admin_->List({}, 100);
+  ASSERT_EQ(all.messages.size(), 5U);
+  std::map<std::string, int> copies_per_target;
+  for (const auto& message : all.messages) {
+    if (message.event_id == fanned_event[0]) {
+      ++copies_per_target[message.target];
+    } else {
+      EXPECT_EQ(message.event_id, message.id) << "a single-target message is its own event";
+    }
+  }
+  EXPECT_EQ(copies_per_target,
+            (std::map<std::string, int>{{"audit", 1}, {"default", 1}, {"partner", 1}}));
+
+  MessageFilter by_event;
+  by_event.event_id = fanned_event[0];
+  const auto copies = admin_->List(by_event, 100);
+  ASSERT_EQ(copies.messages.size(), 3U);
+  for (const auto& message : copies.messages) EXPECT_EQ(message.event_id, fanned_event[0]);
+  EXPECT_EQ(admin_->Show(copies.messages[1].id)->summary.event_id, fanned_event[0]);
+  by_event.target = "partner";
+  EXPECT_EQ(admin_->List(by_event, 100).messages.size(), 1U) << "criteria combine";
+
+  by_event = {};
+  by_event.event_id = single[1];
+  const auto itself = admin_->List(by_event, 100);
+  ASSERT_EQ(itself.messages.size(), 1U);
+  EXPECT_EQ(itself.messages[0].id, single[1]);
+
+  // An operation given the event id reaches every copy: abandon them all, dry run.
+  by_event.event_id = fanned_event[0];
+  EXPECT_EQ(admin_->Abandon(by_event, "test", /*dry_run=*/true).count, 3);
+}
+
 TEST_P(AdminContractTest, PagesCoverEveryMatchingMessageExactlyOnce) {
   std::vector<MessageId> all;
   for (int i = 0; i < 4; ++i) all = Concat(all, Enqueue(5, "t", "k" + std::to_string(i)));

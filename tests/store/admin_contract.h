@@ -64,7 +64,7 @@ class AdminContractTest : public ::testing::TestWithParam<AdminHarness*> {
       NewMessage message;
       message.topic = topic;
       message.stream_key = key;
-      message.target = target;
+      message.targets = {target};
       message.payload = R"({"n":)" + std::to_string(i % 10) + "}";
       messages.push_back(std::move(message));
     }

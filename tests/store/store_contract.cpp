@@ -52,7 +52,7 @@ TEST_P(StoreContractTest, EnqueuedMessagesAreClaimedWithAllFields) {
   NewMessage message = Message("orders", "order-42", R"({"id":42})");
   message.type = "OrderPlaced";
   message.headers = {{"correlation_id", "c-1"}, {"x-tenant", "t\xc3\xa9"}};
-  message.target = "rabbit";
+  message.targets = {"rabbit"};
   const auto ids = store->Enqueue(std::span{&message, 1});
   ASSERT_EQ(ids.size(), 1U);
   EXPECT_EQ(ids[0].version(), 7);
@@ -215,18 +215,18 @@ TEST_P(StoreContractTest, OwnUnexpiredLeasesAreGivenBackOnlyWhenAsked) {
 // A message of topic "t" for `target`.
 NewMessage ForTarget(std::string target, std::optional<std::string> stream) {
   NewMessage message = Message("t", std::move(stream));
-  message.target = std::move(target);
+  message.targets = {std::move(target)};
   return message;
 }
 
-// A paused target's messages are not claimed, nor the later messages of their streams whatever
-// their target (a stream stays in order across targets); everything else is.
-TEST_P(StoreContractTest, PausedTargetsAreNotClaimedAndHoldBackTheirStreams) {
+// A paused target's messages are not claimed; every other message is, the other targets'
+// messages of the same stream included (a stream is ordered per target: issue #24).
+TEST_P(StoreContractTest, PausedTargetsAreNotClaimedAndHoldBackOnlyThemselves) {
   auto store = OpenFresh(GetParam());
   const auto to = ForTarget;
   std::vector<NewMessage> messages{
       to("dead", "s"),             // 0: paused
-      to("default", "s"),          // 1: behind 0 in its stream
+      to("default", "s"),          // 1: same stream, another target: free
       to("default", "other"),      // 2: free
       to("dead", std::nullopt),    // 3: paused
       to("default", std::nullopt)  // 4: free
@@ -237,8 +237,8 @@ TEST_P(StoreContractTest, PausedTargetsAreNotClaimedAndHoldBackTheirStreams) {
   const auto batch = store->Claim(request);
   std::vector<MessageId> claimed;
   for (const auto& envelope : batch) claimed.push_back(envelope.id);
-  EXPECT_EQ(claimed, (std::vector<MessageId>{ids[2], ids[4]}));
-  EXPECT_EQ(store->Complete("relay", Leases(batch)).settled, 2);
+  EXPECT_EQ(claimed, (std::vector<MessageId>{ids[1], ids[2], ids[4]}));
+  EXPECT_EQ(store->Complete("relay", Leases(batch)).settled, 3);
   EXPECT_TRUE(store->Claim(request).empty());
 
   // Resumed: in stream order, nothing spent.
@@ -248,12 +248,11 @@ TEST_P(StoreContractTest, PausedTargetsAreNotClaimedAndHoldBackTheirStreams) {
     claimed.push_back(envelope.id);
     EXPECT_EQ(envelope.attempts, 0);
   }
-  EXPECT_EQ(claimed, (std::vector<MessageId>{ids[0], ids[1], ids[3]}));
+  EXPECT_EQ(claimed, (std::vector<MessageId>{ids[0], ids[3]}));
 }
 
 // Claims made while a target is paused may move past its messages (PostgreSQL's claim cursor
-// does): once the target resumes, they are claimed, oldest first, and so is the later message of
-// their stream that they held back.
+// does): once the target resumes, they are claimed, oldest first, in their stream's order.
 TEST_P(StoreContractTest, APausedTargetsMessagesAreClaimedWhenItResumesAfterManyClaims) {
   auto store = OpenFresh(GetParam());
   const auto to = ForTarget;
@@ -262,21 +261,112 @@ TEST_P(StoreContractTest, APausedTargetsMessagesAreClaimedWhenItResumesAfterMany
   ClaimRequest paused = Request("relay");
   paused.paused_targets = {"dead"};
   for (int round = 0; round < 4; ++round) {
-    const std::vector<NewMessage> filler{to("default", "f"), to("default", std::nullopt)};
+    const std::vector<NewMessage> filler{to("default", "s"), to("default", std::nullopt)};
     store->Enqueue(filler);
     const auto batch = store->Claim(paused);
     ASSERT_EQ(batch.size(), 2U) << "round " << round;
     for (const auto& envelope : batch) EXPECT_EQ(envelope.target, "default");
     EXPECT_EQ(store->Complete("relay", Leases(batch)).settled, 2);
   }
-  const std::vector<NewMessage> held{to("default", "s")};
-  const auto behind = store->Enqueue(held);
-  EXPECT_TRUE(store->Claim(paused).empty()) << "held behind the paused target's message";
+  const std::vector<NewMessage> later{to("dead", "s")};
+  const auto behind = store->Enqueue(later);
+  EXPECT_TRUE(store->Claim(paused).empty());
 
   const auto resumed = store->Claim(Request("relay"));
   std::vector<MessageId> claimed;
   for (const auto& envelope : resumed) claimed.push_back(envelope.id);
   EXPECT_EQ(claimed, (std::vector<MessageId>{dead[0], dead[1], behind[0]}));
+  ASSERT_EQ(resumed.size(), 3U);
+  EXPECT_EQ(resumed[0].stream_seq, 1);
+  EXPECT_EQ(resumed[2].stream_seq, 2) << "stream_seq counts per target";
+}
+
+// Issue #24: a message written to several targets is one message per target, each with its own
+// id and stream_seq (per target and stream), all with the first copy's id as their event id.
+TEST_P(StoreContractTest, AMessageForSeveralTargetsIsOneCopyPerTargetWithOneEventId) {
+  auto store = OpenFresh(GetParam());
+  std::vector<NewMessage> messages;
+  for (int i = 1; i <= 2; ++i) {
+    NewMessage message = Message("orders", "order-1", R"({"n":)" + std::to_string(i) + "}");
+    message.type = "OrderPlaced";
+    message.headers = {{"correlation_id", "c-" + std::to_string(i)}};
+    message.targets = {"partner", "default"};
+    messages.push_back(std::move(message));
+  }
+  messages.push_back(ForTarget("default", "order-1"));  // one target: its own event id
+  const auto event_ids = store->Enqueue(messages);
+  ASSERT_EQ(event_ids.size(), 3U);
+
+  const auto batch = store->Claim(Request("relay"));
+  ASSERT_EQ(batch.size(), 5U);
+  std::map<std::string, std::vector<const Envelope*>> by_target;
+  std::set<MessageId> ids;
+  for (const auto& envelope : batch) {
+    by_target[envelope.target].push_back(&envelope);
+    ids.insert(envelope.id);
+  }
+  EXPECT_EQ(ids.size(), 5U) << "every copy has an id of its own";
+  ASSERT_EQ(by_target["partner"].size(), 2U);
+  ASSERT_EQ(by_target["default"].size(), 3U);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const Envelope& partner = *by_target["partner"][i];
+    const Envelope& internal = *by_target["default"][i];
+    EXPECT_EQ(partner.id, event_ids[i]) << "the event id is the first target's copy's id";
+    ASSERT_TRUE(partner.event_id.has_value());
+    ASSERT_TRUE(internal.event_id.has_value());
+    EXPECT_EQ(*partner.event_id, event_ids[i]);
+    EXPECT_EQ(*internal.event_id, event_ids[i]);
+    EXPECT_EQ(partner.stream_seq, static_cast<std::int64_t>(i) + 1);
+    EXPECT_EQ(internal.stream_seq, static_cast<std::int64_t>(i) + 1);
+    EXPECT_EQ(partner.payload, internal.payload);
+    EXPECT_EQ(partner.type, internal.type);
+    EXPECT_EQ(partner.headers, internal.headers);
+    EXPECT_EQ(partner.topic, "orders");
+  }
+  const Envelope& single = *by_target["default"][2];
+  EXPECT_EQ(single.id, event_ids[2]);
+  EXPECT_FALSE(single.event_id.has_value());
+  EXPECT_EQ(single.EventId(), single.id);
+  EXPECT_EQ(single.stream_seq, 3) << "the default target's stream went on from its own seqs";
+}
+
+// Issue #24: a target whose message waits for its retry holds back its own later messages of the
+// stream, not the other targets' copies.
+TEST_P(StoreContractTest, AFailedCopyHoldsBackOnlyItsOwnTargetsStream) {
+  RetryPolicy slow = FastRetry();
+  slow.initial_delay = std::chrono::seconds{60};
+  slow.max_delay = std::chrono::seconds{60};
+  auto store = OpenFresh(GetParam(), slow);
+  std::vector<NewMessage> messages;
+  for (int i = 1; i <= 3; ++i) {
+    NewMessage message = Message("t", "s", R"({"n":)" + std::to_string(i) + "}");
+    message.targets = {"a", "b"};
+    messages.push_back(std::move(message));
+  }
+  store->Enqueue(messages);
+  // All six claimed; a's first fails (its retry is a minute away), b's first is published, the
+  // rest goes back unpublished.
+  const auto all = store->Claim(Request("relay"));
+  ASSERT_EQ(all.size(), 6U);
+  std::vector<LeasedId> back;
+  for (const auto& envelope : all) {
+    if (envelope.stream_seq != 1) {
+      back.push_back(LeasedId::Of(envelope));
+    } else if (envelope.target == "a") {
+      const FailedMessage failed =
+          FailedMessage::Of(envelope, Failure{FailureKind::kRejected, "nack"});
+      EXPECT_EQ(store->Fail("relay", std::span{&failed, 1}).settled, 1);
+    } else {
+      const LeasedId done = LeasedId::Of(envelope);
+      EXPECT_EQ(store->Complete("relay", std::span{&done, 1}).settled, 1);
+    }
+  }
+  EXPECT_EQ(store->Release("relay", back).settled, 4);
+  const auto rest = store->Claim(Request("relay"));
+  std::vector<std::pair<std::string, std::int64_t>> claimed;
+  for (const auto& envelope : rest) claimed.emplace_back(envelope.target, *envelope.stream_seq);
+  EXPECT_EQ(claimed, (std::vector<std::pair<std::string, std::int64_t>>{{"b", 2}, {"b", 3}}))
+      << "a's seqs 2 and 3 wait for a's 1; b's go";
 }
 
 TEST_P(StoreContractTest, RenewKeepsTheLease) {
@@ -384,10 +474,9 @@ TEST_P(StoreContractTest, AMessageWaitingForRetryAfterHoldsBackItsStream) {
   ASSERT_EQ(batch.size(), 4U);
   const Failure wait{FailureKind::kUnavailable, "the endpoint asked to wait", milliseconds{60000}};
   const Failure behind{FailureKind::kOutcomeUnknown, "not sent: an earlier message failed"};
-  const std::vector<FailedMessage> failed{FailedMessage::Of(batch[0], wait),
-                                          FailedMessage::Of(batch[1], behind),
-                                          FailedMessage::Of(batch[2], behind),
-                                          FailedMessage::Of(batch[3], behind)};
+  const std::vector<FailedMessage> failed{
+      FailedMessage::Of(batch[0], wait), FailedMessage::Of(batch[1], behind),
+      FailedMessage::Of(batch[2], behind), FailedMessage::Of(batch[3], behind)};
   EXPECT_EQ(store->Fail("relay", failed).settled, 4);
   const auto next = store->Claim(Request("relay", 10));
   ASSERT_EQ(next.size(), 1U);

@@ -48,8 +48,17 @@ TEST(MessageTest, RejectsBadStreamKeysTargetsAndTypes) {
   message.stream_key = "";
   ExpectError(message, "stream_key must not be empty");
   message = Valid();
-  message.target = "";
+  message.targets = {""};
   ExpectError(message, "target must not be empty");
+  message.targets = {"default", "partner", "default"};
+  ExpectError(message, "targets: 'default' is named twice");
+  message.targets = {"default", "bad\ttarget"};
+  ExpectError(message, "target contains a control character (0x09)");
+  message.targets.clear();
+  for (std::size_t i = 0; i <= kMaxTargets; ++i) message.targets.push_back("t" + std::to_string(i));
+  ExpectError(message, "targets: 33 targets, over the limit of 32");
+  message.targets.pop_back();
+  EXPECT_EQ(ValidateMessage(message), "");
   message = Valid();
   message.type = std::string{"a\x7f"};
   ExpectError(message, "type contains a control character (0x7f)");
@@ -80,6 +89,8 @@ TEST(MessageTest, RejectsBadHeaders) {
   ExpectError(message, "header 'message_id' is reserved");
   message.headers = {{"Outbox-Stream-Seq", "1"}};
   ExpectError(message, "header 'Outbox-Stream-Seq' is reserved");
+  message.headers = {{"Event_ID", "forged"}};
+  ExpectError(message, "header 'Event_ID' is reserved");
   MessageLimits limits;
   limits.max_header_count = 1;
   message.headers = {{"a", "1"}, {"b", "2"}};

@@ -5,8 +5,10 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "outbox/core/clock.h"
 #include "outbox/core/uuid.h"
@@ -28,6 +30,8 @@ inline constexpr std::string_view kMessageIdHeader = wire::kMessageId;
 
 inline constexpr std::string_view kJsonContentType = "application/json";
 inline constexpr std::string_view kDefaultTarget = "default";
+// The most targets one message may be written to (the stores refuse more).
+inline constexpr std::size_t kMaxTargets = 32;
 
 // A message as a writer enqueues it. The id, partition and stream_seq are assigned by the store.
 struct NewMessage {
@@ -37,7 +41,12 @@ struct NewMessage {
   std::optional<std::string> stream_key;  // ordering key, usually the aggregate id
   std::optional<std::string> type;        // event type name, e.g. "OrderPlaced"
   Headers headers;                        // correlation_id, causation_id, traceparent, ...
-  std::string target{kDefaultTarget};     // which configured sink
+  // The configured sinks it goes to. One copy is written per target, in the same transaction
+  // (fan-out): each copy has its own id, status, attempts and stream_seq (per target and stream),
+  // and all share one event id, the first copy's id, so that consumers at different destinations
+  // can correlate them. Empty: the topic's default targets (PostgreSQL: the `targets` of
+  // outbox.topic_settings), else "default". At most kMaxTargets, no duplicates.
+  std::vector<std::string> targets;
   // Whether a keyed message gets a gap-free stream_seq (writers of its stream then serialize
   // until commit). Unset: the store's setting for the topic.
   std::optional<bool> sequenced;
@@ -62,12 +71,17 @@ struct MessageLimits {
 // breaks, e.g. "header 'x-a': value contains a control character (0x0a)", "headers: 8200 bytes
 // of names and values, over the limit of 8192 (max_headers_bytes)".
 std::string ValidateMessage(const NewMessage& message, const MessageLimits& limits = {});
+// The targets part of ValidateMessage: each a valid name, none twice, at most kMaxTargets.
+std::string ValidateTargets(std::span<const std::string> targets);
 // The header part of ValidateMessage.
 std::string ValidateHeaders(const Headers& headers, const MessageLimits& limits = {});
 
 // A claimed message, as the relay and sinks see it.
 struct Envelope {
   MessageId id;
+  // Set for a copy of a message written to several targets: the id of its first copy, shared by
+  // all of them. Unset: the message was written to one target and its event id is its own id.
+  std::optional<MessageId> event_id;
   std::string topic;
   std::optional<std::string> stream_key;
   std::optional<std::int64_t> stream_seq;  // set for ordered streams
@@ -87,6 +101,9 @@ struct Envelope {
   int attempts = 0;  // attempts spent so far
   TimePoint created_at;
   std::int64_t lease_epoch = 0;  // fences completion: see Store::Complete
+
+  // What sinks send as the event id (wire::kEventId): the same for every copy of one event.
+  [[nodiscard]] MessageId EventId() const { return event_id.value_or(id); }
 };
 
 }  // namespace outbox

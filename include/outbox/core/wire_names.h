@@ -4,6 +4,10 @@
 // to spell them. Consumers in other languages rely on them: never rename one.
 //
 // RabbitMQ: the id is the message_id property; the rest are headers (field-table entries):
+//   event_id                string  the event's id: the same for every copy of a message written
+//                                   to several targets (the first copy's id), else the message's
+//                                   own id. Sent by every envelope style.
+// The rest are internal metadata, sent only by a sink with envelope = "full" (the default):
 //   outbox-topic            string  the message's topic
 //   outbox-stream-key       string  its stream (ordering) key, when it has one
 //   outbox-stream-seq       long    its stream_seq, when its stream is sequenced
@@ -15,12 +19,22 @@
 
 #include <string_view>
 
+#include "outbox/core/ascii.h"
+
 namespace outbox::wire {
 
-// A user header may not be named message_id or start with this prefix: the outbox's own
-// metadata travels under those names.
+// A user header may not be named message_id or event_id or start with this prefix: the outbox's
+// own metadata travels under those names.
 inline constexpr std::string_view kReservedHeaderPrefix = "outbox-";
 inline constexpr std::string_view kMessageId = "message_id";
+inline constexpr std::string_view kEventId = "event_id";
+
+// True for the names above: a user header of such a name is refused by the stores and skipped by
+// the sinks. A-Z and a-z taken as equal (HTTP and NATS header names are case-insensitive).
+constexpr bool IsReservedName(std::string_view name) {
+  return EqualsNoCase(name, kMessageId) || EqualsNoCase(name, kEventId) ||
+         StartsWithNoCase(name, kReservedHeaderPrefix);
+}
 
 inline constexpr std::string_view kTopicHeader = "outbox-topic";
 inline constexpr std::string_view kStreamKeyHeader = "outbox-stream-key";

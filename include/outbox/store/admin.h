@@ -50,16 +50,22 @@ struct MessageFilter {
   std::optional<std::chrono::seconds> older_than;
   // Only these ids. nullopt: any id; an empty list matches nothing.
   std::optional<std::vector<MessageId>> ids;
+  // Only the copies of one event: the messages whose event id is this (for a message written to
+  // one target, its own id).
+  std::optional<MessageId> event_id;
 
   // True when no criterion is set (the filter matches every message).
   [[nodiscard]] bool MatchesEverything() const {
-    return !status && !topic && !stream_key && !target && !older_than && !ids;
+    return !status && !topic && !stream_key && !target && !older_than && !ids && !event_id;
   }
 };
 
 // One message as List shows it: everything but the payload and headers.
 struct MessageSummary {
   MessageId id;
+  // Shared by every copy of a message written to several targets (the first copy's id); for a
+  // message written to one target, its own id.
+  MessageId event_id;
   std::string topic;
   std::optional<std::string> stream_key;
   std::optional<std::int64_t> stream_seq;

@@ -53,13 +53,17 @@ class Writer {
 
   // Enqueues `messages` on `conn`, which must be inside an open transaction block (after BEGIN);
   // otherwise throws std::logic_error and writes nothing. One round trip for the whole batch
-  // (libpq pipeline mode). Returns the new ids in order.
+  // (libpq pipeline mode). Returns, per message, its event id: the id of its first copy (its only
+  // one when it goes to one target; see NewMessage::targets).
   // Throws InvalidMessage for a message that breaks the limits — before anything is sent when the
   // writer's `limits` refuse it, or after PostgreSQL refused it (payload over settings'
   // max_payload_bytes, or a setting lower than the writer's limit), in which case the caller's
   // transaction is aborted and must be rolled back. Throws StoreError when the connection fails.
   std::vector<MessageId> Enqueue(pg_conn* conn, std::span<const NewMessage> messages) const;
   MessageId Enqueue(pg_conn* conn, const NewMessage& message) const;
+  // The same, returning the ids of all copies of each message, in the order of its targets.
+  std::vector<std::vector<MessageId>> EnqueueCopies(pg_conn* conn,
+                                                    std::span<const NewMessage> messages) const;
 
  private:
   std::string sql_;

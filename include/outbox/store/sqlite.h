@@ -33,11 +33,18 @@ void Migrate(sqlite3* db, int partition_count = 64);
 
 // Writes messages in the caller's open transaction on `db` (std::logic_error if there is none:
 // call BEGIN first). Never commits. Throws InvalidMessage for a bad message (nothing written).
+// A message goes to each of its targets (NewMessage::targets), or when it names none to its
+// topic's default targets (the outbox_topic_settings table), else to "default".
 class Writer {
  public:
   explicit Writer(MessageLimits limits = {}) : limits_(limits) {}
+  // Returns, per message, its event id: the id of its first copy (its only one when it goes to
+  // one target).
   std::vector<MessageId> Enqueue(sqlite3* db, std::span<const NewMessage> messages) const;
   MessageId Enqueue(sqlite3* db, const NewMessage& message) const;
+  // The same, returning the ids of all copies of each message, in the order of its targets.
+  std::vector<std::vector<MessageId>> EnqueueCopies(sqlite3* db,
+                                                    std::span<const NewMessage> messages) const;
 
  private:
   MessageLimits limits_;

@@ -54,9 +54,10 @@ struct ClaimRequest {
   // the caller still holds each one's lease under that epoch (see store/partitions.h); a claim
   // under a stale epoch gets nothing from that partition. Empty: nothing.
   std::optional<std::vector<PartitionLease>> partitions;
-  // Targets whose sink is unavailable: none of their messages is claimed, and a keyed message
-  // whose stream has an earlier message for one of them waits too (a stream stays in order across
-  // targets). Their messages keep no lease and spend no attempt while they wait.
+  // Targets whose sink is unavailable: none of their messages is claimed. They hold back no other
+  // target's messages: a stream is ordered per target (stream_seq counts per target and stream
+  // key), so another target's copies of the same stream go on. Their messages keep no lease and
+  // spend no attempt while they wait.
   std::vector<std::string> paused_targets;
 };
 
@@ -126,16 +127,17 @@ class Store {
  public:
   virtual ~Store() = default;
 
-  // Enqueues `messages` in a transaction of the store's own and returns their ids in order. For
+  // Enqueues `messages` in a transaction of the store's own and returns, per message, its event
+  // id (the id of its first copy; its only one when it goes to one target). For
   // writing messages in the same transaction as business data, use the store's writer API.
   virtual std::vector<MessageId> Enqueue(std::span<const NewMessage> messages) = 0;
 
   // Claims up to request.max_messages due messages (pending, or failed whose retry time has
   // come), oldest first, in one statement: each gets lease_owner = request.owner, lease_until =
   // now + lease_duration and a new lease_epoch. No row lock is held after the call returns.
-  // Within one stream, a message is not returned while an earlier one is leased by another owner
-  // or waits for its retry; behind the caller's own leases it may be (the caller then publishes
-  // in order and holds back what follows a failure). Owners must therefore be unique per
+  // Within one stream (of one target), a message is not returned while an earlier one is leased by
+  // another owner or waits for its retry; behind the caller's own leases it may be (the caller then
+  // publishes in order and holds back what follows a failure). Owners must therefore be unique per
   // running process.
   virtual std::vector<Envelope> Claim(const ClaimRequest& request) = 0;
 

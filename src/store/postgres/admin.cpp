@@ -13,7 +13,8 @@ namespace outbox::postgres {
 namespace {
 
 // The filter over `m`, on parameters $1 status, $2 topic, $3 stream_key, $4 target, $5
-// older_than seconds, $6 ids (uuid[]); NULL means "any". Statements are unnamed, so each is
+// older_than seconds, $6 ids (uuid[]), $7 event id (the copies of one event: their event_id, or
+// the id of a message written to one target); NULL means "any". Statements are unnamed, so each is
 // planned with its values and the unset criteria fold away.
 constexpr const char* kFilter = R"(
   ($1::text IS NULL OR m.status = $1::text)
@@ -21,24 +22,25 @@ constexpr const char* kFilter = R"(
   AND ($3::text IS NULL OR m.stream_key = $3::text)
   AND ($4::text IS NULL OR m.target = $4::text)
   AND ($5::bigint IS NULL OR m.created_at < now() - $5::bigint * interval '1 second')
-  AND ($6::uuid[] IS NULL OR m.id = ANY($6::uuid[])))";
+  AND ($6::uuid[] IS NULL OR m.id = ANY($6::uuid[]))
+  AND ($7::uuid IS NULL OR m.event_id = $7::uuid OR m.id = $7::uuid))";
 
 // The columns of a MessageSummary, in its order.
 constexpr const char* kSummaryColumns = R"(
-  m.id, m.topic, m.stream_key, m.stream_seq, m.partition, m.target, m.type, m.status, m.attempts,
+  m.id, coalesce(m.event_id, m.id), m.topic, m.stream_key, m.stream_seq, m.partition, m.target, m.type, m.status, m.attempts,
   m.available_at, m.created_at, m.last_error, m.lease_owner, m.lease_until,
   octet_length(m.payload)::bigint)";
-constexpr int kSummaryColumnCount = 15;
+constexpr int kSummaryColumnCount = 16;
 
-// $7 after (uuid or NULL), $8 limit. One row even when no message matches, for now().
+// $8 after (uuid or NULL), $9 limit. One row even when no message matches, for now().
 constexpr const char* kList = R"(
 SELECT page.*, n.db_now
 FROM (SELECT now() AS db_now) n
 LEFT JOIN LATERAL (
   SELECT __SUMMARY__ FROM __TABLE__ m
-  WHERE __FILTER__ AND ($7::uuid IS NULL OR m.id > $7::uuid)
+  WHERE __FILTER__ AND ($8::uuid IS NULL OR m.id > $8::uuid)
   ORDER BY m.id
-  LIMIT $8::integer) page ON true
+  LIMIT $9::integer) page ON true
 ORDER BY page.id)";
 
 constexpr const char* kShow = R"(
@@ -46,16 +48,16 @@ SELECT __SUMMARY__, m.payload, m.content_type, m.headers, m.lease_epoch, m.publi
        m.abandoned_at, now()
 FROM __TABLE__ m WHERE m.id = $1::uuid)";
 
-// A chunk of Replay or Abandon: the next $8 candidates after $7 in id order, as of the statement's
+// A chunk of Replay or Abandon: the next $9 candidates after $8 in id order, as of the statement's
 // snapshot, then the change. The UPDATE re-checks the status of each row it locks, so a row a
 // relay claimed in the meantime (now processing) is skipped. Returns the number of candidates, the
 // last candidate's id (where the next chunk starts) and the changed ids.
 constexpr const char* kChangeChunkSql = R"(
 WITH candidates AS (
   SELECT m.id FROM __TABLE__ m
-  WHERE __FILTER__ AND m.status IN (__ELIGIBLE__) AND ($7::uuid IS NULL OR m.id > $7::uuid)
+  WHERE __FILTER__ AND m.status IN (__ELIGIBLE__) AND ($8::uuid IS NULL OR m.id > $8::uuid)
   ORDER BY m.id
-  LIMIT $8::integer),
+  LIMIT $9::integer),
 changed AS (
   UPDATE __TABLE__ m SET __SET__
   FROM candidates c
@@ -69,9 +71,9 @@ SELECT (SELECT count(*) FROM candidates),
 constexpr const char* kChangeDryRun = R"(
 WITH candidates AS (
   SELECT m.id FROM __TABLE__ m
-  WHERE __FILTER__ AND m.status IN (__ELIGIBLE__) AND ($7::uuid IS NULL OR m.id > $7::uuid)
+  WHERE __FILTER__ AND m.status IN (__ELIGIBLE__) AND ($8::uuid IS NULL OR m.id > $8::uuid)
   ORDER BY m.id
-  LIMIT $8::integer)
+  LIMIT $9::integer)
 SELECT (SELECT count(*) FROM candidates),
        (SELECT c.id FROM candidates c ORDER BY c.id DESC LIMIT 1),
        array(SELECT id FROM candidates ORDER BY id))";
@@ -89,10 +91,10 @@ constexpr const char* kReplaySet = R"(
     ELSE 'replayed by operator; was: ' || m.last_error END)";
 
 constexpr const char* kAbandonEligible = "'pending', 'failed'";
-// $9 reason.
+// $10 reason.
 constexpr const char* kAbandonSet = R"(
   status = 'abandoned', abandoned_at = now(), lease_owner = NULL, lease_until = NULL,
-  last_error = 'abandoned by operator: ' || $9::text)";
+  last_error = 'abandoned by operator: ' || $10::text)";
 
 // The backlog by topic: one arm per partial index (sql/001 and 004), so that published rows are
 // never read; grouped, not ranked (the contract folds the groups).
@@ -120,20 +122,21 @@ std::optional<TimePoint> OptionalTime(const PGresult* result, int row, int colum
 MessageSummary ReadSummary(const PGresult* rows, int row) {
   MessageSummary message;
   message.id = ReadUuid(PQgetvalue(rows, row, 0));
-  message.topic = Column(rows, row, 1);
-  message.stream_key = OptionalText(rows, row, 2);
-  if (!IsNull(rows, row, 3)) message.stream_seq = ReadInt64(PQgetvalue(rows, row, 3));
-  message.partition = ReadInt32(PQgetvalue(rows, row, 4));
-  message.target = Column(rows, row, 5);
-  message.type = OptionalText(rows, row, 6);
-  message.status = ParseMessageStatus(Column(rows, row, 7));
-  message.attempts = ReadInt32(PQgetvalue(rows, row, 8));
-  message.available_at = ReadTimestamp(PQgetvalue(rows, row, 9));
-  message.created_at = ReadTimestamp(PQgetvalue(rows, row, 10));
-  message.last_error = OptionalText(rows, row, 11);
-  message.lease_owner = OptionalText(rows, row, 12);
-  message.lease_until = OptionalTime(rows, row, 13);
-  message.payload_bytes = ReadInt64(PQgetvalue(rows, row, 14));
+  message.event_id = ReadUuid(PQgetvalue(rows, row, 1));
+  message.topic = Column(rows, row, 2);
+  message.stream_key = OptionalText(rows, row, 3);
+  if (!IsNull(rows, row, 4)) message.stream_seq = ReadInt64(PQgetvalue(rows, row, 4));
+  message.partition = ReadInt32(PQgetvalue(rows, row, 5));
+  message.target = Column(rows, row, 6);
+  message.type = OptionalText(rows, row, 7);
+  message.status = ParseMessageStatus(Column(rows, row, 8));
+  message.attempts = ReadInt32(PQgetvalue(rows, row, 9));
+  message.available_at = ReadTimestamp(PQgetvalue(rows, row, 10));
+  message.created_at = ReadTimestamp(PQgetvalue(rows, row, 11));
+  message.last_error = OptionalText(rows, row, 12);
+  message.lease_owner = OptionalText(rows, row, 13);
+  message.lease_until = OptionalTime(rows, row, 14);
+  message.payload_bytes = ReadInt64(PQgetvalue(rows, row, 15));
   return message;
 }
 
@@ -156,15 +159,16 @@ std::vector<MessageId> ParseUuidArray(std::string_view literal) {
   return ids;
 }
 
-// The filter as parameters $1..$6, owning their text.
+// The filter as parameters $1..$7, owning their text.
 class FilterParams {
  public:
   explicit FilterParams(const MessageFilter& filter) {
     if (filter.status) status_ = std::string{MessageStatusName(*filter.status)};
     if (filter.older_than) older_than_ = std::to_string(filter.older_than->count());
     if (filter.ids) ids_ = UuidArray(*filter.ids);
-    params_ = {Text(status_),       Text(filter.topic), Text(filter.stream_key),
-               Text(filter.target), Text(older_than_),  Text(ids_)};
+    if (filter.event_id) event_id_ = filter.event_id->ToString();
+    params_ = {Text(status_),     Text(filter.topic), Text(filter.stream_key), Text(filter.target),
+               Text(older_than_), Text(ids_),         Text(event_id_)};
   }
   // FilterParams holds views of its own strings: not copyable.
   FilterParams(const FilterParams&) = delete;
@@ -180,6 +184,7 @@ class FilterParams {
   std::optional<std::string> status_;
   std::optional<std::string> older_than_;
   std::optional<std::string> ids_;
+  std::optional<std::string> event_id_;
   std::vector<Param> params_;
 };
 

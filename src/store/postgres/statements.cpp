@@ -17,10 +17,11 @@ constexpr const char* kFenced = R"(
 // successor, written by a transaction that began earlier, was claimed (seen under load).
 // Oldest first, from two indexes (see sql/004_claim_cursor.sql): fresh messages from the cursor
 // $6 on (see claim_cursor.h), returned ones whole. SKIP LOCKED lets claimers pass each other.
-// A keyed message waits while an earlier message of its stream waits for its retry, or (without
-// partition leases) is leased by another owner, or waits for a paused target ($7, the targets
-// whose sink is unavailable, whose own messages are not claimed): head-of-line per stream, across
-// targets. On leased partitions no
+// A keyed message waits while an earlier message of its stream and target waits for its retry, or
+// (without partition leases) is leased by another owner: head-of-line per (target, stream), the
+// unit stream_seq counts in (sql/010_fan_out.sql), so that a failing or paused target holds back
+// only its own messages. The messages of a paused target ($7, the targets whose sink is
+// unavailable) are not claimed at all. On leased partitions no
 // other owner's lease can be there: a partition's messages were given back or voided when it
 // changed hands. Behind the caller's own leases a message may be claimed: the caller publishes its
 // batches in order and holds back what follows a failure (see Relay), which keeps a busy stream
@@ -30,10 +31,6 @@ constexpr const char* kFenced = R"(
 // under those epochs: FOR KEY SHARE conflicts with the FOR UPDATE a takeover takes first, so the
 // claim either commits before the takeover (which then voids its leases) or waits and, rechecking
 // the lease row, finds it taken and claims nothing there. Without ($2 null) every partition.
-// While a target is paused, the last clause costs each keyed candidate one probe of the index of
-// waiting messages by (target, stream) (sql/009_waiting_streams.sql); without it, each candidate
-// scanned every older message of the table (3.3 s per claim of 500 behind 10,000 paused messages,
-// bench/RESULTS.md).
 // One row comes back even when nothing is claimed: its last four columns tell the cursor where
 // the next claim may start (the first fresh message at or after $6 that is not for a paused
 // target, the transaction's start, the oldest running transaction id, this transaction's id). The
@@ -45,17 +42,13 @@ constexpr const char* kFenced = R"(
 constexpr const char* kHeadOfLine = R"(
     AND (m.stream_key IS NULL OR NOT EXISTS (
       SELECT 1 FROM __TABLE__ e
-      WHERE e.stream_key = m.stream_key AND e.id < m.id AND e.status = 'failed'
-        AND e.available_at > (SELECT now FROM clock)))
+      WHERE e.stream_key = m.stream_key AND e.target = m.target AND e.id < m.id
+        AND e.status = 'failed' AND e.available_at > (SELECT now FROM clock)))
     AND (m.stream_key IS NULL OR $2::integer[] IS NOT NULL OR NOT EXISTS (
       SELECT 1 FROM __TABLE__ e
-      WHERE e.stream_key = m.stream_key AND e.id < m.id AND e.status = 'processing'
-        AND e.lease_owner <> $3))
-    AND m.target <> ALL ($7::text[])
-    AND (m.stream_key IS NULL OR cardinality($7::text[]) = 0 OR NOT EXISTS (
-      SELECT 1 FROM __TABLE__ e
-      WHERE e.stream_key = m.stream_key AND e.id < m.id AND e.status IN ('pending', 'failed')
-        AND e.target = ANY ($7::text[]))))";
+      WHERE e.stream_key = m.stream_key AND e.target = m.target AND e.id < m.id
+        AND e.status = 'processing' AND e.lease_owner <> $3))
+    AND m.target <> ALL ($7::text[]))";
 
 constexpr const char* kInHeld = R"(
     AND ($2::integer[] IS NULL OR m.partition IN (SELECT partition FROM held)))";
@@ -71,9 +64,9 @@ held AS (
   FOR KEY SHARE OF p))";
 
 // The stream_prev_seq of a claimed message c (Envelope::stream_prev_seq): only when the message
-// just before it in its stream is abandoned, the seq just below the run of abandoned messages
-// that ends there (0 when the run starts at the stream's first message). Every earlier message of
-// the stream is published or abandoned by now (head-of-line per stream; the caller's own leases
+// just before it in its (target, stream) is abandoned, the seq just below the run of abandoned
+// messages that ends there (0 when the run starts at the stream's first message). Every earlier
+// message of the stream is published or abandoned by now (head-of-line; the caller's own leases
 // aside, which it publishes in order and holds back after a failure), so that is the latest
 // earlier message not abandoned. Every lookup is one probe of the small index of abandoned rows
 // (sql/008_inbox_skipped.sql): one per claim while no message at all is abandoned (the InitPlan),
@@ -85,16 +78,16 @@ constexpr const char* kPrevSeq = R"(
        CASE WHEN (SELECT EXISTS (SELECT 1 FROM __TABLE__ WHERE status = 'abandoned'))
          AND EXISTS (
          SELECT 1 FROM __TABLE__ a
-         WHERE a.status = 'abandoned' AND a.stream_key = c.stream_key
+         WHERE a.status = 'abandoned' AND a.stream_key = c.stream_key AND a.target = c.target
            AND a.stream_seq = c.stream_seq - 1
          OFFSET 0)
        THEN (
          SELECT a.stream_seq - 1 FROM __TABLE__ a
-         WHERE a.status = 'abandoned' AND a.stream_key = c.stream_key
+         WHERE a.status = 'abandoned' AND a.stream_key = c.stream_key AND a.target = c.target
            AND a.stream_seq < c.stream_seq
            AND NOT EXISTS (
              SELECT 1 FROM __TABLE__ b
-             WHERE b.status = 'abandoned' AND b.stream_key = a.stream_key
+             WHERE b.status = 'abandoned' AND b.stream_key = a.stream_key AND b.target = a.target
                AND b.stream_seq = a.stream_seq - 1
              OFFSET 0)
          ORDER BY a.stream_seq DESC
@@ -135,9 +128,9 @@ claimed AS (
       lease_epoch = m.lease_epoch + 1
   FROM claimable WHERE m.id = claimable.id
   RETURNING m.id, m.topic, m.stream_key, m.stream_seq, m.partition, m.target, m.type, m.payload,
-            m.content_type, m.headers, m.attempts, m.created_at, m.lease_epoch)
+            m.content_type, m.headers, m.attempts, m.created_at, m.lease_epoch, m.event_id)
 SELECT c.id, c.topic, c.stream_key, c.stream_seq, c.partition, c.target, c.type, c.payload,
-       c.content_type, c.headers, c.attempts, c.created_at, c.lease_epoch,
+       c.content_type, c.headers, c.attempts, c.created_at, c.lease_epoch, c.event_id,
        (SELECT id FROM frontier), now(), pg_snapshot_xmin(pg_current_snapshot()),
        pg_current_xact_id_if_assigned(), __PREV_SEQ__
 FROM (VALUES (1)) AS one(row) LEFT JOIN claimed c ON true)";

@@ -122,8 +122,9 @@ class PostgresStore final : public Store {
       envelope.attempts = ReadInt32(PQgetvalue(rows, row, 10));
       envelope.created_at = ReadTimestamp(PQgetvalue(rows, row, 11));
       envelope.lease_epoch = ReadInt64(PQgetvalue(rows, row, 12));
-      if (PQgetisnull(rows, row, 17) == 0) {
-        envelope.stream_prev_seq = ReadInt64(PQgetvalue(rows, row, 17));
+      if (PQgetisnull(rows, row, 13) == 0) envelope.event_id = ReadUuid(PQgetvalue(rows, row, 13));
+      if (PQgetisnull(rows, row, 18) == 0) {
+        envelope.stream_prev_seq = ReadInt64(PQgetvalue(rows, row, 18));
       }
       batch.push_back(std::move(envelope));
     }
@@ -263,17 +264,17 @@ class PostgresStore final : public Store {
     return outcome;
   }
 
-  // The claim's 13 message columns, then frontier, now(), oldest running xid, own xid, then the
+  // The claim's 14 message columns, then frontier, now(), oldest running xid, own xid, then the
   // message's stream_prev_seq.
-  static constexpr int kClaimColumns = 18;
+  static constexpr int kClaimColumns = 19;
 
   static ClaimObservation ReadClaimObservation(const PGresult* rows) {
     ClaimObservation observation;
-    if (PQgetisnull(rows, 0, 13) == 0) observation.frontier = ReadUuid(PQgetvalue(rows, 0, 13));
-    observation.database_now = ReadTimestamp(PQgetvalue(rows, 0, 14));
-    observation.oldest_running_xid = static_cast<std::uint64_t>(ReadInt64(PQgetvalue(rows, 0, 15)));
-    if (PQgetisnull(rows, 0, 16) == 0) {
-      observation.own_xid = static_cast<std::uint64_t>(ReadInt64(PQgetvalue(rows, 0, 16)));
+    if (PQgetisnull(rows, 0, 14) == 0) observation.frontier = ReadUuid(PQgetvalue(rows, 0, 14));
+    observation.database_now = ReadTimestamp(PQgetvalue(rows, 0, 15));
+    observation.oldest_running_xid = static_cast<std::uint64_t>(ReadInt64(PQgetvalue(rows, 0, 16)));
+    if (PQgetisnull(rows, 0, 17) == 0) {
+      observation.own_xid = static_cast<std::uint64_t>(ReadInt64(PQgetvalue(rows, 0, 17)));
     }
     return observation;
   }

@@ -31,9 +31,47 @@ void RequireOpenTransaction(PGconn* conn) {
   throw StoreError(FailureKind::kUnavailable, "outbox enqueue: the connection is bad");
 }
 
+// `names` as a PostgreSQL array literal, each element quoted: {"a","b \"c\""}.
+std::string TextArrayLiteral(const std::vector<std::string>& names) {
+  std::string literal = "{";
+  for (const std::string& name : names) {
+    if (literal.size() > 1) literal += ',';
+    literal += '"';
+    for (const char c : name) {
+      if (c == '"' || c == '\\') literal += '\\';
+      literal += c;
+    }
+    literal += '"';
+  }
+  return literal + "}";
+}
+
+// A uuid[] in PostgreSQL's text form, {id,id,...} (the statement's result is asked for as text).
+std::vector<MessageId> ReadUuidArray(std::string_view text) {
+  std::vector<MessageId> ids;
+  if (text.size() < 2 || text.front() != '{' || text.back() != '}') {
+    throw StoreError(FailureKind::kPermanent,
+                     "outbox enqueue: unexpected reply " + std::string{text.substr(0, 80)});
+  }
+  text = text.substr(1, text.size() - 2);
+  while (!text.empty()) {
+    const auto comma = text.find(',');
+    const auto id = Uuid::Parse(text.substr(0, comma));
+    if (!id) {
+      throw StoreError(FailureKind::kPermanent,
+                       "outbox enqueue: unexpected id " + std::string{text.substr(0, 80)});
+    }
+    ids.push_back(*id);
+    if (comma == std::string_view::npos) break;
+    text.remove_prefix(comma + 1);
+  }
+  return ids;
+}
+
 // The message's parameters, kept alive while libpq reads them.
 struct EnqueueParams {
   std::string headers_json;
+  std::string targets;
   std::string sequenced;
   std::array<const char*, kParamCount> values{};
   std::array<int, kParamCount> lengths{};
@@ -53,7 +91,10 @@ struct EnqueueParams {
     if (message.stream_key) Set(3, *message.stream_key);
     if (message.type) Set(4, *message.type);
     Set(5, headers_json);
-    Set(6, message.target);
+    if (!message.targets.empty()) {
+      targets = TextArrayLiteral(message.targets);
+      Set(6, targets);
+    }
     if (message.sequenced) Set(7, sequenced);
   }
 
@@ -81,8 +122,8 @@ struct EnqueueParams {
 Writer::Writer(std::string schema, MessageLimits limits) : limits_(limits) {
   limits_.max_payload_bytes = SIZE_MAX;  // settings.max_payload_bytes decides
   const std::string quoted = QuoteSchema(schema);
-  sql_ = "SELECT " + quoted + ".enqueue_message($1, $2, $3, $4, $5, " + quoted +
-         ".build_headers($6::jsonb, NULL, NULL), $7, $8::boolean)";
+  sql_ = "SELECT " + quoted + ".enqueue_messages($1, $2, $3, $4, $5, " + quoted +
+         ".build_headers($6::jsonb, NULL, NULL), $7::text[], $8::boolean)";
 }
 
 MessageId Writer::Enqueue(pg_conn* conn, const NewMessage& message) const {
@@ -90,6 +131,14 @@ MessageId Writer::Enqueue(pg_conn* conn, const NewMessage& message) const {
 }
 
 std::vector<MessageId> Writer::Enqueue(pg_conn* conn, std::span<const NewMessage> messages) const {
+  std::vector<MessageId> event_ids;
+  event_ids.reserve(messages.size());
+  for (auto& copies : EnqueueCopies(conn, messages)) event_ids.push_back(copies.front());
+  return event_ids;
+}
+
+std::vector<std::vector<MessageId>> Writer::EnqueueCopies(
+    pg_conn* conn, std::span<const NewMessage> messages) const {
   RequireOpenTransaction(conn);
   // Check what can be checked here first, so a bad message does not abort the caller's
   // transaction.
@@ -98,7 +147,7 @@ std::vector<MessageId> Writer::Enqueue(pg_conn* conn, std::span<const NewMessage
       throw InvalidMessage("outbox enqueue: message " + std::to_string(i) + ": " + error);
     }
   }
-  std::vector<MessageId> ids;
+  std::vector<std::vector<MessageId>> ids;
   ids.reserve(messages.size());
   if (messages.empty()) return ids;
 
@@ -119,7 +168,7 @@ std::vector<MessageId> Writer::Enqueue(pg_conn* conn, std::span<const NewMessage
     const EnqueueParams params{message};
     if (PQsendQueryParams(conn, sql_.c_str(), kParamCount, params.types.data(),
                           params.values.data(), params.lengths.data(), params.formats.data(),
-                          1) != 1) {
+                          0) != 1) {
       ThrowStatementError(conn, nullptr, "outbox enqueue: send");
     }
   }
@@ -135,7 +184,7 @@ std::vector<MessageId> Writer::Enqueue(pg_conn* conn, std::span<const NewMessage
     if (!result) ThrowStatementError(conn, nullptr, "outbox enqueue: read");
     const auto status = PQresultStatus(result.get());
     if (status == PGRES_TUPLES_OK && PQntuples(result.get()) == 1) {
-      ids.push_back(ReadUuid(PQgetvalue(result.get(), 0, 0)));
+      ids.push_back(ReadUuidArray(PQgetvalue(result.get(), 0, 0)));
     } else if (!first_error && status != PGRES_PIPELINE_ABORTED) {
       first_error = std::move(result);
     }

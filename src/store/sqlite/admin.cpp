@@ -27,17 +27,29 @@ const std::string kFilter =
     " - ?5 * 1000)"
     " AND (?6 IS NULL OR m.id IN (SELECT value FROM json_each(?6)))";
 
+// The filter by event id, ?9: every copy of a message written to several targets names the first
+// in event_id; a message written to one target has none and is its own event. Only in the
+// statement when the filter has an event id: written without "?9 IS NULL OR", SQLite searches
+// the indexes of event_id (outbox_messages_event_id) and id instead of scanning.
+constexpr const char* kEventFilter = " AND (m.event_id = ?9 OR m.id = ?9)";
+
+// The WHERE clause of `filter` (without the keyword).
+std::string Where(const MessageFilter& filter) {
+  return filter.event_id ? kFilter + kEventFilter : kFilter;
+}
+
 // The columns of a MessageSummary, in its order.
 constexpr const char* kSummaryColumns =
     "m.id, m.topic, m.stream_key, m.stream_seq, m.partition, m.target, m.type, m.status,"
     " m.attempts, m.available_at, m.created_at, m.last_error, m.lease_owner, m.lease_until,"
-    " length(CAST(m.payload AS BLOB))";
-constexpr int kSummaryColumnCount = 15;
+    " length(CAST(m.payload AS BLOB)), coalesce(m.event_id, m.id)";
+constexpr int kSummaryColumnCount = 16;
 
 // ?7 after (an id or NULL), ?8 limit.
-const std::string kList = std::string{"SELECT "} + kSummaryColumns +
-                          " FROM outbox_messages m WHERE" + kFilter +
-                          " AND (?7 IS NULL OR m.id > ?7) ORDER BY m.id LIMIT ?8";
+std::string ListSql(const MessageFilter& filter) {
+  return std::string{"SELECT "} + kSummaryColumns + " FROM outbox_messages m WHERE" +
+         Where(filter) + " AND (?7 IS NULL OR m.id > ?7) ORDER BY m.id LIMIT ?8";
+}
 
 const std::string kShow = std::string{"SELECT "} + kSummaryColumns +
                           ", m.payload, m.content_type, m.headers, m.lease_epoch, m.published_at,"
@@ -67,7 +79,8 @@ constexpr const char* kCountGroups =
     " WHERE status IN ('pending', 'processing', 'failed', 'abandoned')"
     " GROUP BY status, target, topic";
 
-// Binds the filter to ?1..?6, and where the page starts and how long it is to ?7 and ?8.
+// Binds the filter to ?1..?6 and ?9 (when the statement has it: Where), and where the page
+// starts and how long it is to ?7 and ?8.
 void BindSelection(Statement& statement, const MessageFilter& filter,
                    const std::optional<MessageId>& after, int limit) {
   if (filter.status) {
@@ -96,6 +109,7 @@ void BindSelection(Statement& statement, const MessageFilter& filter,
     statement.BindNull(7);
   }
   statement.Bind(8, std::int64_t{limit});
+  if (filter.event_id) statement.Bind(9, filter.event_id->ToString());
 }
 
 MessageId ReadId(const Statement& statement, int column) {
@@ -127,6 +141,7 @@ MessageSummary ReadSummary(const Statement& row) {
   message.lease_owner = row.OptionalText(12);
   message.lease_until = OptionalTime(row, 13);
   message.payload_bytes = row.Int(14);
+  message.event_id = ReadId(row, 15);
   return message;
 }
 
@@ -173,7 +188,7 @@ class SqliteAdmin final : public Admin {
                        const std::optional<MessageId>& after) override {
     MessagePage page;
     page.database_now = DatabaseNow(db_.get());
-    Statement list{db_.get(), kList};
+    Statement list{db_.get(), ListSql(filter)};
     BindSelection(list, filter, after, limit);
     while (list.Step()) page.messages.push_back(ReadSummary(list));
     return page;
@@ -202,7 +217,7 @@ class SqliteAdmin final : public Admin {
     const bool replay = kind == ChangeKind::kReplay;
     const std::string eligible = replay ? kReplayEligible : kAbandonEligible;
     const auto select = [&] {
-      Statement candidates{db_.get(), "SELECT m.id FROM outbox_messages m WHERE" + kFilter +
+      Statement candidates{db_.get(), "SELECT m.id FROM outbox_messages m WHERE" + Where(filter) +
                                           " AND m.status IN (" + eligible +
                                           ") AND (?7 IS NULL OR m.id > ?7) ORDER BY m.id LIMIT ?8"};
       BindSelection(candidates, filter, after, limit);

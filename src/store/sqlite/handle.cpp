@@ -91,12 +91,23 @@ std::optional<std::string> Statement::OptionalText(int column) const {
 }
 
 void RequireTables(sqlite3* db, const std::string& path) {
-  Statement check{db, "SELECT count(*) FROM sqlite_master WHERE name = 'outbox_messages'"};
+  // The newest parts of the schema (schema.cpp): fan-out's table and column.
+  Statement check{db,
+                  "SELECT (SELECT count(*) FROM sqlite_master WHERE name = 'outbox_messages'),"
+                  " (SELECT count(*) FROM sqlite_master WHERE name = 'outbox_target_streams')"
+                  " + (SELECT count(*) FROM pragma_table_info('outbox_messages')"
+                  "    WHERE name = 'event_id')"};
   check.Step();
   if (check.Int(0) == 0) {
     throw StoreError(FailureKind::kPermanent,
                      "the SQLite database '" + path +
                          "' has no outbox tables: call outbox::sqlite::Migrate first");
+  }
+  if (check.Int(1) < 2) {
+    throw StoreError(FailureKind::kPermanent,
+                     "the SQLite database '" + path +
+                         "' has the outbox tables of an older version: call "
+                         "outbox::sqlite::Migrate to upgrade them");
   }
 }
 

@@ -73,7 +73,7 @@ inline TimePoint FromMillis(std::int64_t millis) {
 }
 
 // Throws StoreError(kPermanent) naming Migrate when `db` (the file at `path`) has no outbox
-// tables.
+// tables, or tables of an older version (Migrate upgrades them).
 void RequireTables(sqlite3* db, const std::string& path);
 
 // The headers column (a JSON object); values that are not strings are kept as their JSON text.

@@ -18,10 +18,13 @@ const std::string kNow = kNowMillis;
 const std::string kFence =
     " WHERE id = ?1 AND lease_epoch = ?2 AND lease_owner = ?3 AND status = 'processing'";
 
-// Oldest first (commit order); a keyed message waits while an earlier message of its stream is
-// leased by another owner or waits for its retry or for a paused target (?5, a JSON array of the
-// targets whose sink is unavailable, whose own messages are not claimed; tested first, so that a
-// paused message costs no index probe). The paused clause probes outbox_messages_waiting_streams.
+// Oldest first (commit order); a keyed message waits while an earlier message of its own target
+// and stream is leased by another owner or waits for its retry. Head-of-line is per (target,
+// stream), as stream_seq is: when one target fails or is paused, the other targets' copies of the
+// same stream are claimed and published. The messages of a paused target (?5, a JSON array of the
+// targets whose sink is unavailable) are not claimed; they hold back only the later messages of
+// their own target and stream, which are paused too, so no other check is needed. The waiting
+// check probes outbox_messages_in_flight (stream_key, position), filtering on the target.
 const std::string kClaimableIds =
     "SELECT m.position FROM outbox_messages m"
     " WHERE m.status IN ('pending', 'failed') AND m.available_at <= " +
@@ -30,29 +33,29 @@ const std::string kClaimableIds =
     "  AND (m.stream_key IS NULL OR NOT EXISTS ("
     "   SELECT 1 FROM outbox_messages e WHERE e.stream_key = m.stream_key"
     "    AND e.position < m.position AND e.status IN ('processing', 'failed')"
+    "    AND e.target = m.target"
     "    AND ((e.status = 'processing' AND e.lease_owner <> ?2) OR"
     "         (e.status = 'failed' AND e.available_at > " +
     kNow +
     "))))"
-    "  AND (m.stream_key IS NULL OR ?5 = '[]' OR NOT EXISTS ("
-    "   SELECT 1 FROM outbox_messages e WHERE e.stream_key = m.stream_key"
-    "    AND e.position < m.position AND e.status IN ('pending', 'failed')"
-    "    AND e.target IN (SELECT value FROM json_each(?5))))"
     " ORDER BY m.position LIMIT ?3";
 
-// The stream_prev_seq of message ?2 of stream ?1 (Envelope::stream_prev_seq): only when the
-// message just before it is abandoned, the seq just below the run of abandoned messages that ends
-// there, 0 when the run starts at the stream's first message. Every lookup is one probe of the
-// index of abandoned rows (outbox_messages_abandoned_streams), one more per message of the run.
+// The stream_prev_seq of message ?2 of stream ?1 and target ?3 (Envelope::stream_prev_seq): only
+// when the message just before it is abandoned, the seq just below the run of abandoned messages
+// that ends there, 0 when the run starts at the stream's first message. Seqs count per (target,
+// stream), so two targets' copies of a stream may have the same seq: every row matched is of the
+// message's own target. Every lookup is one probe of the index of abandoned rows
+// (outbox_messages_abandoned_streams, filtering on the target), one more per message of the run.
 // (Not in the claim's RETURNING: there SQLite cannot use the outer row's values to search an
 // index, and scanned every abandoned row for each claimed one.)
 constexpr const char* kPrevSeq =
     "SELECT CASE WHEN EXISTS (SELECT 1 FROM outbox_messages a WHERE a.status = 'abandoned'"
-    "  AND a.stream_key = ?1 AND a.stream_seq = ?2 - 1)"
+    "  AND a.stream_key = ?1 AND a.stream_seq = ?2 - 1 AND a.target = ?3)"
     " THEN (SELECT a.stream_seq - 1 FROM outbox_messages a WHERE a.status = 'abandoned'"
-    "  AND a.stream_key = ?1 AND a.stream_seq < ?2"
+    "  AND a.stream_key = ?1 AND a.stream_seq < ?2 AND a.target = ?3"
     "  AND NOT EXISTS (SELECT 1 FROM outbox_messages b WHERE b.status = 'abandoned'"
-    "   AND b.stream_key = a.stream_key AND b.stream_seq = a.stream_seq - 1)"
+    "   AND b.stream_key = a.stream_key AND b.stream_seq = a.stream_seq - 1"
+    "   AND b.target = a.target)"
     "  ORDER BY a.stream_seq DESC LIMIT 1) END";
 
 class SqliteStore final : public Store {
@@ -91,7 +94,8 @@ class SqliteStore final : public Store {
               kClaimableIds +
               ")"
               " RETURNING id, topic, stream_key, stream_seq, partition, target, type,"
-              " payload, content_type, headers, attempts, created_at, lease_epoch, position"};
+              " payload, content_type, headers, attempts, created_at, lease_epoch, position,"
+              " event_id"};
       claim.Bind(2, request.owner)
           .Bind(3, std::int64_t{request.max_messages})
           .Bind(4, static_cast<std::int64_t>(request.lease_duration.count()))
@@ -112,6 +116,7 @@ class SqliteStore final : public Store {
         envelope.attempts = static_cast<int>(claim.Int(10));
         envelope.created_at = FromMillis(claim.Int(11));
         envelope.lease_epoch = claim.Int(12);
+        if (!claim.IsNull(14)) envelope.event_id = Uuid::Parse(claim.Text(14));
         rows.emplace_back(claim.Int(13), std::move(envelope));
       }
       std::sort(rows.begin(), rows.end(),
@@ -282,7 +287,7 @@ class SqliteStore final : public Store {
     Statement prev{db_.get(), kPrevSeq};
     for (auto& [position, envelope] : rows) {
       if (!follows(envelope)) continue;
-      prev.Bind(1, *envelope.stream_key).Bind(2, *envelope.stream_seq);
+      prev.Bind(1, *envelope.stream_key).Bind(2, *envelope.stream_seq).Bind(3, envelope.target);
       if (prev.Step() && !prev.IsNull(0)) envelope.stream_prev_seq = prev.Int(0);
       prev.Reset();
     }
