@@ -97,6 +97,7 @@ TEST_F(FileSinkTest, LinesRoundTripEveryField) {
   ASSERT_EQ(lines.size(), 2U);
   const auto first = nlohmann::json::parse(lines[0]);
   EXPECT_EQ(first["id"], full.id.ToString());
+  EXPECT_EQ(first["event_id"], full.id.ToString()) << "no event_id set: the message's own id";
   EXPECT_EQ(first["topic"], "orders");
   EXPECT_EQ(first["stream_key"], "order-42");
   EXPECT_EQ(first["stream_seq"], 17);
@@ -119,6 +120,75 @@ TEST_F(FileSinkTest, LinesRoundTripEveryField) {
   EXPECT_EQ(second["target"], "default");
   EXPECT_EQ(second["headers"], nlohmann::json::object());
   EXPECT_EQ(second["payload"], text.payload) << "a string, byte for byte";
+}
+
+TEST_F(FileSinkTest, FullStyleCarriesTheSharedEventId) {
+  const std::string path = PathOf("full.jsonl");
+  auto sink = OpenSink({.path = path});  // envelope kFull, the default
+  Envelope copy = Message(1);
+  copy.event_id = NewUuidV7();  // a copy of a message written to several targets
+  copy.stream_key = "order-42";
+  copy.stream_seq = 5;
+  copy.target = "audit";
+  copy.attempts = 2;
+  // Refused by the stores; left out so that they cannot pass for ours.
+  copy.headers = {{"event_id", "forged"}, {"Event_Id", "forged"}, {"correlation_id", "corr-1"}};
+  const Envelope single = Message(2);
+  const std::vector<Envelope> batch{copy, single};
+  ExpectAllPublished(sink->Publish(batch, Soon()), batch);
+
+  const auto lines = Lines(ReadFile(path));
+  ASSERT_EQ(lines.size(), 2U);
+  const auto first = nlohmann::json::parse(lines[0]);
+  EXPECT_EQ(first["id"], copy.id.ToString());
+  EXPECT_EQ(first["event_id"], copy.event_id->ToString());
+  EXPECT_EQ(first["headers"], (nlohmann::json{{"correlation_id", "corr-1"}}));
+  EXPECT_EQ(first["topic"], "orders");
+  EXPECT_EQ(first["stream_key"], "order-42");
+  EXPECT_EQ(first["stream_seq"], 5);
+  EXPECT_EQ(first["target"], "audit");
+  EXPECT_EQ(first["attempts"], 2);
+  EXPECT_EQ(nlohmann::json::parse(lines[1])["event_id"], single.id.ToString());
+}
+
+TEST_F(FileSinkTest, ExternalStyleWritesNothingInternal) {
+  const std::string path = PathOf("external.jsonl");
+  auto sink = OpenSink({.path = path, .envelope = EnvelopeStyle::kExternal});
+  Envelope envelope = Message(1);
+  envelope.event_id = NewUuidV7();
+  envelope.stream_key = "order-42";
+  envelope.stream_seq = 5;
+  envelope.stream_prev_seq = 3;
+  envelope.target = "partner";
+  envelope.attempts = 2;
+  envelope.type = "OrderPlaced";
+  envelope.content_type = "application/vnd.test+json";
+  envelope.headers = {{"correlation_id", "corr-1"},
+                      {"traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+                      {"x-custom", "value"},
+                      {"event_id", "forged"}};
+  const std::vector<Envelope> batch{envelope};
+  ExpectAllPublished(sink->Publish(batch, Soon()), batch);
+
+  const auto lines = Lines(ReadFile(path));
+  ASSERT_EQ(lines.size(), 1U);
+  const auto line = nlohmann::json::parse(lines[0]);
+  EXPECT_EQ(line["id"], envelope.id.ToString());
+  EXPECT_EQ(line["event_id"], envelope.event_id->ToString());
+  EXPECT_EQ(line["type"], "OrderPlaced");
+  EXPECT_EQ(line["content_type"], "application/vnd.test+json");
+  EXPECT_EQ(
+      line["headers"],
+      (nlohmann::json{{"correlation_id", "corr-1"},
+                      {"traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+                      {"x-custom", "value"}}));
+  EXPECT_EQ(line["created_at"], "2024-05-01T01:02:03.001Z");
+  EXPECT_EQ(line["payload"], envelope.payload) << "not application/json: kept as a string";
+  const auto ordered = nlohmann::ordered_json::parse(lines[0]);
+  std::vector<std::string> keys;  // in the order written
+  for (auto it = ordered.begin(); it != ordered.end(); ++it) keys.push_back(it.key());
+  EXPECT_EQ(keys, (std::vector<std::string>{"id", "event_id", "type", "content_type", "headers",
+                                            "created_at", "payload"}));
 }
 
 TEST_F(FileSinkTest, BinaryPayloadIsBase64) {

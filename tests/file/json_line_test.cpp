@@ -85,12 +85,63 @@ nlohmann::json Render(const Envelope& envelope) {
 TEST(JsonLineTest, KeysInDocumentedOrderWithNullsForAbsentFields) {
   std::string line;
   AppendJsonLine(Sample(), line);
-  EXPECT_EQ(line,
-            R"({"id":"0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b","topic":"orders","stream_key":null,)"
-            R"("stream_seq":null,"partition":7,"target":"default","type":null,)"
-            R"("content_type":"application/json","headers":{},"attempts":0,)"
-            R"("created_at":"1970-01-01T00:00:01.500Z","payload":""})"
-            "\n");
+  EXPECT_EQ(
+      line,
+      R"({"id":"0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b",)"
+      R"("event_id":"0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b","topic":"orders","stream_key":null,)"
+      R"("stream_seq":null,"partition":7,"target":"default","type":null,)"
+      R"("content_type":"application/json","headers":{},"attempts":0,)"
+      R"("created_at":"1970-01-01T00:00:01.500Z","payload":""})"
+      "\n");
+}
+
+TEST(JsonLineTest, EventIdIsTheSharedIdOrTheMessagesOwn) {
+  Envelope envelope = Sample();
+  EXPECT_EQ(Render(envelope)["event_id"], "0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b");
+  envelope.event_id = *Uuid::Parse("0190a1b2-c3d4-7e5f-8a6b-000000000001");
+  const nlohmann::json line = Render(envelope);
+  EXPECT_EQ(line["id"], "0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b");
+  EXPECT_EQ(line["event_id"], "0190a1b2-c3d4-7e5f-8a6b-000000000001");
+}
+
+TEST(JsonLineTest, ReservedHeaderNamesAreLeftOut) {
+  Envelope envelope = Sample();
+  envelope.headers = {{"event_id", "forged"},       {"Event_Id", "forged"},
+                      {"message_id", "forged"},     {"outbox-topic", "forged"},
+                      {"Outbox-Attempts", "9"},     {"correlation_id", "corr-1"},
+                      {"event_idx", "not reserved"}};
+  const nlohmann::json line = Render(envelope);
+  const nlohmann::json expected = {{"correlation_id", "corr-1"}, {"event_idx", "not reserved"}};
+  EXPECT_EQ(line["headers"], expected);
+  EXPECT_EQ(line["event_id"], "0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b");
+}
+
+TEST(JsonLineTest, ExternalStyleLeavesOutTheInternalKeys) {
+  Envelope envelope = Sample();
+  envelope.event_id = *Uuid::Parse("0190a1b2-c3d4-7e5f-8a6b-000000000001");
+  envelope.stream_key = "order-42";
+  envelope.stream_seq = 7;
+  envelope.stream_prev_seq = 4;
+  envelope.target = "audit";
+  envelope.attempts = 3;
+  envelope.type = "OrderPlaced";
+  envelope.headers = {{"correlation_id", "corr-1"}, {"outbox-partition", "forged"}};
+  envelope.payload = R"({"n":1})";
+  std::string line;
+  AppendJsonLine(envelope, line, EnvelopeStyle::kExternal);
+  EXPECT_EQ(line, R"({"id":"0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b",)"
+                  R"("event_id":"0190a1b2-c3d4-7e5f-8a6b-000000000001","type":"OrderPlaced",)"
+                  R"("content_type":"application/json","headers":{"correlation_id":"corr-1"},)"
+                  R"("created_at":"1970-01-01T00:00:01.500Z","payload":{"n":1}})"
+                  "\n");
+  // The full style (the default) has them all.
+  line.clear();
+  AppendJsonLine(envelope, line, EnvelopeStyle::kFull);
+  const nlohmann::json full = nlohmann::json::parse(line);
+  for (const char* key : {"topic", "stream_key", "stream_seq", "stream_prev_seq", "partition",
+                          "target", "attempts"}) {
+    EXPECT_TRUE(full.contains(key)) << key;
+  }
 }
 
 TEST(JsonLineTest, StreamPrevSeqOnlyWhenSet) {

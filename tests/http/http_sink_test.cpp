@@ -44,6 +44,7 @@
 #include "outbox/core/failure.h"
 #include "outbox/core/uuid.h"
 #include "outbox/sink/http.h"
+#include "support/envelope_fields.h"
 
 namespace outbox::testing {
 namespace {
@@ -309,6 +310,7 @@ TEST(HttpSinkTest, EveryDocumentedHeaderWithItsValue) {
   const std::map<std::string, std::string> expected = {
       {"content-type", "application/json; charset=utf-8"},
       {"webhook-id", id},
+      {"event_id", id},
       {"outbox-topic", destination.name()},
       {"outbox-type", "OrderPlaced"},
       {"outbox-stream-key", "order-42"},
@@ -340,27 +342,17 @@ TEST(HttpSinkTest, EveryDocumentedHeaderWithItsValue) {
   EXPECT_EQ(got->Header("user-agent").value_or("").rfind("outbox/", 0), 0U);
 
   // Nothing else: no reserved header of the envelope's, nothing the sink does not document.
-  const std::set<std::string> allowed = {"content-type",
-                                         "webhook-id",
-                                         "webhook-timestamp",
-                                         "webhook-signature",
-                                         "outbox-topic",
-                                         "outbox-type",
-                                         "outbox-stream-key",
-                                         "outbox-stream-seq",
-                                         "outbox-stream-prev-seq",
-                                         "outbox-partition",
-                                         "outbox-attempts",
-                                         "authorization",
-                                         "x-static",
-                                         "traceparent",
-                                         "correlation_id",
-                                         "x-custom",
-                                         "x-empty",
-                                         "content-length",
-                                         "host",
-                                         "user-agent",
-                                         "accept"};
+  const std::set<std::string> allowed = {"content-type",      "webhook-id",
+                                         "webhook-timestamp", "webhook-signature",
+                                         "event_id",          "outbox-topic",
+                                         "outbox-type",       "outbox-stream-key",
+                                         "outbox-stream-seq", "outbox-stream-prev-seq",
+                                         "outbox-partition",  "outbox-attempts",
+                                         "authorization",     "x-static",
+                                         "traceparent",       "correlation_id",
+                                         "x-custom",          "x-empty",
+                                         "content-length",    "host",
+                                         "user-agent",        "accept"};
   for (const std::string& name : got->header_names) {
     EXPECT_TRUE(allowed.contains(name))
         << "unexpected header " << name << ": " << got->Header(name).value_or("");
@@ -371,12 +363,13 @@ TEST(HttpSinkTest, EveryDocumentedHeaderWithItsValue) {
     const auto found = std::find(got->header_names.begin(), got->header_names.end(), name);
     return static_cast<std::size_t>(found - got->header_names.begin());
   };
-  const std::vector<std::string> order = {
-      "content-type",      "webhook-id",        "webhook-timestamp",
-      "webhook-signature", "outbox-topic",      "outbox-type",
-      "outbox-stream-key", "outbox-stream-seq", "outbox-stream-prev-seq",
-      "outbox-partition",  "outbox-attempts",   "authorization",
-      "x-static"};
+  const std::vector<std::string> order = {"content-type",      "webhook-id",
+                                          "webhook-timestamp", "webhook-signature",
+                                          "event_id",          "outbox-topic",
+                                          "outbox-type",       "outbox-stream-key",
+                                          "outbox-stream-seq", "outbox-stream-prev-seq",
+                                          "outbox-partition",  "outbox-attempts",
+                                          "authorization",     "x-static"};
   for (std::size_t i = 1; i < order.size(); ++i) {
     EXPECT_LT(position(order[i - 1]), position(order[i])) << order[i - 1] << " / " << order[i];
   }
@@ -392,6 +385,7 @@ TEST(HttpSinkTest, EveryDocumentedHeaderWithItsValue) {
   EXPECT_EQ(plain->payload, "plain");
   EXPECT_EQ(plain->Header("content-type"), std::optional<std::string>{""});
   EXPECT_EQ(plain->Header("webhook-id"), std::optional<std::string>{bare.id.ToString()});
+  EXPECT_EQ(plain->Header("event_id"), std::optional<std::string>{bare.id.ToString()});
   EXPECT_EQ(plain->Header("outbox-partition"), std::optional<std::string>{"0"});
   EXPECT_EQ(plain->Header("outbox-attempts"), std::optional<std::string>{"0"});
   for (const std::string absent :
@@ -399,6 +393,103 @@ TEST(HttpSinkTest, EveryDocumentedHeaderWithItsValue) {
     EXPECT_FALSE(plain->Header(absent).has_value()) << absent;
   }
   EXPECT_EQ(plain->signature_ok, std::optional<bool>{true});
+}
+
+// envelope = full (the default): event_id is the shared event id of a fanned-out copy, else the
+// message's own id; the internal headers (and outbox-type) are still there.
+TEST(HttpSinkTest, FullEnvelopeSendsTheEventIdAndTheInternalHeaders) {
+  Destination destination("event-id");
+  Envelope copy = Make(destination.name());
+  SetEveryField(copy);  // event_id: a copy of a message written to several targets
+  const Envelope single = Make(destination.name());
+  const std::vector<Envelope> batch{copy, single};
+  ExpectAllPublished(Publish(SharedOptions(), batch), batch);
+
+  const auto requests = destination.WaitFor(2);
+  const auto first = RequestOf(requests, copy.id);
+  const auto second = RequestOf(requests, single.id);
+  ASSERT_TRUE(first.has_value());
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(first->Header("webhook-id"), std::optional<std::string>{copy.id.ToString()});
+  EXPECT_EQ(first->Header("outbox-type"), std::optional<std::string>{"OrderPlaced"});
+  EXPECT_FALSE(first->Header("type").has_value());
+  ExpectTheFullEnvelope(first->headers, copy);
+  ExpectTheFullEnvelope(second->headers, single);
+  EXPECT_EQ(first->signature_ok, std::optional<bool>{true});
+  EXPECT_EQ(second->signature_ok, std::optional<bool>{true});
+}
+
+// envelope = external: the event and its context, nothing of how the outbox moved it; the type
+// as `type`, the Standard Webhooks headers as always.
+TEST(HttpSinkTest, ExternalEnvelopeSendsNoOutboxHeaders) {
+  Destination destination("external");
+  webhook::SinkOptions options = SharedOptions();
+  options.envelope = EnvelopeStyle::kExternal;
+  options.headers = {{"Authorization", "Bearer static-token"}};
+  Envelope envelope = Make(destination.name(), R"({"order":42})");
+  SetEveryField(envelope);
+  // The sink sends the type as `type`: the envelope's header of that name (any case) is left
+  // out, like the reserved ones.
+  envelope.headers.emplace("Type", "forged");
+  // No type: no `type` header of the sink's, and the user's header of that name is kept.
+  Envelope untyped = Make(destination.name(), "plain");
+  untyped.headers = {{"type", "user-type"}};
+  const std::vector<Envelope> batch{envelope, untyped};
+  ExpectAllPublished(Publish(options, batch), batch);
+
+  const auto requests = destination.WaitFor(2);
+  const auto got = RequestOf(requests, envelope.id);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->payload, R"({"order":42})");
+  EXPECT_EQ(got->signature_ok, std::optional<bool>{true});
+  const std::map<std::string, std::string> expected = {
+      {"content-type", "application/vnd.test+json"},
+      {"webhook-id", envelope.id.ToString()},
+      {"type", "OrderPlaced"},
+      {"authorization", "Bearer static-token"}};
+  for (const auto& [name, value] : expected) {
+    EXPECT_EQ(got->Header(name), std::optional<std::string>{value}) << name;
+  }
+  // got->headers holds each (lower-case) name that came, got->header_names each time it came.
+  ExpectTheExternalEnvelope(got->headers, envelope);
+  EXPECT_EQ(std::count(got->header_names.begin(), got->header_names.end(), "event_id"), 1);
+  EXPECT_TRUE(got->Header("webhook-timestamp").has_value());
+  EXPECT_TRUE(got->Header("webhook-signature").has_value());
+  EXPECT_EQ(std::count(got->header_names.begin(), got->header_names.end(), "type"), 1);
+
+  const auto plain = RequestOf(requests, untyped.id);
+  ASSERT_TRUE(plain.has_value());
+  EXPECT_EQ(plain->Header("type"), std::optional<std::string>{"user-type"});
+  EXPECT_EQ(plain->Header("event_id"), std::optional<std::string>{untyped.id.ToString()});
+  for (const std::string& name : plain->header_names) {
+    EXPECT_FALSE(name.starts_with("outbox-")) << name;
+  }
+}
+
+// A user header named like the event id (the stores refuse it; an old row may hold one) never
+// stands in for the real one, in any case (HTTP header names are case-insensitive).
+TEST(HttpSinkTest, UserHeaderNamedEventIdDoesNotOverrideIt) {
+  Destination destination("forged-event-id");
+  std::vector<Envelope> batch;
+  for (const EnvelopeStyle style : {EnvelopeStyle::kFull, EnvelopeStyle::kExternal}) {
+    webhook::SinkOptions options = SharedOptions();
+    options.envelope = style;
+    Envelope envelope = Make(destination.name());
+    envelope.event_id = NewUuidV7();
+    envelope.headers = ForgedEventIdHeaders();
+    const std::vector<Envelope> one{envelope};
+    ExpectAllPublished(Publish(options, one), one);
+    batch.push_back(envelope);
+  }
+  const auto requests = destination.WaitFor(2);
+  for (const Envelope& envelope : batch) {
+    const auto got = RequestOf(requests, envelope.id);
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(got->Header("event_id"), std::optional<std::string>{envelope.event_id->ToString()});
+    EXPECT_EQ(std::count(got->header_names.begin(), got->header_names.end(), "event_id"), 1);
+    EXPECT_FALSE(got->Header("message_id").has_value());
+    ExpectNoForgedEventId(got->headers);
+  }
 }
 
 TEST(HttpSinkTest, ARequestSignedWithAnotherSecretIsRefusedAndPermanent) {

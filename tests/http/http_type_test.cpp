@@ -96,6 +96,7 @@ TEST(HttpSinkTypeTest, DefaultsInDescribe) {
   EXPECT_EQ(options.tls_cert_file, "");
   EXPECT_EQ(options.tls_key_file, "");
   EXPECT_EQ(options.proxy, "");
+  EXPECT_EQ(options.envelope, EnvelopeStyle::kFull);
   EXPECT_EQ(Described(settings),
             "url = \"https://hooks.example.com/outbox/{topic}\"\n"
             "method = \"POST\"\n"
@@ -111,7 +112,8 @@ TEST(HttpSinkTypeTest, DefaultsInDescribe) {
             "tls_ca_file = \"\"\n"
             "tls_cert_file = \"\"\n"
             "tls_key_file = \"\"\n"
-            "proxy = \"\"\n");
+            "proxy = \"\"\n"
+            "envelope = \"full\"\n");
   // The host is fixed: the readiness check probes it (https: port 443).
   const auto endpoint = settings->Endpoint();
   ASSERT_TRUE(endpoint.has_value());
@@ -146,7 +148,8 @@ TEST(HttpSinkTypeTest, EveryKey) {
       "tls_key_file = \"" +
       key.path() +
       "\"\n"
-      "proxy = \"http://proxy.internal:3128\"\n");
+      "proxy = \"http://proxy.internal:3128\"\n"
+      "envelope = \"external\"\n");
   const SinkOptions& options = OptionsOf(settings);
   EXPECT_EQ(options.url, "http://127.0.0.1:8080/hooks/{target}/{topic}?type={type}");
   EXPECT_EQ(options.method, "PUT");
@@ -165,6 +168,7 @@ TEST(HttpSinkTypeTest, EveryKey) {
   EXPECT_EQ(options.tls_cert_file, cert.path());
   EXPECT_EQ(options.tls_key_file, key.path());
   EXPECT_EQ(options.proxy, "http://proxy.internal:3128");
+  EXPECT_EQ(options.envelope, EnvelopeStyle::kExternal);
   EXPECT_EQ(Described(settings),
             "url = \"http://127.0.0.1:8080/hooks/{target}/{topic}?type={type}\"\n"
             "method = \"PUT\"\n"
@@ -186,7 +190,8 @@ TEST(HttpSinkTypeTest, EveryKey) {
                 "tls_key_file = \"" +
                 key.path() +
                 "\"\n"
-                "proxy = \"http://proxy.internal:3128\"\n");
+                "proxy = \"http://proxy.internal:3128\"\n"
+                "envelope = \"external\"\n");
   // Through a proxy, the proxy is what the readiness check probes.
   const auto endpoint = settings->Endpoint();
   ASSERT_TRUE(endpoint.has_value());
@@ -226,6 +231,25 @@ TEST(HttpSinkTypeTest, EveryKey) {
             67108864U);
   EXPECT_EQ(OptionsOf(ParseSink(Url() + "retry_statuses = [400, 408, 429, 499]\n")).retry_statuses,
             (std::vector<int>{400, 408, 429, 499}));
+}
+
+TEST(HttpSinkTypeTest, EnvelopeIsFullOrExternal) {
+  testing::ExpectEnvelopeKey(Type(), Url(), [](const outbox::SinkSettings& settings) {
+    return dynamic_cast<const SinkSettings&>(settings).options().envelope;
+  });
+  // With "external" the sink sends the message's type as `type`: no configured header may take
+  // that name (any case); with "full" (outbox-type) it may.
+  const auto [key, message] =
+      ErrorOf(Url() + "envelope = \"external\"\nheaders = { Type = \"x\" }\n");
+  EXPECT_EQ(key, "sinks.events.headers") << message;
+  EXPECT_NE(message.find("'Type'"), std::string::npos) << message;
+  EXPECT_NE(message.find("envelope = \"external\""), std::string::npos) << message;
+  EXPECT_EQ(OptionsOf(ParseSink(Url() + "headers = { type = \"x\" }\n")).headers.size(), 1U);
+  // The outbox's own names cannot be configured in either style.
+  for (const std::string name : {"event_id", "Event_Id", "message_id", "Outbox-Topic"}) {
+    EXPECT_EQ(KeyOf(Url() + "headers = { " + name + " = \"x\" }\n"), "sinks.events.headers")
+        << name;
+  }
 }
 
 TEST(HttpSinkTypeTest, EndpointIsTheFixedHostOrNone) {

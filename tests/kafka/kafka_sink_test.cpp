@@ -20,6 +20,7 @@
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/kafka.h"
+#include "support/envelope_fields.h"
 
 namespace outbox::testing {
 namespace {
@@ -248,6 +249,7 @@ TEST(KafkaSinkTest, ConfirmedBatchIsInTheTopicWithKeyValueTimestampAndHeaders) {
       {"correlation_id", "corr-1"},
       {"traceparent", "00-abc-def-01"},
       {"message_id", batch[0].id.ToString()},
+      {"event_id", batch[0].id.ToString()},
       {"type", "OrderPlaced"},
       {"content_type", "application/json"},
       {"outbox-topic", topic},
@@ -294,6 +296,77 @@ TEST(KafkaSinkTest, DebeziumStyleAddsTheIdHeaderAndKeysByAggregate) {
   EXPECT_EQ(std::count_if(records[0].headers.begin(), records[0].headers.end(),
                           [](const auto& header) { return header.first == "id"; }),
             1);
+}
+
+// envelope = full (the default): event_id is the shared event id of a fanned-out copy, else the
+// message's own id; the internal headers are still there.
+TEST(KafkaSinkTest, FullEnvelopeSendsTheEventIdAndTheInternalHeaders) {
+  MockCluster cluster;
+  const std::string topic = "event-id";
+  cluster.CreateTopic(topic, 1);
+  auto sink = kafka::OpenSink(Options(cluster));
+  std::vector<Envelope> batch = MakeBatch(topic, 2);
+  SetEveryField(batch[0]);  // event_id: a copy of a message written to several targets
+  ExpectEvery(sink->Publish(batch, In(seconds{10})), batch);
+
+  const auto records = Consumer(cluster.bootstraps()).ReadAll(topic, batch.size());
+  ASSERT_EQ(records.size(), batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    EXPECT_EQ(records[i].Header("message_id"), batch[i].id.ToString());
+    ExpectTheFullEnvelope(records[i].headers, batch[i]);
+  }
+}
+
+// envelope = external: the event and its context, nothing of how the outbox moved it. The record
+// key and the Debezium `id` header are Kafka's own, and stay.
+TEST(KafkaSinkTest, ExternalEnvelopeSendsNoOutboxHeaders) {
+  MockCluster cluster;
+  const std::string topic = "external";
+  cluster.CreateTopic(topic, 1);
+  kafka::SinkOptions options = Options(cluster);
+  options.envelope = EnvelopeStyle::kExternal;
+  options.header_style = kafka::HeaderStyle::kDebezium;
+  auto sink = kafka::OpenSink(options);
+  std::vector<Envelope> batch = MakeBatch(topic, 1);
+  Envelope& envelope = batch[0];
+  SetEveryField(envelope);
+  // Kafka's timestamps are in milliseconds: a created_at with some.
+  envelope.created_at = std::chrono::system_clock::time_point{milliseconds{1700000000123}};
+  ExpectEvery(sink->Publish(batch, In(seconds{10})), batch);
+
+  const auto records = Consumer(cluster.bootstraps()).ReadAll(topic, 1);
+  ASSERT_EQ(records.size(), 1U);
+  EXPECT_EQ(records[0].key, "order-42");
+  EXPECT_EQ(records[0].value, envelope.payload);
+  EXPECT_EQ(records[0].timestamp_ms, 1700000000123);
+  NameValues expected_headers = UserHeadersSent();
+  expected_headers.insert(expected_headers.end(), {{"message_id", envelope.id.ToString()},
+                                                   {"event_id", envelope.event_id->ToString()},
+                                                   {"id", envelope.id.ToString()},
+                                                   {"type", "OrderPlaced"},
+                                                   {"content_type", "application/vnd.test+json"}});
+  EXPECT_EQ(records[0].headers, expected_headers);
+}
+
+// A user header named like the event id (the stores refuse it; an old row may hold one) never
+// stands in for the real one, in any case.
+TEST(KafkaSinkTest, UserHeaderNamedEventIdDoesNotOverrideIt) {
+  MockCluster cluster;
+  const std::string topic = "forged-event-id";
+  cluster.CreateTopic(topic, 1);
+  for (const EnvelopeStyle style : {EnvelopeStyle::kFull, EnvelopeStyle::kExternal}) {
+    kafka::SinkOptions options = Options(cluster);
+    options.envelope = style;
+    auto sink = kafka::OpenSink(options);
+    std::vector<Envelope> batch = MakeBatch(topic, 1);
+    batch[0].event_id = NewUuidV7();
+    batch[0].headers = ForgedEventIdHeaders();
+    ExpectEvery(sink->Publish(batch, In(seconds{10})), batch);
+    sink->Close();
+  }
+  const auto records = Consumer(cluster.bootstraps()).ReadAll(topic, 2);
+  ASSERT_EQ(records.size(), 2U);
+  for (const Record& record : records) ExpectNoForgedEventId(record.headers);
 }
 
 TEST(KafkaSinkTest, TopicTemplateUsesTargetAndType) {

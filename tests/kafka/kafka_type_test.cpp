@@ -37,6 +37,7 @@ TEST(KafkaSinkTypeTest, DefaultsAndEveryKey) {
   EXPECT_EQ(OptionsOf(defaults).compression, "none");
   EXPECT_EQ(OptionsOf(defaults).max_in_flight, 5);
   EXPECT_EQ(OptionsOf(defaults).header_style, HeaderStyle::kOutbox);
+  EXPECT_EQ(OptionsOf(defaults).envelope, EnvelopeStyle::kFull);
   const auto endpoint = defaults->Endpoint();
   ASSERT_TRUE(endpoint.has_value());
   EXPECT_EQ(endpoint->host, "k1");
@@ -49,6 +50,7 @@ linger = "20ms"
 max_in_flight = 3
 header_style = "debezium"
 max_message_bytes = 2000000
+envelope = "external"
 [sinks.events.librdkafka]
 "client.id" = "relay-1"
 "security.protocol" = "sasl_plaintext"
@@ -66,6 +68,7 @@ max_message_bytes = 2000000
   EXPECT_EQ(options.max_in_flight, 3);
   EXPECT_EQ(options.header_style, HeaderStyle::kDebezium);
   EXPECT_EQ(options.max_message_bytes, 2000000U);
+  EXPECT_EQ(options.envelope, EnvelopeStyle::kExternal);
   const std::vector<std::pair<std::string, std::string>> expected = {
       {"client.id", "relay-1"},       {"security.protocol", "sasl_plaintext"},
       {"sasl.mechanisms", "PLAIN"},   {"sasl.username", "relay"},
@@ -77,12 +80,20 @@ max_message_bytes = 2000000
   all->Describe(out);
   const std::string described = out.Take();
   EXPECT_NE(described.find("header_style = \"debezium\""), std::string::npos) << described;
+  EXPECT_NE(described.find("envelope = \"external\""), std::string::npos) << described;
   EXPECT_NE(described.find("[sinks.events.librdkafka]"), std::string::npos) << described;
   EXPECT_NE(described.find("\"sasl.password\" = \"***\""), std::string::npos) << described;
   EXPECT_NE(described.find("\"sasl.username\" = \"relay\""), std::string::npos) << described;
   EXPECT_EQ(described.find("from-file"), std::string::npos) << described;
   // What Describe writes reads back the same (secrets aside).
   EXPECT_NE(described.find("linger = \"20ms\""), std::string::npos) << described;
+}
+
+TEST(KafkaSinkTypeTest, EnvelopeIsFullOrExternal) {
+  testing::ExpectEnvelopeKey(
+      Type(), "brokers = \"k1:9092\"\n", [](const outbox::SinkSettings& settings) {
+        return dynamic_cast<const SinkSettings&>(settings).options().envelope;
+      });
 }
 
 TEST(KafkaSinkTypeTest, BrokersAndSecretsFromTheEnvironment) {

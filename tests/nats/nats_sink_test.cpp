@@ -23,6 +23,7 @@
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/nats.h"
 #include "outbox/sink/nats_type.h"
+#include "support/envelope_fields.h"
 
 namespace outbox::testing {
 namespace {
@@ -194,6 +195,7 @@ TEST(NatsSinkTest, ConsumersReceiveTheDocumentedSubjectAndHeaders) {
       {"correlation_id", "c-1"},
       {"X-Custom", "custom value: with colon"},
       {"message_id", id},
+      {"event_id", id},
       {"type", "OrderPlaced"},
       {"content_type", "application/json"},
       {"outbox-topic", "orders"},
@@ -208,12 +210,89 @@ TEST(NatsSinkTest, ConsumersReceiveTheDocumentedSubjectAndHeaders) {
   EXPECT_EQ(stored[1].payload, "raw bytes");
   const std::map<std::string, std::string> expected_bare = {{"Nats-Msg-Id", bare.id.ToString()},
                                                             {"message_id", bare.id.ToString()},
+                                                            {"event_id", bare.id.ToString()},
                                                             {"content_type", "user/type"},
                                                             {"type", "Bare"},
                                                             {"outbox-topic", "orders"},
                                                             {"outbox-partition", "0"},
                                                             {"outbox-attempts", "0"}};
   EXPECT_EQ(stored[1].headers, expected_bare);
+}
+
+// envelope = full (the default): event_id is the shared event id of a fanned-out copy, else the
+// message's own id; the internal headers are still there.
+TEST(NatsSinkTest, FullEnvelopeSendsTheEventIdAndTheInternalHeaders) {
+  OwnStream stream("event-id");
+  nats::SinkOptions options = stream.Options();
+  options.subject = stream.subject();
+  auto sink = nats::OpenSink(options);
+  Envelope copy = Make("orders");
+  SetEveryField(copy);  // event_id: a copy of a message written to several targets
+  const Envelope single = Make("orders");
+  const std::vector<Envelope> batch{copy, single};
+  ExpectAllPublished(sink->Publish(batch, In(seconds{10})), batch);
+
+  stream.client().WaitForCount(stream.name(), 2, seconds{10});
+  const auto stored = stream.client().ReadAll(stream.name());
+  ASSERT_EQ(stored.size(), 2U);
+  EXPECT_EQ(stored[0].Header("message_id"), copy.id.ToString());
+  EXPECT_EQ(stored[0].Header("Nats-Msg-Id"), copy.id.ToString()) << "deduplicated per copy";
+  ExpectTheFullEnvelope(stored[0].headers, copy);
+  EXPECT_EQ(stored[1].Header("message_id"), single.id.ToString());
+  ExpectTheFullEnvelope(stored[1].headers, single);
+}
+
+// envelope = external: the event and its context, nothing of how the outbox moved it.
+TEST(NatsSinkTest, ExternalEnvelopeSendsNoOutboxHeaders) {
+  OwnStream stream("external");
+  nats::SinkOptions options = stream.Options();
+  options.subject = stream.subject();
+  options.envelope = EnvelopeStyle::kExternal;
+  auto sink = nats::OpenSink(options);
+  Envelope envelope = Make("orders", R"({"order":42})");
+  SetEveryField(envelope);
+  const std::vector<Envelope> batch{envelope};
+  ExpectAllPublished(sink->Publish(batch, In(seconds{10})), batch);
+
+  stream.client().WaitForCount(stream.name(), 1, seconds{10});
+  const auto stored = stream.client().ReadAll(stream.name());
+  ASSERT_EQ(stored.size(), 1U);
+  EXPECT_EQ(stored[0].payload, R"({"order":42})");
+  const std::string id = envelope.id.ToString();
+  const NameValues user_headers = UserHeadersSent();
+  std::map<std::string, std::string> expected(user_headers.begin(), user_headers.end());
+  expected.insert({{"Nats-Msg-Id", id},
+                   {"message_id", id},
+                   {"event_id", envelope.event_id->ToString()},
+                   {"type", "OrderPlaced"},
+                   {"content_type", "application/vnd.test+json"}});
+  EXPECT_EQ(stored[0].headers, expected);
+
+  // Published again (a lost ack): JetStream still deduplicates by Nats-Msg-Id.
+  ExpectAllPublished(sink->Publish(batch, In(seconds{10})), batch);
+  EXPECT_EQ(stream.client().Count(stream.name()), 1U);
+}
+
+// A user header named like the event id (the stores refuse it; an old row may hold one) never
+// stands in for the real one, in any case (NATS header names are case-sensitive on the wire, but
+// many clients read them case-insensitively).
+TEST(NatsSinkTest, UserHeaderNamedEventIdDoesNotOverrideIt) {
+  OwnStream stream("forged-event-id");
+  for (const EnvelopeStyle style : {EnvelopeStyle::kFull, EnvelopeStyle::kExternal}) {
+    nats::SinkOptions options = stream.Options();
+    options.subject = stream.subject();
+    options.envelope = style;
+    auto sink = nats::OpenSink(options);
+    Envelope envelope = Make("orders");
+    envelope.event_id = NewUuidV7();
+    envelope.headers = ForgedEventIdHeaders();
+    const std::vector<Envelope> batch{envelope};
+    ExpectAllPublished(sink->Publish(batch, In(seconds{10})), batch);
+  }
+  stream.client().WaitForCount(stream.name(), 2, seconds{10});
+  const auto stored = stream.client().ReadAll(stream.name());
+  ASSERT_EQ(stored.size(), 2U);
+  for (const StoredMessage& message : stored) ExpectNoForgedEventId(message.headers);
 }
 
 TEST(NatsSinkTest, ASubjectThatIsNoNatsSubjectIsPermanent) {

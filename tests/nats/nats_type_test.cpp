@@ -70,6 +70,7 @@ TEST(NatsSinkTypeTest, DefaultsInDescribe) {
   EXPECT_EQ(options.max_pending, 1000U);
   EXPECT_EQ(options.connect_timeout, std::chrono::milliseconds{5000});
   EXPECT_EQ(options.max_message_bytes, 1048576U);
+  EXPECT_EQ(options.envelope, EnvelopeStyle::kFull);
   EXPECT_EQ(Described(settings),
             "url = \"nats://127.0.0.1:4222\"\n"
             "subject = \"{topic}\"\n"
@@ -83,7 +84,8 @@ TEST(NatsSinkTypeTest, DefaultsInDescribe) {
             "tls_ca_file = \"\"\n"
             "tls_cert_file = \"\"\n"
             "tls_key_file = \"\"\n"
-            "tls_server_name = \"\"\n");
+            "tls_server_name = \"\"\n"
+            "envelope = \"full\"\n");
   const auto endpoint = settings->Endpoint();
   ASSERT_TRUE(endpoint.has_value());
   EXPECT_EQ(endpoint->host, "127.0.0.1");
@@ -111,7 +113,8 @@ TEST(NatsSinkTypeTest, EveryKey) {
       "tls_key_file = \"" +
       key.path() +
       "\"\n"
-      "tls_server_name = \"nats.internal\"\n");
+      "tls_server_name = \"nats.internal\"\n"
+      "envelope = \"external\"\n");
   const SinkOptions& options = OptionsOf(settings);
   EXPECT_EQ(options.url, "tls://n1.example:4443,tls://n2.example");
   EXPECT_EQ(options.subject, "events.{target}.{type}");
@@ -124,10 +127,12 @@ TEST(NatsSinkTypeTest, EveryKey) {
   EXPECT_EQ(options.tls_cert_file, cert.path());
   EXPECT_EQ(options.tls_key_file, key.path());
   EXPECT_EQ(options.tls_server_name, "nats.internal");
+  EXPECT_EQ(options.envelope, EnvelopeStyle::kExternal);
   const std::string described = Described(settings);
   EXPECT_NE(described.find("token = \"***\""), std::string::npos) << described;
   EXPECT_EQ(described.find("t0k3n"), std::string::npos) << described;
   EXPECT_NE(described.find("tls_server_name = \"nats.internal\""), std::string::npos);
+  EXPECT_NE(described.find("envelope = \"external\""), std::string::npos) << described;
   EXPECT_EQ(settings->Endpoint()->host, "n1.example");
   EXPECT_EQ(settings->Endpoint()->port, 4443);
 
@@ -136,6 +141,12 @@ TEST(NatsSinkTypeTest, EveryKey) {
   const TempFile seed;
   EXPECT_EQ(OptionsOf(ParseSink(Url() + "nkey_seed = \"" + seed.path() + "\"\n")).nkey_seed,
             seed.path());
+}
+
+TEST(NatsSinkTypeTest, EnvelopeIsFullOrExternal) {
+  testing::ExpectEnvelopeKey(Type(), Url(), [](const outbox::SinkSettings& settings) {
+    return dynamic_cast<const SinkSettings&>(settings).options().envelope;
+  });
 }
 
 TEST(NatsSinkTypeTest, SecretsInTheUrlAreMasked) {

@@ -129,10 +129,12 @@ TEST(ConfigTest, ExampleFileIsValidAndStatesTheDefaults) {
   EXPECT_EQ(rabbit.heartbeat, rabbit_defaults.heartbeat);
   EXPECT_EQ(rabbit.declare_exchange_type, rabbit_defaults.declare_exchange_type);
   EXPECT_EQ(rabbit.max_message_bytes, rabbit_defaults.max_message_bytes);
+  EXPECT_EQ(rabbit.envelope, rabbit_defaults.envelope);
   EXPECT_EQ(config.sinks[1].name, "audit");
   const auto& file = File(config.sinks[1]);
   EXPECT_EQ(file.path, file::SinkOptions{}.path);
   EXPECT_EQ(file.fsync, file::SinkOptions{}.fsync);
+  EXPECT_EQ(file.envelope, file::SinkOptions{}.envelope);
 }
 
 TEST(ConfigTest, ExampleFileMentionsEveryKey) {
@@ -212,6 +214,7 @@ connect_timeout = "1500ms"
 heartbeat = "0s"
 declare_exchange_type = "topic"
 max_message_bytes = 1024
+envelope = "external"
 )");
   EXPECT_EQ(config.instance, "relay-7");
   EXPECT_EQ(config.batch_size, 50);
@@ -241,6 +244,7 @@ max_message_bytes = 1024
   EXPECT_EQ(rabbit.heartbeat, seconds{0});
   EXPECT_EQ(rabbit.declare_exchange_type, "topic");
   EXPECT_EQ(rabbit.max_message_bytes, 1024U);
+  EXPECT_EQ(rabbit.envelope, EnvelopeStyle::kExternal);
 }
 
 TEST(ConfigTest, SinksKeepFileOrder) {

@@ -18,6 +18,7 @@
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/rabbitmq.h"
 #include "rabbit_test_support.h"
+#include "support/envelope_fields.h"
 #include "support/header_limits.h"
 #include "support/tcp_proxy.h"
 
@@ -187,6 +188,81 @@ TEST(RabbitSinkTest, PropertiesAndHeadersArrive) {
   EXPECT_EQ(message.header_kinds.at(std::string{wire::kStreamSeqHeader}), 'l');
   EXPECT_EQ(message.headers.at(std::string{wire::kPartitionHeader}), "3");
   EXPECT_EQ(message.headers.at(std::string{wire::kAttemptsHeader}), "2");
+}
+
+// envelope = full (the default): event_id is the shared event id of a fanned-out copy, else the
+// message's own id; the internal headers are still there.
+TEST(RabbitSinkTest, FullEnvelopeSendsTheEventIdAndTheInternalHeaders) {
+  Admin admin;
+  const std::string queue = UniqueName("event-id");
+  admin.DeclareQueue(queue);
+  auto sink = Open();
+
+  Envelope copy = MakeEnvelope(queue);
+  SetEveryField(copy);  // event_id: a copy of a message written to several targets
+  Envelope single = MakeEnvelope(queue);
+  const std::vector<Envelope> batch{copy, single};
+  ExpectAllPublished(sink->Publish(batch, In(milliseconds{5000})), batch);
+
+  const auto received = admin.Consume(queue, 2);
+  ASSERT_EQ(received.size(), 2U);
+  EXPECT_EQ(received[0].message_id, copy.id.ToString());
+  EXPECT_EQ(received[0].header_kinds.at(std::string{wire::kEventId}), 'S');
+  ExpectTheFullEnvelope(received[0].headers, copy);
+  EXPECT_EQ(received[1].message_id, single.id.ToString());
+  ExpectTheFullEnvelope(received[1].headers, single);
+}
+
+// envelope = external: the event and its context, nothing of how the outbox moved it.
+TEST(RabbitSinkTest, ExternalEnvelopeSendsNoOutboxHeaders) {
+  Admin admin;
+  const std::string queue = UniqueName("external");
+  admin.DeclareQueue(queue);
+  rabbitmq::SinkOptions options = Options();
+  options.envelope = EnvelopeStyle::kExternal;
+  auto sink = Open(options);
+
+  Envelope envelope = MakeEnvelope(queue, R"({"order":42})");
+  SetEveryField(envelope);
+  const std::vector<Envelope> batch{envelope};
+  ExpectAllPublished(sink->Publish(batch, In(milliseconds{5000})), batch);
+
+  const auto received = admin.Consume(queue, 2, milliseconds{1000});
+  ASSERT_EQ(received.size(), 1U);
+  const Received& message = received[0];
+  EXPECT_EQ(message.body, R"({"order":42})");
+  EXPECT_EQ(message.message_id, envelope.id.ToString());
+  EXPECT_EQ(message.type, "OrderPlaced");
+  EXPECT_EQ(message.content_type, "application/vnd.test+json");
+  EXPECT_EQ(message.correlation_id, "corr-1");
+  EXPECT_EQ(message.timestamp, 1700000000U);
+  EXPECT_EQ(message.delivery_mode, 2);
+  ExpectTheExternalEnvelope(message.headers, envelope);
+  EXPECT_EQ(message.headers.size(), UserHeadersSent().size() + 1) << "nothing else";
+}
+
+// A user header named like the event id (the stores refuse it; an old row may hold one) never
+// stands in for the real one, in any case.
+TEST(RabbitSinkTest, UserHeaderNamedEventIdDoesNotOverrideIt) {
+  Admin admin;
+  const std::string queue = UniqueName("forged-event-id");
+  admin.DeclareQueue(queue);
+  for (const EnvelopeStyle style : {EnvelopeStyle::kFull, EnvelopeStyle::kExternal}) {
+    rabbitmq::SinkOptions options = Options();
+    options.envelope = style;
+    auto sink = Open(options);
+    Envelope envelope = MakeEnvelope(queue);
+    envelope.event_id = NewUuidV7();
+    envelope.headers = ForgedEventIdHeaders();
+    const std::vector<Envelope> batch{envelope};
+    ExpectAllPublished(sink->Publish(batch, In(milliseconds{5000})), batch);
+
+    const auto received = admin.Consume(queue, 1);
+    ASSERT_EQ(received.size(), 1U);
+    EXPECT_EQ(received[0].headers.at(std::string{wire::kEventId}), envelope.event_id->ToString());
+    EXPECT_EQ(received[0].message_id, envelope.id.ToString());
+    ExpectNoForgedEventId(received[0].headers, EnvelopeStyleName(style));
+  }
 }
 
 TEST(RabbitSinkTest, MinimalEnvelopeAndTransientDelivery) {
@@ -447,11 +523,11 @@ TEST(RabbitSinkTest, HeadersAtTheDefaultLimitsAreCarriedAndOneMoreIsRefusedAtEnq
   EXPECT_EQ(received[0].correlation_id, message.headers.at("correlation_id"));
   Headers user_headers;
   for (const auto& [name, value] : received[0].headers) {
-    if (!name.starts_with(kReservedHeaderPrefix)) user_headers.emplace(name, value);
+    if (!wire::IsReservedName(name)) user_headers.emplace(name, value);
   }
   EXPECT_EQ(user_headers, message.headers);
-  // The outbox's own: topic, stream key, stream seq, partition, attempts.
-  EXPECT_EQ(received[0].headers.size(), message.headers.size() + 5);
+  // The outbox's own: event id, topic, stream key, stream seq, partition, attempts.
+  EXPECT_EQ(received[0].headers.size(), message.headers.size() + 6);
 
   NewMessage more = message;
   more.headers["x-one-more"] = "";

@@ -17,6 +17,7 @@
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/redis.h"
 #include "redis_test_support.h"
+#include "support/envelope_fields.h"
 #include "support/free_port.h"
 #include "support/wait.h"
 
@@ -156,6 +157,7 @@ TEST_F(RedisSinkTest, EntryHoldsTheDocumentedFieldsAndBytes) {
   ASSERT_EQ(typed.size(), 1U);
   const std::vector<std::pair<std::string, std::string>> expected = {
       {"id", full.id.ToString()},
+      {"event_id", full.id.ToString()},
       {"payload", full.payload},
       {"content_type", "application/octet-stream"},
       {"type", "OrderPlaced"},
@@ -173,12 +175,78 @@ TEST_F(RedisSinkTest, EntryHoldsTheDocumentedFieldsAndBytes) {
   // No type: {type} expands to "", and the entry has neither type nor content_type.
   const auto untyped = client_.ReadStream(prefix_ + "orders.audit.");
   ASSERT_EQ(untyped.size(), 1U);
-  const std::vector<std::pair<std::string, std::string>> minimal = {{"id", bare.id.ToString()},
-                                                                    {"payload", ""},
-                                                                    {"outbox-topic", "orders"},
-                                                                    {"outbox-partition", "0"},
-                                                                    {"outbox-attempts", "0"}};
+  const std::vector<std::pair<std::string, std::string>> minimal = {
+      {"id", bare.id.ToString()}, {"event_id", bare.id.ToString()}, {"payload", ""},
+      {"outbox-topic", "orders"}, {"outbox-partition", "0"},        {"outbox-attempts", "0"}};
   EXPECT_EQ(untyped[0].fields, minimal);
+}
+
+// envelope = full (the default): event_id is the shared event id of a fanned-out copy, else the
+// message's own id; the internal fields are still there.
+TEST_F(RedisSinkTest, FullEnvelopeWritesTheEventIdAndTheInternalFields) {
+  auto options = Options();
+  options.stream = Key("event-id");
+  auto sink = redis::OpenSink(std::move(options));
+  Envelope copy = MakeEnvelope("orders");
+  SetEveryField(copy);  // event_id: a copy of a message written to several targets
+  const Envelope single = MakeEnvelope("orders");
+  const std::vector<Envelope> batch = {copy, single};
+  ExpectAllPublished(sink->Publish(batch, In(milliseconds{5000})), batch);
+
+  const auto entries = client_.ReadStream(Key("event-id"));
+  ASSERT_EQ(entries.size(), 2U);
+  EXPECT_EQ(entries[0].Field("id"), copy.id.ToString());
+  ExpectTheFullEnvelope(entries[0].fields, copy);
+  EXPECT_EQ(entries[1].Field("id"), single.id.ToString());
+  ExpectTheFullEnvelope(entries[1].fields, single);
+  // Each copy is deduplicated by its own id.
+  EXPECT_TRUE(client_.Exists(DedupKey(copy)));
+}
+
+// envelope = external: the event and its context, nothing of how the outbox moved it.
+TEST_F(RedisSinkTest, ExternalEnvelopeWritesNoOutboxFields) {
+  auto options = Options();
+  options.stream = Key("external");
+  options.envelope = EnvelopeStyle::kExternal;
+  auto sink = redis::OpenSink(std::move(options));
+  Envelope envelope = MakeEnvelope("orders", R"({"order":42})");
+  SetEveryField(envelope);
+  const std::vector<Envelope> batch = {envelope};
+  ExpectAllPublished(sink->Publish(batch, In(milliseconds{5000})), batch);
+
+  const auto entries = client_.ReadStream(Key("external"));
+  ASSERT_EQ(entries.size(), 1U);
+  NameValues expected = {{"id", envelope.id.ToString()},
+                         {"event_id", envelope.event_id->ToString()},
+                         {"payload", R"({"order":42})"},
+                         {"content_type", "application/vnd.test+json"},
+                         {"type", "OrderPlaced"}};
+  const NameValues user_headers = UserHeadersSent();
+  expected.insert(expected.end(), user_headers.begin(), user_headers.end());
+  EXPECT_EQ(entries[0].fields, expected);
+
+  // Published again (a lost reply): still deduplicated by the message id.
+  ExpectAllPublished(sink->Publish(batch, In(milliseconds{5000})), batch);
+  EXPECT_EQ(client_.ReadStream(Key("external")).size(), 1U);
+}
+
+// A user header named like the event id (the stores refuse it; an old row may hold one) never
+// stands in for the real one, in any case.
+TEST_F(RedisSinkTest, UserHeaderNamedEventIdDoesNotOverrideIt) {
+  for (const EnvelopeStyle style : {EnvelopeStyle::kFull, EnvelopeStyle::kExternal}) {
+    auto options = Options();
+    options.stream = Key("forged-event-id");
+    options.envelope = style;
+    auto sink = redis::OpenSink(std::move(options));
+    Envelope envelope = MakeEnvelope("orders");
+    envelope.event_id = NewUuidV7();
+    envelope.headers = ForgedEventIdHeaders();
+    const std::vector<Envelope> batch = {envelope};
+    ExpectAllPublished(sink->Publish(batch, In(milliseconds{5000})), batch);
+  }
+  const auto entries = client_.ReadStream(Key("forged-event-id"));
+  ASSERT_EQ(entries.size(), 2U);
+  for (const StreamEntry& entry : entries) ExpectNoForgedEventId(entry.fields);
 }
 
 TEST_F(RedisSinkTest, TheSameIdsTwiceMakeOneEntryEachAndReturnTheFirstEntry) {

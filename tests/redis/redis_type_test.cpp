@@ -52,6 +52,7 @@ TEST(RedisSinkTypeTest, DefaultsInDescribe) {
   EXPECT_EQ(options.pipeline, 1000U);
   EXPECT_EQ(options.connect_timeout, milliseconds{5000});
   EXPECT_EQ(options.max_message_bytes, 16U * 1024 * 1024);
+  EXPECT_EQ(options.envelope, EnvelopeStyle::kFull);
   EXPECT_EQ(Described(settings),
             "url = \"redis://127.0.0.1:6379\"\n"
             "stream = \"{topic}\"\n"
@@ -61,7 +62,8 @@ TEST(RedisSinkTypeTest, DefaultsInDescribe) {
             "dedup_prefix = \"outbox:dedup:\"\n"
             "pipeline = 1000\n"
             "connect_timeout = \"5s\"\n"
-            "max_message_bytes = 16777216\n");
+            "max_message_bytes = 16777216\n"
+            "envelope = \"full\"\n");
   const auto endpoint = settings->Endpoint();
   ASSERT_TRUE(endpoint.has_value());
   EXPECT_EQ(endpoint->host, "127.0.0.1");
@@ -78,6 +80,7 @@ dedup_prefix = "app:{seen}:"
 pipeline = 64
 connect_timeout = "750ms"
 max_message_bytes = 2000000
+envelope = "external"
 )");
   const SinkOptions& options = OptionsOf(settings);
   EXPECT_EQ(options.url, "redis://relay:p%40ss@redis.example:6380/2");
@@ -89,16 +92,24 @@ max_message_bytes = 2000000
   EXPECT_EQ(options.pipeline, 64U);
   EXPECT_EQ(options.connect_timeout, milliseconds{750});
   EXPECT_EQ(options.max_message_bytes, 2000000U);
+  EXPECT_EQ(options.envelope, EnvelopeStyle::kExternal);
   const std::string described = Described(settings);
   EXPECT_NE(described.find("url = \"redis://relay:***@redis.example:6380/2\""), std::string::npos)
       << described;
   EXPECT_EQ(described.find("p%40ss"), std::string::npos) << described;
   EXPECT_NE(described.find("dedup_window = \"2h\""), std::string::npos) << described;
   EXPECT_NE(described.find("connect_timeout = \"750ms\""), std::string::npos) << described;
+  EXPECT_NE(described.find("envelope = \"external\""), std::string::npos) << described;
   const auto endpoint = settings->Endpoint();
   ASSERT_TRUE(endpoint.has_value());
   EXPECT_EQ(endpoint->host, "redis.example");
   EXPECT_EQ(endpoint->port, 6380);
+}
+
+TEST(RedisSinkTypeTest, EnvelopeIsFullOrExternal) {
+  testing::ExpectEnvelopeKey(Type(), kUrl, [](const outbox::SinkSettings& settings) {
+    return dynamic_cast<const SinkSettings&>(settings).options().envelope;
+  });
 }
 
 TEST(RedisSinkTypeTest, UrlFromTheEnvironmentWinsAndIsMasked) {

@@ -149,6 +149,10 @@ struct Delivery {
   std::string message_id;
   std::string stream_key;
   std::int64_t stream_seq = 0;
+  std::string type;  // the type property
+  std::string body;
+  // Every header: strings as they are, integers in decimal, other kinds as "?".
+  std::map<std::string, std::string> headers;
 };
 
 // Consumes `queue` on its own thread until Stop(), acking each delivery after recording it.
@@ -210,10 +214,29 @@ class Consumer {
       delivery.message_id.assign(static_cast<const char*>(props.message_id.bytes),
                                  props.message_id.len);
     }
+    if ((props._flags & AMQP_BASIC_TYPE_FLAG) != 0) {
+      delivery.type.assign(static_cast<const char*>(props.type.bytes), props.type.len);
+    }
+    delivery.body.assign(static_cast<const char*>(message.body.bytes), message.body.len);
     if ((props._flags & AMQP_BASIC_HEADERS_FLAG) != 0) {
       for (int i = 0; i < props.headers.num_entries; ++i) {
         const auto& entry = props.headers.entries[i];
         const std::string key(static_cast<const char*>(entry.key.bytes), entry.key.len);
+        switch (entry.value.kind) {
+          case AMQP_FIELD_KIND_UTF8:
+          case AMQP_FIELD_KIND_BYTES:
+            delivery.headers[key].assign(static_cast<const char*>(entry.value.value.bytes.bytes),
+                                         entry.value.value.bytes.len);
+            break;
+          case AMQP_FIELD_KIND_I32:
+            delivery.headers[key] = std::to_string(entry.value.value.i32);
+            break;
+          case AMQP_FIELD_KIND_I64:
+            delivery.headers[key] = std::to_string(entry.value.value.i64);
+            break;
+          default:
+            delivery.headers[key] = "?";
+        }
         if (key == wire::kStreamKeyHeader && entry.value.kind == AMQP_FIELD_KIND_UTF8) {
           delivery.stream_key.assign(static_cast<const char*>(entry.value.value.bytes.bytes),
                                      entry.value.value.bytes.len);

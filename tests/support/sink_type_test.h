@@ -57,4 +57,34 @@ inline std::pair<std::string, std::string> SinkTableError(const SinkType& type,
   return {};
 }
 
+// The `envelope` key every sink type takes (sink/envelope_style.h), for a table that is valid
+// with `body`: "full" by default and shown so by Describe, "external" read and shown, anything
+// else refused naming the key and the choices. `style_of` reads the parsed style back.
+template <typename StyleOf>
+void ExpectEnvelopeKey(const SinkType& type, const std::string& body, StyleOf style_of) {
+  const auto defaults = ParseSinkTable(type, body);
+  EXPECT_EQ(style_of(*defaults), EnvelopeStyle::kFull);
+  EXPECT_NE(DescribeSink(defaults).find("\nenvelope = \"full\"\n"), std::string::npos)
+      << DescribeSink(defaults);
+
+  const auto external = ParseSinkTable(type, body + "envelope = \"external\"\n");
+  EXPECT_EQ(style_of(*external), EnvelopeStyle::kExternal);
+  const std::string described = DescribeSink(external);
+  EXPECT_NE(described.find("\nenvelope = \"external\"\n"), std::string::npos) << described;
+  // --check-config's text is a valid table that reads back the same.
+  EXPECT_EQ(DescribeSink(ParseSinkTable(type, described)), described);
+
+  EXPECT_EQ(style_of(*ParseSinkTable(type, body + "envelope = \"full\"\n")), EnvelopeStyle::kFull);
+
+  const auto [key, message] = SinkTableError(type, body + "envelope = \"stripped\"\n");
+  EXPECT_EQ(key, "sinks.events.envelope") << message;
+  EXPECT_NE(message.find("sinks.events.envelope"), std::string::npos) << message;
+  EXPECT_NE(message.find("\"full\", \"external\""), std::string::npos) << message;
+  EXPECT_NE(message.find("\"stripped\""), std::string::npos) << message;
+  // Names are case-sensitive, like every other choice.
+  EXPECT_EQ(SinkTableError(type, body + "envelope = \"External\"\n").first,
+            "sinks.events.envelope");
+  EXPECT_EQ(SinkTableError(type, body + "envelope = true\n").first, "sinks.events.envelope");
+}
+
 }  // namespace outbox::testing

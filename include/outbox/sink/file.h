@@ -3,15 +3,20 @@
 // for development, for piping into other tools, and as an audit trail.
 //
 // Each line is a JSON object with the keys, in this order:
-//   id, topic, stream_key, stream_seq, stream_prev_seq (only when set: the messages just before
-//   this one in its stream were abandoned, see Envelope), partition, target, type, content_type,
-//   headers, attempts, created_at (RFC 3339 UTC with milliseconds, e.g.
-//   "2024-05-01T12:34:56.789Z"), and then
+//   id, event_id (Envelope::EventId(): the same for every copy of a message written to several
+//   targets, else the id), topic, stream_key, stream_seq, stream_prev_seq (only when set: the
+//   messages just before this one in its stream were abandoned, see Envelope), partition, target,
+//   type, content_type, headers (a user header named message_id or event_id or starting with
+//   "outbox-", in any case, is left out), attempts, created_at (RFC 3339 UTC with milliseconds,
+//   e.g. "2024-05-01T12:34:56.789Z"), and then
 //   payload: the payload embedded as JSON when content_type is application/json (parameters
 //            such as "; charset=utf-8" allowed) and the payload parses as JSON; otherwise the
 //            payload as a string when it is valid UTF-8;
 //   payload_base64 (instead of payload): the payload bytes in standard base64 otherwise.
 // Absent optional fields (stream_key, stream_seq, type) are null.
+// With `envelope` kExternal the outbox's internal keys are left out (topic, stream_key,
+// stream_seq, stream_prev_seq, partition, target, attempts): id, event_id, type, content_type,
+// headers, created_at and the payload remain.
 //
 // Publish writes the whole batch, then fsyncs it when asked, and only then reports the messages
 // published. A message is published once its whole line reached the file (and, with fsync, the
@@ -30,6 +35,7 @@
 #include <memory>
 #include <string>
 
+#include "outbox/sink/envelope_style.h"
 #include "outbox/sink/sink.h"
 
 namespace outbox::file {
@@ -41,6 +47,8 @@ struct SinkOptions {
   // fsync after each batch before reporting it published. Ignored where the output cannot be
   // synced (a pipe or terminal).
   bool fsync = false;
+  // Which of the outbox's metadata each line carries (see above and sink/envelope_style.h).
+  EnvelopeStyle envelope = EnvelopeStyle::kFull;
 };
 
 // Opens the output. Throws ConfigError("path", ...) when it cannot be opened for appending (a

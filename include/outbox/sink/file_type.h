@@ -5,6 +5,7 @@
 //   type = "file"
 //   path = "-"       # "-" is standard output; otherwise a file opened for appending
 //   fsync = false
+//   envelope = "full"  # or "external": no topic, stream, partition, target or attempts keys
 //
 // What the keys mean: outbox::file::SinkOptions (sink/file.h). Nothing is probed for readiness.
 

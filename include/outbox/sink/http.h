@@ -17,6 +17,11 @@
 //                             for each of `secrets` (space-separated, in the order configured;
 //                             key: the secret's bytes after "whsec_", base64-decoded); absent
 //                             when no secret is configured
+//     event_id                e.EventId(): the same for every copy of a message written to
+//                             several targets (the first copy's id), else e.id
+//   with `envelope` kExternal:
+//     type                    e.type, when set
+//   with `envelope` kFull (the default), instead:
 //     outbox-topic            e.topic
 //     outbox-type             e.type, when set
 //     outbox-stream-key       e.stream_key, when set
@@ -27,7 +32,8 @@
 //   then the configured `headers` (the same on every request), then the envelope's own headers
 //   (traceparent, correlation_id, ...). An envelope header the sink sets itself or that HTTP
 //   reserves is left out: content-type, content-length, host, transfer-encoding, connection,
-//   keep-alive, upgrade, te, trailer, expect, proxy-*, webhook-*, outbox-* (any case).
+//   keep-alive, upgrade, te, trailer, expect, proxy-*, webhook-*, message_id, event_id,
+//   outbox-* (any case), and with kExternal `type` when e.type is set.
 // A receiver checks the signature (with its own HMAC, e.g. Python's hmac), refuses a timestamp
 // too far from its clock (Standard Webhooks: 5 minutes), and removes duplicates by webhook-id.
 //
@@ -78,6 +84,7 @@
 #include <vector>
 
 #include "outbox/core/log.h"
+#include "outbox/sink/envelope_style.h"
 #include "outbox/sink/sink.h"
 
 namespace outbox::webhook {
@@ -96,8 +103,8 @@ struct SinkOptions {
   // "POST" or "PUT".
   std::string method = "POST";
   // Sent with every request, after the sink's own (names: HTTP tokens, not one the sink sets or
-  // HTTP reserves; values: no CR, LF or NUL). Their values are masked in --check-config: they
-  // often carry credentials (Authorization).
+  // HTTP reserves, nor `type` with envelope kExternal; values: no CR, LF or NUL). Their values
+  // are masked in --check-config: they often carry credentials (Authorization).
   std::vector<std::pair<std::string, std::string>> headers;
   // Standard Webhooks secrets, "whsec_" + base64 of 16 to 64 random bytes; each signs every
   // request (several: rotation, the receiver accepts any). Empty: requests are not signed.
@@ -121,6 +128,9 @@ struct SinkOptions {
   // A proxy URL (http://host:port) for every request; empty: none. The environment's
   // http_proxy/https_proxy are ignored, so that where requests go is what the config says.
   std::string proxy;
+  // Which of the outbox's metadata goes with each request (see above and
+  // sink/envelope_style.h).
+  EnvelopeStyle envelope = EnvelopeStyle::kFull;
   // Where the sink logs its warnings (a host that asked to wait, a host unreachable); unset:
   // nothing.
   LogFn log;
@@ -133,8 +143,10 @@ inline constexpr std::string_view kSinkName = "http";
 inline constexpr std::string_view kIdHeader = "webhook-id";
 inline constexpr std::string_view kTimestampHeader = "webhook-timestamp";
 inline constexpr std::string_view kSignatureHeader = "webhook-signature";
-// The header carrying the envelope's type (other sinks: "type").
+// The header carrying the envelope's type with envelope kFull (other sinks: "type"), and with
+// kExternal (which sends no outbox-* header).
 inline constexpr std::string_view kTypeHeader = "outbox-type";
+inline constexpr std::string_view kExternalTypeHeader = "type";
 
 // The value of webhook-signature for one request: "v1,<base64>" per secret, space-separated.
 // Throws std::invalid_argument when a secret is not "whsec_" + base64 of 16 to 64 bytes.

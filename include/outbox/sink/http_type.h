@@ -20,6 +20,8 @@
 //   tls_cert_file = ""         # PEM: client certificate (with tls_key_file)
 //   tls_key_file = ""          # PEM: its private key
 //   proxy = ""                 # http://host:port; empty: none (http_proxy is ignored)
+//   envelope = "full"          # or "external": no outbox-* headers, the type as `type`
+//                              # (sink/envelope_style.h)
 //
 // Files must exist and be readable when the configuration is read. The URL and `secrets` may come
 // from the environment (it wins over the file); the URL's password, every secret and the values of

@@ -11,8 +11,11 @@
 //   headers    every user header (traceparent, correlation_id, causation_id, tenant_id, ...), and,
 //              as UTF-8 strings (numbers in decimal), the same names the RabbitMQ sink uses:
 //                message_id              e.id, always
+//                event_id                e.EventId(), always: the same for every copy of a
+//                                        message written to several targets
 //                type                    e.type, when set
 //                content_type            e.content_type, when set
+//              and with `envelope` kFull (the default) only (kExternal sends no outbox-* header):
 //                outbox-topic            e.topic
 //                outbox-stream-key       e.stream_key, when set
 //                outbox-stream-seq       e.stream_seq, when set
@@ -20,8 +23,10 @@
 //                outbox-partition        e.partition (the outbox's, not Kafka's partition)
 //                outbox-attempts         e.attempts
 //              with header_style kDebezium also `id` = e.id, as Debezium's outbox event router
-//              writes it (its record key is the aggregate id: e.stream_key, as above). A user
-//              header with one of the names the sink sets for this message is left out.
+//              writes it (its record key is the aggregate id: e.stream_key, as above), in either
+//              envelope style. A user header with one of the names the sink sets for this
+//              message, or named message_id or event_id or starting with "outbox-" (any case), is
+//              left out.
 // Keys are hashed like the Java client's (partitioner murmur2_random, unless overridden), so a
 // stream lands in the partition a Java producer would choose.
 //
@@ -65,6 +70,7 @@
 #include <vector>
 
 #include "outbox/core/log.h"
+#include "outbox/sink/envelope_style.h"
 #include "outbox/sink/host_port.h"
 #include "outbox/sink/sink.h"
 
@@ -96,6 +102,8 @@ struct SinkOptions {
   // order after the sink's own defaults. Properties the sink sets itself (see
   // IsReservedProperty) are refused.
   std::vector<std::pair<std::string, std::string>> properties;
+  // Which of the outbox's metadata goes with each message (see above and sink/envelope_style.h).
+  EnvelopeStyle envelope = EnvelopeStyle::kFull;
   // librdkafka's log lines (debug ones left out) go here; unset: librdkafka prints to stderr.
   LogFn log;
 };

@@ -14,17 +14,20 @@
 //              every user header (traceparent, correlation_id, causation_id, tenant_id, ...), and
 //              the names the Kafka sink uses (the RabbitMQ sink's, with its properties as headers):
 //                message_id              e.id, always
+//                event_id                e.EventId(), always: the same for every copy of a
+//                                        message written to several targets
 //                type                    e.type, when set
 //                content_type            e.content_type, when set
+//              and with `envelope` kFull (the default) only (kExternal sends no outbox-* header):
 //                outbox-topic            e.topic
 //                outbox-stream-key       e.stream_key, when set
 //                outbox-stream-seq       e.stream_seq, when set
 //                outbox-stream-prev-seq  e.stream_prev_seq, when set (see Envelope)
 //                outbox-partition        e.partition (the outbox's)
 //                outbox-attempts         e.attempts
-//              A user header named like one the sink sets for this message, message_id, or
-//              starting with "outbox-" or "Nats-" (any case: JetStream acts on Nats-* headers,
-//              e.g. Nats-Rollup) is left out.
+//              A user header named like one the sink sets for this message, message_id or
+//              event_id (any case), or starting with "outbox-" or "Nats-" (any case: JetStream
+//              acts on Nats-* headers, e.g. Nats-Rollup) is left out.
 // JetStream gives each stored message a stream sequence; read the stream with any consumer.
 //
 // Deduplication: JetStream keeps the Nats-Msg-Id of what it stored for the stream's
@@ -89,6 +92,7 @@
 #include <vector>
 
 #include "outbox/core/log.h"
+#include "outbox/sink/envelope_style.h"
 #include "outbox/sink/host_port.h"
 #include "outbox/sink/sink.h"
 
@@ -126,6 +130,8 @@ struct SinkOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_server_name;
+  // Which of the outbox's metadata goes with each message (see above and sink/envelope_style.h).
+  EnvelopeStyle envelope = EnvelopeStyle::kFull;
   // Where the sink logs its warnings (a duplicate window shorter than the lease, a stream named
   // by expect_stream that does not exist, asynchronous errors libnats reports); unset: nothing.
   LogFn log;

@@ -7,9 +7,13 @@
 //   properties  message_id = e.id (always), type = e.type, content_type = e.content_type,
 //               correlation_id = e.headers["correlation_id"], timestamp = e.created_at (seconds),
 //               delivery_mode = 2 (persistent) unless `persistent` is false
-//   headers     every user header as a string (traceparent, causation_id, tenant_id, ...), and
-//               outbox-topic (string), outbox-stream-key (string, when set), outbox-stream-seq
-//               (int64, when set), outbox-partition (int32), outbox-attempts (int32)
+//   headers     every user header as a string (traceparent, causation_id, tenant_id, ...; one
+//               named message_id or event_id or starting with "outbox-", in any case, is left
+//               out), event_id (string: e.EventId(), the same for every copy of a fanned-out
+//               message), and with `envelope` kFull (the default) also outbox-topic (string),
+//               outbox-stream-key (string, when set), outbox-stream-seq (int64, when set),
+//               outbox-stream-prev-seq (int64, when set), outbox-partition (int32),
+//               outbox-attempts (int32). With kExternal no outbox-* header is sent.
 //
 // How outcomes are classified (outbox/core/failure.h):
 //   kUnavailable     not sent: cannot connect (the sink then waits 100 ms before the next
@@ -36,6 +40,7 @@
 #include <string>
 #include <string_view>
 
+#include "outbox/sink/envelope_style.h"
 #include "outbox/sink/sink.h"
 
 namespace outbox::rabbitmq {
@@ -64,6 +69,8 @@ struct SinkOptions {
   // then be a plain, non-empty name) is declared durable on every connect. Otherwise nothing is
   // declared.
   std::string declare_exchange_type;
+  // Which of the outbox's metadata goes with each message (see above and sink/envelope_style.h).
+  EnvelopeStyle envelope = EnvelopeStyle::kFull;
 };
 
 // The sink's name, as Sink::Name() returns it.

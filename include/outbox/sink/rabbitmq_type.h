@@ -9,6 +9,7 @@
 //   mandatory = true, persistent = true, confirm_window = 1000 (1..100000),
 //   connect_timeout = "5s", heartbeat = "10s" (whole seconds, "0s" disables),
 //   declare_exchange_type = "" (or direct, topic, fanout, headers), max_message_bytes = 16 MiB
+//   envelope = "full"          # or "external": no outbox-* headers (sink/envelope_style.h)
 //
 // What the keys mean: outbox::rabbitmq::SinkOptions (sink/rabbitmq.h).
 

@@ -8,19 +8,24 @@
 // server, "<ms>-<n>") on the stream key `stream` expanded for e ({topic}, {target}, {type}),
 // with the fields, all values bytes as stored (numbers in decimal):
 //   id                      e.id (MessageId::ToString: 8-4-4-4-12 lower-case hex), always
+//   event_id                e.EventId(), always: the same for every copy of a message written
+//                           to several targets (the first copy's id), else e.id
 //   payload                 e.payload, the bytes as stored (binary-safe), always
 //   content_type            e.content_type, when not empty
 //   type                    e.type, when set and not empty
+// with `envelope` kFull (the default) only (kExternal writes no outbox-* field):
 //   outbox-topic            e.topic
 //   outbox-stream-key       e.stream_key, when set
 //   outbox-stream-seq       e.stream_seq, when set
 //   outbox-stream-prev-seq  e.stream_prev_seq, when set (see Envelope)
 //   outbox-partition        e.partition (the outbox's)
 //   outbox-attempts         e.attempts
+// and in both styles:
 //   <name>                  every user header (traceparent, correlation_id, ...), after the
 //                           above. A user header named id, payload, content_type or type (the
-//                           sink's own fields, set or not for this message), message_id, or
-//                           starting with "outbox-" is left out.
+//                           sink's own fields, set or not for this message), message_id or
+//                           event_id, or starting with "outbox-" (those in any case) is left
+//                           out.
 // Read it with XREAD / XREADGROUP / XRANGE; a consumer deduplicates by `id` (the inbox does).
 //
 // Deduplication (`dedup`, on by default): each message goes through one server-side Lua script
@@ -77,6 +82,7 @@
 #include <string_view>
 
 #include "outbox/core/log.h"
+#include "outbox/sink/envelope_style.h"
 #include "outbox/sink/sink.h"
 
 namespace outbox::redis {
@@ -111,6 +117,8 @@ struct SinkOptions {
   // The largest entry: field names and values together (payload, id, headers, ...). Larger ones
   // are kPermanent without being sent.
   std::size_t max_message_bytes = std::size_t{16} * 1024 * 1024;
+  // Which of the outbox's metadata goes with each message (see above and sink/envelope_style.h).
+  EnvelopeStyle envelope = EnvelopeStyle::kFull;
   // Where the sink logs its warnings (dedup window shorter than the lease, OOM, authentication
   // and connection failures when they change) and, at debug level, deduplicated messages.
   LogFn log;
@@ -120,7 +128,7 @@ struct SinkOptions {
 
 // The sink's name, as Sink::Name() returns it.
 inline constexpr std::string_view kSinkName = "redis";
-// The entry's fields besides the outbox headers of wire_names.h.
+// The entry's fields besides the names of wire_names.h (event_id, outbox-*).
 inline constexpr std::string_view kIdField = "id";
 inline constexpr std::string_view kPayloadField = "payload";
 inline constexpr std::string_view kContentTypeField = "content_type";

@@ -18,6 +18,7 @@
 #include "outbox/config/registry.h"
 #include "outbox/config/toml_table.h"
 #include "outbox/core/log.h"
+#include "outbox/sink/envelope_style.h"
 #include "outbox/sink/sink.h"
 
 namespace outbox {
@@ -81,6 +82,15 @@ inline std::string SinkSecretEnv(std::string_view sink_name, std::string_view ke
   name += '_';
   append(key);
   return name;
+}
+
+// Reads the table's `envelope` ("full" or "external"; envelope_style.h) into `style`, which is
+// left as it is when the key is absent. Every sink type takes the key.
+inline void ReadEnvelopeStyle(const config::Section& table, EnvelopeStyle& style) {
+  std::string name;
+  if (table.ReadChoice(kEnvelopeKey, {"full", "external"}, name)) {
+    style = ParseEnvelopeStyle(name).value_or(EnvelopeStyle::kFull);
+  }
 }
 
 // The sink types a program knows (outboxd: apps/outboxd/sinks.cpp).

@@ -105,7 +105,7 @@ class FileSink final : public Sink {
     std::vector<std::size_t> line_ends;
     line_ends.reserve(batch.size());
     for (const Envelope& envelope : batch) {
-      AppendJsonLine(envelope, buffer);
+      AppendJsonLine(envelope, buffer, options_.envelope);
       line_ends.push_back(buffer.size());
     }
 

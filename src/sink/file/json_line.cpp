@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "outbox/core/wire_names.h"
+
 namespace outbox::file {
 namespace {
 
@@ -146,21 +148,28 @@ std::string Base64Encode(std::string_view bytes) {
   return out;
 }
 
-void AppendJsonLine(const Envelope& envelope, std::string& out) {
+void AppendJsonLine(const Envelope& envelope, std::string& out, EnvelopeStyle style) {
+  const bool full = style == EnvelopeStyle::kFull;
   Json line = Json::object();
   line["id"] = envelope.id.ToString();
-  line["topic"] = envelope.topic;
-  line["stream_key"] = envelope.stream_key ? Json(*envelope.stream_key) : Json(nullptr);
-  line["stream_seq"] = envelope.stream_seq ? Json(*envelope.stream_seq) : Json(nullptr);
-  if (envelope.stream_prev_seq) line["stream_prev_seq"] = *envelope.stream_prev_seq;
-  line["partition"] = envelope.partition;
-  line["target"] = envelope.target;
+  line[wire::kEventId] = envelope.EventId().ToString();
+  if (full) {
+    line["topic"] = envelope.topic;
+    line["stream_key"] = envelope.stream_key ? Json(*envelope.stream_key) : Json(nullptr);
+    line["stream_seq"] = envelope.stream_seq ? Json(*envelope.stream_seq) : Json(nullptr);
+    if (envelope.stream_prev_seq) line["stream_prev_seq"] = *envelope.stream_prev_seq;
+    line["partition"] = envelope.partition;
+    line["target"] = envelope.target;
+  }
   line["type"] = envelope.type ? Json(*envelope.type) : Json(nullptr);
   line["content_type"] = envelope.content_type;
   Json headers = Json::object();
-  for (const auto& [name, value] : envelope.headers) headers[name] = value;
+  for (const auto& [name, value] : envelope.headers) {
+    // The store refuses these names; left out like every sink does.
+    if (!wire::IsReservedName(name)) headers[name] = value;
+  }
   line["headers"] = std::move(headers);
-  line["attempts"] = envelope.attempts;
+  if (full) line["attempts"] = envelope.attempts;
   line["created_at"] = FormatRfc3339(envelope.created_at, 3);
 
   bool embedded = false;

@@ -7,12 +7,15 @@
 #include "outbox/core/clock.h"
 #include "outbox/core/message.h"
 #include "outbox/core/utf8.h"  // IsValidUtf8, used with this header
+#include "outbox/sink/envelope_style.h"
 
 namespace outbox::file {
 
-// Appends the JSON object for `envelope` and a '\n' to `out`. Never throws for any message
-// content (invalid UTF-8 in topic or headers is replaced by U+FFFD); only std::bad_alloc.
-void AppendJsonLine(const Envelope& envelope, std::string& out);
+// Appends the JSON object for `envelope` and a '\n' to `out`, with the keys `style` includes.
+// Never throws for any message content (invalid UTF-8 in topic or headers is replaced by U+FFFD);
+// only std::bad_alloc.
+void AppendJsonLine(const Envelope& envelope, std::string& out,
+                    EnvelopeStyle style = EnvelopeStyle::kFull);
 
 // Standard base64 (RFC 4648 section 4) with padding.
 std::string Base64Encode(std::string_view bytes);

@@ -5,7 +5,7 @@ namespace {
 
 std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink, std::string_view,
                                                   const config::GetenvFn&) {
-  sink.AllowOnly({"type", "path", "fsync"});
+  sink.AllowOnly({"type", "path", "fsync", "envelope"});
   SinkOptions options;
   if (sink.Read("path", options.path) &&
       (options.path.empty() || config::HasControlCharacter(options.path))) {
@@ -15,6 +15,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink, s
         sink.Find("path"));
   }
   sink.Read("fsync", options.fsync);
+  ReadEnvelopeStyle(sink, options.envelope);
   return std::make_unique<const SinkSettings>(std::move(options));
 }
 
@@ -23,6 +24,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink, s
 void SinkSettings::Describe(config::TomlWriter& out) const {
   out.String("path", options_.path);
   out.Bool("fsync", options_.fsync);
+  out.String("envelope", EnvelopeStyleName(options_.envelope));
 }
 
 std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& /*context*/) const {

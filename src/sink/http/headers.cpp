@@ -16,7 +16,7 @@ bool ReservedHeaderName(std::string_view name) {
     if (EqualsNoCase(name, reserved)) return true;
   }
   return StartsWithNoCase(name, "proxy-") || StartsWithNoCase(name, "webhook-") ||
-         StartsWithNoCase(name, wire::kReservedHeaderPrefix);
+         wire::IsReservedName(name);
 }
 
 bool IsHeaderName(std::string_view name) {

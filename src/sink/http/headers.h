@@ -6,9 +6,9 @@
 namespace outbox::webhook {
 
 // Names an envelope or the configuration may not use (any case): the sink sets them
-// (content-type, webhook-*, outbox-*), or HTTP's framing and connection management do
-// (content-length, host, transfer-encoding, connection, keep-alive, upgrade, te, trailer, expect,
-// proxy-*).
+// (content-type, webhook-*, and wire::IsReservedName's message_id, event_id, outbox-*), or HTTP's
+// framing and connection management do (content-length, host, transfer-encoding, connection,
+// keep-alive, upgrade, te, trailer, expect, proxy-*).
 bool ReservedHeaderName(std::string_view name);
 
 // An RFC 9110 token: the characters a header name may have.

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "headers.h"
+#include "outbox/core/ascii.h"
 #include "outbox/core/error.h"
 #include "outbox/sink/http.h"
 #include "outbox/sink/name_template.h"
@@ -62,6 +63,11 @@ void ValidateOptions(const SinkOptions& options) {
       throw ConfigError("headers", "'" + name +
                                        "' is set by the sink or by HTTP itself and cannot be "
                                        "configured");
+    }
+    if (options.envelope == EnvelopeStyle::kExternal && EqualsNoCase(name, kExternalTypeHeader)) {
+      throw ConfigError("headers", "'" + name +
+                                       "' is set by the sink (the message's type, with envelope = "
+                                       "\"external\") and cannot be configured");
     }
     if (!IsHeaderValue(value)) {
       throw ConfigError("headers", "the value of '" + name + "' contains CR, LF or NUL");

@@ -23,6 +23,7 @@
 #include "classify.h"
 #include "handles.h"
 #include "headers.h"
+#include "outbox/core/ascii.h"
 #include "outbox/core/error.h"
 #include "outbox/core/log_text.h"
 #include "outbox/core/percent_decode.h"
@@ -202,7 +203,7 @@ class HttpSink final : public Sink {
       if (auto problem = check_value(what, value); !problem.empty()) return problem;
     }
     for (const auto& [name, value] : envelope.headers) {
-      if (ReservedHeaderName(name)) continue;  // left out
+      if (LeftOut(envelope, name)) continue;
       if (!IsHeaderName(name)) {
         return "header name '" + SanitizeForLog(name, kQuotedNameBytes) + "' is not an HTTP token";
       }
@@ -211,6 +212,15 @@ class HttpSink final : public Sink {
       }
     }
     return {};
+  }
+
+  // Whether the envelope's own header `name` is left out: one the sink sets itself or that HTTP
+  // reserves (headers.h), and, with envelope = "external", `type` (any case) when the sink sends
+  // the envelope's type under that name.
+  [[nodiscard]] bool LeftOut(const Envelope& envelope, std::string_view name) const {
+    if (ReservedHeaderName(name)) return true;
+    return options_.envelope == EnvelopeStyle::kExternal && envelope.type &&
+           EqualsNoCase(name, kExternalTypeHeader);
   }
 
   SlistPtr Headers(const Envelope& envelope) const {
@@ -230,21 +240,26 @@ class HttpSink final : public Sink {
     if (!signer_.empty()) {
       add(HeaderLine(kSignatureHeader, signer_.Sign(id, seconds, envelope.payload)));
     }
-    add(HeaderLine(wire::kTopicHeader, envelope.topic));
-    if (envelope.type) add(HeaderLine(kTypeHeader, *envelope.type));
-    if (envelope.stream_key) add(HeaderLine(wire::kStreamKeyHeader, *envelope.stream_key));
-    if (envelope.stream_seq) {
-      add(HeaderLine(wire::kStreamSeqHeader, std::to_string(*envelope.stream_seq)));
+    add(HeaderLine(wire::kEventId, envelope.EventId().ToString()));
+    if (options_.envelope == EnvelopeStyle::kExternal) {
+      if (envelope.type) add(HeaderLine(kExternalTypeHeader, *envelope.type));
+    } else {
+      add(HeaderLine(wire::kTopicHeader, envelope.topic));
+      if (envelope.type) add(HeaderLine(kTypeHeader, *envelope.type));
+      if (envelope.stream_key) add(HeaderLine(wire::kStreamKeyHeader, *envelope.stream_key));
+      if (envelope.stream_seq) {
+        add(HeaderLine(wire::kStreamSeqHeader, std::to_string(*envelope.stream_seq)));
+      }
+      if (envelope.stream_prev_seq) {
+        add(HeaderLine(wire::kStreamPrevSeqHeader, std::to_string(*envelope.stream_prev_seq)));
+      }
+      add(HeaderLine(wire::kPartitionHeader, std::to_string(envelope.partition)));
+      add(HeaderLine(wire::kAttemptsHeader, std::to_string(envelope.attempts)));
     }
-    if (envelope.stream_prev_seq) {
-      add(HeaderLine(wire::kStreamPrevSeqHeader, std::to_string(*envelope.stream_prev_seq)));
-    }
-    add(HeaderLine(wire::kPartitionHeader, std::to_string(envelope.partition)));
-    add(HeaderLine(wire::kAttemptsHeader, std::to_string(envelope.attempts)));
     add("Expect:");  // no 100-continue round trip before large bodies
     for (const std::string& line : static_headers_) add(line);
     for (const auto& [name, value] : envelope.headers) {
-      if (!ReservedHeaderName(name)) add(HeaderLine(name, value));
+      if (!LeftOut(envelope, name)) add(HeaderLine(name, value));
     }
     return list;
   }

@@ -88,7 +88,8 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   const config::GetenvFn& getenv) {
   sink.AllowOnly({"type", "url", "method", "secrets", "headers", "max_in_flight", "connect_timeout",
                   "request_timeout", "retry_statuses", "max_retry_after", "max_message_bytes",
-                  "http_version", "tls_ca_file", "tls_cert_file", "tls_key_file", "proxy"});
+                  "http_version", "tls_ca_file", "tls_cert_file", "tls_key_file", "proxy",
+                  "envelope"});
   SinkOptions options;
 
   // url: required; the environment wins (it may hold a password).
@@ -124,6 +125,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
   sink.Read("tls_cert_file", options.tls_cert_file);
   sink.Read("tls_key_file", options.tls_key_file);
   sink.Read("proxy", options.proxy);
+  ReadEnvelopeStyle(sink, options.envelope);
 
   // The rest (the URL and its template, header names, secrets, files), named by key; the
   // messages never quote a secret or a header's value.
@@ -174,6 +176,7 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   out.String("tls_cert_file", options_.tls_cert_file);
   out.String("tls_key_file", options_.tls_key_file);
   out.String("proxy", MaskUrl(options_.proxy));
+  out.String("envelope", EnvelopeStyleName(options_.envelope));
 }
 
 std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& context) const {

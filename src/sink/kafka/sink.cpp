@@ -149,6 +149,7 @@ void LogCallback(const rd_kafka_t* handle, int level, const char* facility, cons
 struct Record {
   std::string topic;
   std::string message_id;
+  std::string event_id;
   std::string numbers[4];  // decimal stream seq, prev seq, partition, attempts
   HeadersPtr headers;
 };
@@ -375,10 +376,11 @@ std::optional<Failure> KafkaSink::Prepare(const Envelope& envelope, Record& out)
         .reason = "the topic template " + Quote(options_.topic) + " gives an empty topic name"};
   }
   out.message_id = envelope.id.ToString();
+  out.event_id = envelope.EventId().ToString();
   const bool debezium = options_.header_style == HeaderStyle::kDebezium;
   const bool has_type = envelope.type && !envelope.type->empty();
   const bool has_content_type = !envelope.content_type.empty();
-  out.headers.reset(rd_kafka_headers_new(envelope.headers.size() + 10));
+  out.headers.reset(rd_kafka_headers_new(envelope.headers.size() + 11));
   rd_kafka_headers_t* headers = out.headers.get();
   const auto add = [headers](std::string_view name, std::string_view value) {
     rd_kafka_header_add(headers, name.data(), static_cast<ssize_t>(name.size()), value.data(),
@@ -386,7 +388,7 @@ std::optional<Failure> KafkaSink::Prepare(const Envelope& envelope, Record& out)
   };
   for (const auto& [name, value] : envelope.headers) {
     // The store refuses the reserved names; skip them anyway, and the names set below.
-    if (name == wire::kMessageId || name.starts_with(wire::kReservedHeaderPrefix)) continue;
+    if (wire::IsReservedName(name)) continue;
     if ((has_type && name == kTypeHeader) || (has_content_type && name == kContentTypeHeader) ||
         (debezium && name == kDebeziumIdHeader)) {
       continue;
@@ -394,9 +396,11 @@ std::optional<Failure> KafkaSink::Prepare(const Envelope& envelope, Record& out)
     add(name, value);
   }
   add(wire::kMessageId, out.message_id);
+  add(wire::kEventId, out.event_id);
   if (debezium) add(kDebeziumIdHeader, out.message_id);
   if (has_type) add(kTypeHeader, *envelope.type);
   if (has_content_type) add(kContentTypeHeader, envelope.content_type);
+  if (options_.envelope == EnvelopeStyle::kExternal) return std::nullopt;
   add(wire::kTopicHeader, envelope.topic);
   if (envelope.stream_key) add(wire::kStreamKeyHeader, *envelope.stream_key);
   if (envelope.stream_seq) {

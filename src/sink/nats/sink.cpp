@@ -614,31 +614,33 @@ std::optional<Failure> NatsSink::Prepare(const Envelope& envelope, MsgPtr& out,
   const bool has_type = envelope.type && !envelope.type->empty();
   const bool has_content_type = !envelope.content_type.empty();
   std::vector<std::pair<std::string_view, std::string>> headers;
-  headers.reserve(envelope.headers.size() + 9);
+  headers.reserve(envelope.headers.size() + 10);
   for (const auto& [name, value] : envelope.headers) {
     // The store refuses the reserved names; skip them anyway, the names set below, and Nats-*
     // (JetStream acts on those).
-    if (name == wire::kMessageId || StartsWithNoCase(name, wire::kReservedHeaderPrefix) ||
-        StartsWithNoCase(name, kReservedNatsPrefix) || (has_type && name == kTypeHeader) ||
-        (has_content_type && name == kContentTypeHeader)) {
+    if (wire::IsReservedName(name) || StartsWithNoCase(name, kReservedNatsPrefix) ||
+        (has_type && name == kTypeHeader) || (has_content_type && name == kContentTypeHeader)) {
       continue;
     }
     headers.emplace_back(name, value);
   }
   const std::string id = envelope.id.ToString();
   headers.emplace_back(wire::kMessageId, id);
+  headers.emplace_back(wire::kEventId, envelope.EventId().ToString());
   if (has_type) headers.emplace_back(kTypeHeader, *envelope.type);
   if (has_content_type) headers.emplace_back(kContentTypeHeader, envelope.content_type);
-  headers.emplace_back(wire::kTopicHeader, envelope.topic);
-  if (envelope.stream_key) headers.emplace_back(wire::kStreamKeyHeader, *envelope.stream_key);
-  if (envelope.stream_seq) {
-    headers.emplace_back(wire::kStreamSeqHeader, std::to_string(*envelope.stream_seq));
+  if (options_.envelope == EnvelopeStyle::kFull) {
+    headers.emplace_back(wire::kTopicHeader, envelope.topic);
+    if (envelope.stream_key) headers.emplace_back(wire::kStreamKeyHeader, *envelope.stream_key);
+    if (envelope.stream_seq) {
+      headers.emplace_back(wire::kStreamSeqHeader, std::to_string(*envelope.stream_seq));
+    }
+    if (envelope.stream_prev_seq) {
+      headers.emplace_back(wire::kStreamPrevSeqHeader, std::to_string(*envelope.stream_prev_seq));
+    }
+    headers.emplace_back(wire::kPartitionHeader, std::to_string(envelope.partition));
+    headers.emplace_back(wire::kAttemptsHeader, std::to_string(envelope.attempts));
   }
-  if (envelope.stream_prev_seq) {
-    headers.emplace_back(wire::kStreamPrevSeqHeader, std::to_string(*envelope.stream_prev_seq));
-  }
-  headers.emplace_back(wire::kPartitionHeader, std::to_string(envelope.partition));
-  headers.emplace_back(wire::kAttemptsHeader, std::to_string(envelope.attempts));
 
   // "NATS/1.0\r\n", a "name: value\r\n" line each, "\r\n": as the server counts them against
   // max_payload, with JetStream's own headers.

@@ -32,7 +32,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   const config::GetenvFn& getenv) {
   sink.AllowOnly({"type", "url", "subject", "expect_stream", "max_pending", "connect_timeout",
                   "max_message_bytes", "token", "creds", "nkey_seed", "tls_ca_file",
-                  "tls_cert_file", "tls_key_file", "tls_server_name"});
+                  "tls_cert_file", "tls_key_file", "tls_server_name", "envelope"});
   SinkOptions options;
   options.url.clear();
 
@@ -75,6 +75,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
 
   for (const std::string_view key : kFileKeys) sink.Read(key, *FileOption(options, key));
   sink.Read("tls_server_name", options.tls_server_name);
+  ReadEnvelopeStyle(sink, options.envelope);
 
   // The rest (subject syntax, stream name, readable files, combinations), named by key.
   try {
@@ -104,6 +105,7 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   out.String("tls_cert_file", options_.tls_cert_file);
   out.String("tls_key_file", options_.tls_key_file);
   out.String("tls_server_name", options_.tls_server_name);
+  out.String("envelope", EnvelopeStyleName(options_.envelope));
 }
 
 std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& context) const {

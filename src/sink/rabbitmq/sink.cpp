@@ -145,6 +145,7 @@ struct Prepared {
   std::string exchange;
   std::string routing_key;
   std::string message_id;
+  std::string event_id;
   std::vector<amqp_table_entry_t> headers;
   amqp_basic_properties_t properties{};
 };
@@ -428,11 +429,12 @@ std::optional<Failure> RabbitSink::Prepare(const Envelope& envelope, Prepared& o
                            std::to_string(out.routing_key.size()) + " bytes, over AMQP's 255");
   }
   out.message_id = envelope.id.ToString();
+  out.event_id = envelope.EventId().ToString();
 
   out.headers.clear();
   for (const auto& [name, value] : envelope.headers) {
     // The store refuses these names; skip them anyway so that they can never shadow ours.
-    if (name == kMessageIdHeader || name.starts_with(kReservedHeaderPrefix)) continue;
+    if (wire::IsReservedName(name)) continue;
     if (name.size() > kFieldNameMax) {
       return MakeFailure(FailureKind::kPermanent, "header name '" + Shorten(name) + "' is " +
                                                       std::to_string(name.size()) +
@@ -440,15 +442,18 @@ std::optional<Failure> RabbitSink::Prepare(const Envelope& envelope, Prepared& o
     }
     out.headers.push_back(StringEntry(name, value));
   }
-  out.headers.push_back(StringEntry(wire::kTopicHeader, envelope.topic));
-  if (envelope.stream_key)
-    out.headers.push_back(StringEntry(wire::kStreamKeyHeader, *envelope.stream_key));
-  if (envelope.stream_seq)
-    out.headers.push_back(Int64Entry(wire::kStreamSeqHeader, *envelope.stream_seq));
-  if (envelope.stream_prev_seq)
-    out.headers.push_back(Int64Entry(wire::kStreamPrevSeqHeader, *envelope.stream_prev_seq));
-  out.headers.push_back(Int32Entry(wire::kPartitionHeader, envelope.partition));
-  out.headers.push_back(Int32Entry(wire::kAttemptsHeader, envelope.attempts));
+  out.headers.push_back(StringEntry(wire::kEventId, out.event_id));
+  if (options_.envelope == EnvelopeStyle::kFull) {
+    out.headers.push_back(StringEntry(wire::kTopicHeader, envelope.topic));
+    if (envelope.stream_key)
+      out.headers.push_back(StringEntry(wire::kStreamKeyHeader, *envelope.stream_key));
+    if (envelope.stream_seq)
+      out.headers.push_back(Int64Entry(wire::kStreamSeqHeader, *envelope.stream_seq));
+    if (envelope.stream_prev_seq)
+      out.headers.push_back(Int64Entry(wire::kStreamPrevSeqHeader, *envelope.stream_prev_seq));
+    out.headers.push_back(Int32Entry(wire::kPartitionHeader, envelope.partition));
+    out.headers.push_back(Int32Entry(wire::kAttemptsHeader, envelope.attempts));
+  }
 
   amqp_basic_properties_t& p = out.properties;
   p = amqp_basic_properties_t{};

@@ -21,7 +21,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   const config::GetenvFn& getenv) {
   sink.AllowOnly({"type", "url", "exchange", "routing_key", "mandatory", "persistent",
                   "confirm_window", "connect_timeout", "heartbeat", "declare_exchange_type",
-                  "max_message_bytes"});
+                  "max_message_bytes", "envelope"});
   SinkOptions options;
   options.url.clear();
   const std::string url_key = sink.Key("url");
@@ -72,6 +72,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                           : sink.Find("declare_exchange_type"));
   }
   sink.ReadInteger("max_message_bytes", 1, kMaxMessageBytes, options.max_message_bytes);
+  ReadEnvelopeStyle(sink, options.envelope);
   return std::make_unique<const SinkSettings>(std::move(options));
 }
 
@@ -89,6 +90,7 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   out.Duration("heartbeat", options_.heartbeat);
   out.String("declare_exchange_type", options_.declare_exchange_type);
   out.Integer("max_message_bytes", static_cast<std::int64_t>(options_.max_message_bytes));
+  out.String("envelope", EnvelopeStyleName(options_.envelope));
 }
 
 std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& /*context*/) const {

@@ -72,9 +72,11 @@ std::string Number(std::int64_t value) {
 
 std::string_view View(const redisReply& reply) { return {reply.str, reply.len}; }
 
+// The sink's own fields and the reserved names (message_id, event_id, outbox-*, in any case): a
+// user header named so is left out.
 bool IsOwnField(std::string_view name) {
   return name == kIdField || name == kPayloadField || name == kContentTypeField ||
-         name == kTypeField || name == kMessageIdHeader || name.starts_with(kReservedHeaderPrefix);
+         name == kTypeField || wire::IsReservedName(name);
 }
 
 class RedisSink final : public Sink {
@@ -173,6 +175,7 @@ class RedisSink final : public Sink {
   std::string key_;
   std::string dedup_key_;
   std::string id_;
+  std::string event_id_;
   std::string seq_;
   std::string prev_seq_;
   std::string partition_;
@@ -323,23 +326,27 @@ std::optional<Failure> RedisSink::Prepare(const Envelope& envelope) {
     args_.push_back(value);
   };
   field(kIdField, id_);
+  event_id_ = envelope.EventId().ToString();
+  field(wire::kEventId, event_id_);
   field(kPayloadField, envelope.payload);
   if (!envelope.content_type.empty()) field(kContentTypeField, envelope.content_type);
   if (envelope.type && !envelope.type->empty()) field(kTypeField, *envelope.type);
-  field(wire::kTopicHeader, envelope.topic);
-  if (envelope.stream_key) field(wire::kStreamKeyHeader, *envelope.stream_key);
-  if (envelope.stream_seq) {
-    seq_ = Number(*envelope.stream_seq);
-    field(wire::kStreamSeqHeader, seq_);
+  if (options_.envelope == EnvelopeStyle::kFull) {
+    field(wire::kTopicHeader, envelope.topic);
+    if (envelope.stream_key) field(wire::kStreamKeyHeader, *envelope.stream_key);
+    if (envelope.stream_seq) {
+      seq_ = Number(*envelope.stream_seq);
+      field(wire::kStreamSeqHeader, seq_);
+    }
+    if (envelope.stream_prev_seq) {
+      prev_seq_ = Number(*envelope.stream_prev_seq);
+      field(wire::kStreamPrevSeqHeader, prev_seq_);
+    }
+    partition_ = Number(envelope.partition);
+    field(wire::kPartitionHeader, partition_);
+    attempts_ = Number(envelope.attempts);
+    field(wire::kAttemptsHeader, attempts_);
   }
-  if (envelope.stream_prev_seq) {
-    prev_seq_ = Number(*envelope.stream_prev_seq);
-    field(wire::kStreamPrevSeqHeader, prev_seq_);
-  }
-  partition_ = Number(envelope.partition);
-  field(wire::kPartitionHeader, partition_);
-  attempts_ = Number(envelope.attempts);
-  field(wire::kAttemptsHeader, attempts_);
   for (const auto& [name, value] : envelope.headers) {
     if (!IsOwnField(name)) field(name, value);
   }

@@ -19,7 +19,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   std::string_view name,
                                                   const config::GetenvFn& getenv) {
   sink.AllowOnly({"type", "url", "stream", "max_len", "dedup", "dedup_window", "dedup_prefix",
-                  "pipeline", "connect_timeout", "max_message_bytes"});
+                  "pipeline", "connect_timeout", "max_message_bytes", "envelope"});
   SinkOptions options;
   options.url.clear();
   const std::string url_env = SinkSecretEnv(name, "url");
@@ -71,6 +71,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                     options.connect_timeout);
   sink.ReadInteger("max_message_bytes", 1, std::int64_t{512} * 1024 * 1024,
                    options.max_message_bytes);
+  ReadEnvelopeStyle(sink, options.envelope);
 
   // Anything the sink itself refuses, named by key.
   try {
@@ -94,6 +95,7 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   out.Integer("pipeline", static_cast<std::int64_t>(options_.pipeline));
   out.Duration("connect_timeout", options_.connect_timeout);
   out.Integer("max_message_bytes", static_cast<std::int64_t>(options_.max_message_bytes));
+  out.String("envelope", EnvelopeStyleName(options_.envelope));
 }
 
 std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& context) const {
