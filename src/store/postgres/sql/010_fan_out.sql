@@ -82,6 +82,25 @@ $$;
 CREATE TRIGGER topic_settings_check BEFORE INSERT OR UPDATE ON __SCHEMA__.topic_settings
   FOR EACH ROW EXECUTE FUNCTION __SCHEMA__.topic_settings_check();
 
+-- Whether topic_settings has any row. Every enqueue reads settings anyway; with this it probes
+-- topic_settings only when there is something to find there (the probe is about 3 us of an
+-- enqueue's 60 in PL/pgSQL, and every enqueue that names no target would pay it).
+ALTER TABLE __SCHEMA__.settings
+  ADD COLUMN has_topic_settings boolean NOT NULL DEFAULT false;
+UPDATE __SCHEMA__.settings SET has_topic_settings = EXISTS (SELECT 1 FROM __SCHEMA__.topic_settings);
+
+CREATE FUNCTION __SCHEMA__.topic_settings_count() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  UPDATE __SCHEMA__.settings
+     SET has_topic_settings = EXISTS (SELECT 1 FROM __SCHEMA__.topic_settings)
+   WHERE has_topic_settings IS DISTINCT FROM EXISTS (SELECT 1 FROM __SCHEMA__.topic_settings);
+  RETURN NULL;
+END
+$$;
+CREATE TRIGGER topic_settings_count AFTER INSERT OR DELETE OR TRUNCATE ON __SCHEMA__.topic_settings
+  FOR EACH STATEMENT EXECUTE FUNCTION __SCHEMA__.topic_settings_count();
+
 -- 4. event_id joins the reserved header names: the sinks send the event id under it.
 CREATE OR REPLACE FUNCTION __SCHEMA__.build_headers(headers jsonb, correlation_id text,
                                                     causation_id text)
@@ -191,8 +210,8 @@ BEGIN
     RAISE EXCEPTION 'outbox.enqueue: headers must be a JSON object' USING ERRCODE = '22023';
   END IF;
 
-  -- The topic's settings, read only when the call leaves something to them.
-  IF targets IS NULL OR (stream_key IS NOT NULL AND sequenced IS NULL) THEN
+  -- The topic's settings, read only when there are some and the call leaves something to them.
+  IF config.has_topic_settings AND (targets IS NULL OR (stream_key IS NOT NULL AND sequenced IS NULL)) THEN
     SELECT t.targets, t.sequenced INTO topic_targets, topic_sequenced
       FROM __SCHEMA__.topic_settings t WHERE t.topic = enqueue_messages.topic;
   END IF;
