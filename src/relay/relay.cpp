@@ -789,7 +789,9 @@ class Relay::Engine {
     for (std::size_t i = 0; i < batch.size(); ++i) {
       const Envelope& envelope = batch[i];
       const PublishOutcome& outcome = outcomes[i];
-      const bool broken = envelope.stream_key && broken_streams.contains(StreamOf(envelope));
+      // (The key is built only once a stream has failed: the usual batch builds none.)
+      const bool broken = envelope.stream_key && !broken_streams.empty() &&
+                          broken_streams.contains(StreamOf(envelope));
       if (outcome.published() && !broken) {
         done.push_back(LeasedId::Of(envelope));
         const std::chrono::duration<double> latency = confirmed_at - envelope.created_at;

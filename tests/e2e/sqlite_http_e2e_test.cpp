@@ -147,11 +147,28 @@ TEST_F(SqliteHttpE2eTest, MetricsAndTheAdminApiWorkOnTheEmbeddedStore) {
   EXPECT_EQ(page["messages"][0]["last_error"], "abandoned by operator: parked by the test");
   EXPECT_EQ(page["more"], false);
 
+  // ...finds a message by its event id (a single-target message is its own event)...
+  auto by_event = Get("/api/messages?event=" + ids[2].ToString());
+  ASSERT_TRUE(by_event);
+  ASSERT_EQ(by_event->status, 200) << by_event->body;
+  const auto event_page = nlohmann::json::parse(by_event->body);
+  ASSERT_EQ(event_page["messages"].size(), 1U) << by_event->body;
+  EXPECT_EQ(event_page["messages"][0]["event_id"], ids[2].ToString());
+
   // ...refuses bad input and a missing token...
   auto bad = Get("/api/messages?status=done");
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400);
   EXPECT_NE(bad->body.find("unknown status 'done'"), std::string::npos) << bad->body;
+  auto bad_event = Get("/api/messages?event=order-42");
+  ASSERT_TRUE(bad_event);
+  EXPECT_EQ(bad_event->status, 400);
+  EXPECT_NE(bad_event->body.find("'order-42' is not a message id"), std::string::npos)
+      << bad_event->body;
+  auto bad_event_body =
+      Post("/api/messages/abandon", R"({"event": "nope", "reason": "r", "dry_run": true})");
+  ASSERT_TRUE(bad_event_body);
+  EXPECT_EQ(bad_event_body->status, 400) << bad_event_body->body;
   auto everything = Post("/api/messages/replay", "{}");
   ASSERT_TRUE(everything);
   EXPECT_EQ(everything->status, 400);
