@@ -22,9 +22,9 @@
 #include "message_json.h"
 #include "outbox/core/log_text.h"
 #include "outbox/core/utf8.h"
-#include "outbox/core/version.h"
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_admin.h"
+#include "version_line.h"
 
 namespace {
 
@@ -433,7 +433,7 @@ std::chrono::seconds DurationOption(const std::string& option, const std::string
 
 int main(int argc, char** argv) {
   CLI::App app{"outboxctl: inspect and repair an outbox", "outboxctl"};
-  app.set_version_flag("--version", std::string{"outboxctl "} + outbox::kVersion);
+  app.set_version_flag("--version", outbox::apps::VersionLine("outboxctl"));
   app.footer(
       "Exit codes: 0 success, 1 database failure or refusal, 2 bad command line, 3 not found.");
   std::string db;
@@ -446,6 +446,14 @@ int main(int argc, char** argv) {
   app.fallthrough();  // --db and --schema may also follow the command
 
   auto* migrate = app.add_subcommand("migrate", "create or upgrade the outbox schema");
+  bool print_sql = false;
+  int migrate_from = 0;
+  migrate->add_flag("--print-sql", print_sql,
+                    "print the migration SQL instead of running it (for a migration tool or a "
+                    "DBA; apply it in one transaction); needs no database");
+  auto* from_option = migrate->add_option(
+      "--from", migrate_from,
+      "with --print-sql: the schema version the database is at (0: a new database)");
 
   auto* status = app.add_subcommand("status", "message counts by status, oldest pending age");
   bool status_json = false;
@@ -511,6 +519,9 @@ int main(int argc, char** argv) {
     std::optional<MessageId> after;
     std::optional<MessageId> id;
     outbox::RetentionPolicy retention;
+    if (migrate->parsed() && from_option->count() > 0 && !print_sql) {
+      throw UsageError("migrate: --from is for --print-sql; migrate itself reads the version");
+    }
     if (list->parsed()) {
       filter = list_filter.Build();
       if (limit < 1 || limit > Admin::kMaxListLimit) {
@@ -549,6 +560,14 @@ int main(int argc, char** argv) {
       retention.abandoned = DurationOption("--abandoned", purge_abandoned);
     }
 
+    if (migrate->parsed() && print_sql) {
+      try {
+        std::cout << outbox::postgres::MigrationScript(schema, migrate_from);
+      } catch (const std::invalid_argument& error) {
+        throw UsageError(error.what());
+      }
+      return 0;
+    }
     if (migrate->parsed()) return Migrate(db, schema);
     if (status->parsed()) return Status(db, schema, status_json);
     auto admin = outbox::postgres::OpenAdmin(db, schema);

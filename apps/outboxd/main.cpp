@@ -2,9 +2,10 @@
 //
 //   outboxd --config outbox.toml [--check-config] [--log-level LEVEL]
 //
-// Exit codes: 0 clean shutdown (SIGTERM/SIGINT: drain, release leases, exit), 1 runtime failure,
-// 2 bad command line or configuration, 130 a second signal during the drain (exit at once; the
-// leases expire and another relay, or this one restarted, publishes what was in flight).
+// Exit codes: 0 clean shutdown (SIGTERM/SIGINT: drain, release leases, exit), 1 runtime failure
+// or a drain longer than relay.shutdown_timeout, 2 bad command line or configuration, 130 a second
+// signal during the drain (exit at once). After 1 or 130 the leases expire and another relay, or
+// this one restarted, publishes what was in flight.
 
 #include <signal.h>
 #include <spdlog/sinks/stdout_sinks.h>
@@ -12,6 +13,8 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -26,6 +29,8 @@
 #include "outbox/core/version.h"
 #include "outbox/observe/metrics.h"
 #include "outbox/relay/relay.h"
+#include "service_manager.h"
+#include "version_line.h"
 
 namespace {
 
@@ -33,11 +38,13 @@ constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitSecondSignal = 130;
 
-std::shared_ptr<spdlog::logger> MakeLogger(const outbox::outboxd::Config& config) {
+std::shared_ptr<spdlog::logger> MakeLogger(const outbox::outboxd::Config& config, bool journal) {
   auto logger = spdlog::stderr_logger_mt("outboxd");
   logger->set_level(spdlog::level::from_str(config.log_level));
   if (config.log_format == "json") {
     logger->set_pattern("%v");  // each message is rendered as a whole JSON object below
+  } else if (journal) {
+    logger->set_pattern("%v");  // the journal has the time; MakeLogFn puts the priority first
   } else {
     logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %l %v");
   }
@@ -48,14 +55,24 @@ std::shared_ptr<spdlog::logger> MakeLogger(const outbox::outboxd::Config& config
 // message may carry text from outside (abandon reasons, topics, ids, broker and database errors),
 // so it is sanitized here, once (outbox/core/log_text.h): the plain format escapes control
 // characters and invalid UTF-8 and bounds the length; the JSON format bounds the length and lets
-// the JSON library escape (invalid UTF-8 becomes U+FFFD).
-outbox::LogFn MakeLogFn(std::shared_ptr<spdlog::logger> logger, bool json) {
-  return [logger = std::move(logger), json](outbox::LogLevel level, std::string_view message) {
+// the JSON library escape (invalid UTF-8 becomes U+FFFD). On the journal, a plain line starts
+// with its syslog priority ("<3>" for an error), so `journalctl -p warning` finds it.
+outbox::LogFn MakeLogFn(std::shared_ptr<spdlog::logger> logger, bool json, bool journal) {
+  return [logger = std::move(logger), json, journal](outbox::LogLevel level,
+                                                     std::string_view message) {
     const auto spd = level == outbox::LogLevel::kDebug  ? spdlog::level::debug
                      : level == outbox::LogLevel::kInfo ? spdlog::level::info
                      : level == outbox::LogLevel::kWarn ? spdlog::level::warn
                                                         : spdlog::level::err;
     if (!logger->should_log(spd)) return;
+    if (!json && journal) {
+      const int priority = spd == spdlog::level::debug  ? 7
+                           : spd == spdlog::level::info ? 6
+                           : spd == spdlog::level::warn ? 4
+                                                        : 3;
+      logger->log(spd, "<{}>{}", priority, outbox::SanitizeForLog(message));
+      return;
+    }
     if (!json) {
       logger->log(spd, "{}", outbox::SanitizeForLog(message));
       return;
@@ -106,28 +123,46 @@ Database OpenDatabase(const outbox::outboxd::Config& config) {
 }
 
 // Waits for SIGTERM/SIGINT on a thread of its own (the signals are blocked everywhere else): the
-// first asks the relay to drain, a second exits at once.
+// first asks the relay to drain, a second exits at once, and so does a drain that outlasts
+// `shutdown_timeout` (a broker that never confirms, a database that does not answer).
 void HandleSignals(outbox::Relay& relay, outbox::outboxd::Operations* operations,
                    const outbox::LogFn& log, const std::shared_ptr<spdlog::logger>& logger,
-                   const sigset_t& signals) {
+                   const sigset_t& signals, std::chrono::milliseconds shutdown_timeout,
+                   const std::atomic<bool>& drained) {
   int signal = 0;
   if (sigwait(&signals, &signal) != 0) return;
   log(outbox::LogLevel::kInfo,
       "received " + std::string{strsignal(signal)} + ": draining (send it again to exit at once)");
+  outbox::outboxd::NotifyStopping(shutdown_timeout);
   if (operations != nullptr) operations->BeginDrain();
   relay.Stop();
-  if (sigwait(&signals, &signal) != 0) return;
-  log(outbox::LogLevel::kWarn,
-      "received " + std::string{strsignal(signal)} + " again: exiting without draining");
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(shutdown_timeout);
+  const timespec timeout{
+      .tv_sec = static_cast<time_t>(seconds.count()),
+      .tv_nsec = static_cast<long>(std::chrono::nanoseconds{shutdown_timeout - seconds}.count())};
+  signal = sigtimedwait(&signals, nullptr, &timeout);
+  if (signal > 0) {
+    log(outbox::LogLevel::kWarn,
+        "received " + std::string{strsignal(signal)} + " again: exiting without draining");
+    logger->flush();
+    _exit(kExitSecondSignal);
+  }
+  // Timed out (EAGAIN; EINTR cannot happen with every other signal's default action), unless
+  // main is on its way out already.
+  if (drained) return;
+  log(outbox::LogLevel::kError,
+      "the drain did not finish within relay.shutdown_timeout (" +
+          std::to_string(shutdown_timeout.count()) +
+          " ms): exiting; what it held is published again once its leases expire");
   logger->flush();
-  _exit(kExitSecondSignal);
+  _exit(kExitFailure);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"outboxd: publishes committed outbox messages to brokers, with confirms", "outboxd"};
-  app.set_version_flag("--version", std::string{"outboxd "} + outbox::kVersion);
+  app.set_version_flag("--version", outbox::apps::VersionLine("outboxd"));
   std::string config_path;
   app.add_option("-c,--config", config_path, "TOML configuration file (see outbox.example.toml)")
       ->envname("OUTBOX_CONFIG");
@@ -172,8 +207,9 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a closed stdout pipe is a write error for the file sink
 
-  auto logger = MakeLogger(config);
-  const auto log_fn = MakeLogFn(logger, config.log_format == "json");
+  const bool journal = outbox::outboxd::StderrIsJournal();
+  auto logger = MakeLogger(config, journal);
+  const auto log_fn = MakeLogFn(logger, config.log_format == "json", journal);
   try {
     outbox::RelayOptions options;
     options.instance = config.instance;
@@ -200,14 +236,20 @@ int main(int argc, char** argv) {
                        [&relay] { return relay.paused_targets(); });
     operations->Start();
     const std::string sinks = std::to_string(config.sinks.size()) + " sink(s)";
-    log_fn(outbox::LogLevel::kInfo, "outboxd " + std::string{outbox::kVersion} + " relaying " +
-                                        config.database->Description() + " as " + config.instance +
-                                        " to " + sinks);
+    const std::string relaying =
+        "relaying " + config.database->Description() + " as " + config.instance + " to " + sinks;
+    log_fn(outbox::LogLevel::kInfo, "outboxd " + std::string{outbox::kVersion} + " " + relaying);
     outbox::outboxd::Operations* operations_ptr = operations ? &*operations : nullptr;
-    std::thread signal_thread(
-        [&] { HandleSignals(relay, operations_ptr, log_fn, logger, signals); });
+    std::atomic<bool> drained{false};
+    std::thread signal_thread([&] {
+      HandleSignals(relay, operations_ptr, log_fn, logger, signals, config.shutdown_timeout,
+                    drained);
+    });
     signal_thread.detach();  // it either exits the process or waits forever
+    // Started: configuration read, database reached and its schema checked, sinks built.
+    outbox::outboxd::NotifyReady(relaying);
     relay.Run();
+    drained = true;
     if (operations) operations->Stop();
     const auto& counters = relay.counters();
     log_fn(outbox::LogLevel::kInfo,

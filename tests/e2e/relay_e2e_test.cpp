@@ -6,12 +6,17 @@
 // claimed messages (frozen_relay.h), so that what it checks about them is not vacuous.
 
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -23,6 +28,7 @@
 #include "support/amqp_test_client.h"
 #include "support/child_process.h"
 #include "support/pg_test_support.h"
+#include "support/tcp_proxy.h"
 #include "support/wait.h"
 
 namespace outbox::testing {
@@ -32,6 +38,44 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 std::string ServicesScript() { return std::string{PROJECT_SOURCE_DIR} + "/scripts/services"; }
+
+// The service manager's end of sd_notify: a datagram socket that outboxd finds in NOTIFY_SOCKET,
+// as systemd gives it to a Type=notify service.
+class NotifySocket {
+ public:
+  explicit NotifySocket(std::string path) : path_(std::move(path)) {
+    fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    path_.copy(address.sun_path, sizeof address.sun_path - 1);
+    std::remove(path_.c_str());
+    if (fd_ < 0 || bind(fd_, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
+      throw std::runtime_error("cannot bind " + path_ + ": " + std::strerror(errno));
+    }
+  }
+  ~NotifySocket() {
+    close(fd_);
+    std::remove(path_.c_str());
+  }
+  NotifySocket(const NotifySocket&) = delete;
+  NotifySocket& operator=(const NotifySocket&) = delete;
+
+  [[nodiscard]] const std::string& path() const { return path_; }
+
+  // The next notification, or "" after `limit`.
+  std::string Receive(milliseconds limit) {
+    pollfd ready{.fd = fd_, .events = POLLIN, .revents = 0};
+    if (poll(&ready, 1, static_cast<int>(limit.count())) != 1) return "";
+    std::string message(4096, '\0');
+    const ssize_t size = recv(fd_, message.data(), message.size(), 0);
+    message.resize(size > 0 ? static_cast<std::size_t>(size) : 0);
+    return message;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 
 class RelayE2eTest : public ::testing::Test {
  protected:
@@ -50,11 +94,12 @@ class RelayE2eTest : public ::testing::Test {
   void WriteConfig(int max_attempts = 10, const std::string& extra = "") {
     std::ofstream out(config_path_);
     out << "[database]\nurl = \"" << PgUrl() << "\"\nschema = \"" << schema_.name() << "\"\n"
-        << "[relay]\ninstance = \"e2e\"\nbatch_size = 500\nlease = \"10s\"\n"
-        << "publish_timeout = \"5s\"\nsweep_interval = \"200ms\"\nmax_backoff = \"500ms\"\n"
+        << "[relay]\ninstance = \"e2e\"\nbatch_size = 500\nlease = \"" << lease_ << "\"\n"
+        << "publish_timeout = \"" << publish_timeout_ << "\"\nsweep_interval = \"200ms\"\n"
+        << "max_backoff = \"500ms\"\nshutdown_timeout = \"" << shutdown_timeout_ << "\"\n"
         << "[retry]\ninitial_delay = \"100ms\"\nmax_delay = \"200ms\"\nmax_attempts = "
         << max_attempts << "\n"
-        << "[sinks.default]\ntype = \"rabbitmq\"\nurl = \"" << AmqpUrl() << "\"\n"
+        << "[sinks.default]\ntype = \"rabbitmq\"\nurl = \"" << amqp_url_ << "\"\n"
         << "routing_key = \"{topic}\"\n"
         << "[http]\nlisten = \"\"\n"  // several tests may run relays side by side
         << extra;
@@ -131,11 +176,12 @@ class RelayE2eTest : public ::testing::Test {
 
   // outboxd with the configuration, its backends named app_name_ in pg_stat_activity (so that
   // FreezeHoldingAClaim can tell them apart).
-  std::unique_ptr<ChildProcess> StartRelay() {
-    return std::make_unique<ChildProcess>(
-        std::vector<std::string>{"/usr/bin/env", "PGAPPNAME=" + app_name_, OUTBOXD_PATH, "--config",
-                                 config_path_},
-        config_path_ + ".log");
+  // `environment`: more NAME=value for it.
+  std::unique_ptr<ChildProcess> StartRelay(const std::vector<std::string>& environment = {}) {
+    std::vector<std::string> argv{"/usr/bin/env", "PGAPPNAME=" + app_name_};
+    argv.insert(argv.end(), environment.begin(), environment.end());
+    argv.insert(argv.end(), {OUTBOXD_PATH, "--config", config_path_});
+    return std::make_unique<ChildProcess>(argv, config_path_ + ".log");
   }
   // Stops `relay` (SIGSTOP) while it holds claimed messages (it is the only relay on the schema).
   Freeze FreezeWithAClaim(ChildProcess& relay) {
@@ -147,6 +193,10 @@ class RelayE2eTest : public ::testing::Test {
     return {std::istreambuf_iterator<char>(in), {}};
   }
 
+  std::string lease_ = "10s";
+  std::string publish_timeout_ = "5s";
+  std::string shutdown_timeout_ = "10s";
+  std::string amqp_url_ = AmqpUrl();
   TestSchema schema_;
   std::string queue_;
   std::string config_path_;
@@ -308,6 +358,72 @@ TEST_F(RelayE2eTest, SigtermDrainsCleanly) {
   for (const auto& delivery : consumer.deliveries()) seen.insert(delivery.message_id);
   EXPECT_EQ(seen.size(), 20000U);
   EXPECT_EQ(consumer.count(), 20000U) << "a clean drain publishes nothing twice";
+}
+
+// outboxd as a systemd Type=notify service: READY=1 once it relays, STOPPING=1 with the time the
+// drain may take when SIGTERM arrives. And a drain that cannot finish (the broker never confirms)
+// ends after relay.shutdown_timeout with exit 1, long before publish_timeout, losing nothing: the
+// message it held is published by the next relay once its lease expires.
+TEST_F(RelayE2eTest, TellsTheServiceManagerAndEndsADrainAtShutdownTimeout) {
+  TcpProxy broker("127.0.0.1", 5672);
+  amqp_url_ = "amqp://guest:guest@127.0.0.1:" + std::to_string(broker.port()) + "/";
+  lease_ = "20s";
+  publish_timeout_ = "10s";
+  shutdown_timeout_ = "1s";
+  WriteConfig();
+  NotifySocket notify("/tmp/outboxd-notify-" + schema_.name() + ".sock");
+  Consumer consumer(queue_);
+  auto relay = StartRelay({"NOTIFY_SOCKET=" + notify.path()});
+  const std::string ready = notify.Receive(seconds{30});
+  EXPECT_NE(ready.find("READY=1\n"), std::string::npos) << "'" << ready << "'\n" << Log();
+  EXPECT_NE(ready.find("STATUS=relaying schema " + schema_.name() + " as e2e to 1 sink(s)"),
+            std::string::npos)
+      << ready;
+
+  // One message through, so that the sink's connection is up; then the broker's replies stop.
+  const auto enqueue = [&] {
+    return Scalar(schema_.conn(), "SELECT " + schema_.name() + ".enqueue('" + queue_ +
+                                      "', '{}', stream_key => 's')");
+  };
+  const std::string first = enqueue();
+  ASSERT_TRUE(WaitUntil([&] { return consumer.count() >= 1; }, seconds{30})) << Log();
+  ASSERT_TRUE(WaitUntil([&] { return Count("true") == "0"; }, seconds{10})) << Log();
+  broker.SetMode(TcpProxy::Mode::kHoldReplies);
+  const std::string second = enqueue();
+  ASSERT_TRUE(WaitUntil([&] { return Processing() == 1; }, seconds{30}))
+      << "the relay did not claim the message\n"
+      << Log();
+  std::this_thread::sleep_for(milliseconds{300});  // published, waiting for its confirm
+
+  const auto signalled = std::chrono::steady_clock::now();
+  relay->Signal(SIGTERM);
+  const std::string stopping = notify.Receive(seconds{10});
+  EXPECT_NE(stopping.find("STOPPING=1\n"), std::string::npos) << "'" << stopping << "'";
+  // shutdown_timeout and a 5 s margin, in microseconds.
+  EXPECT_NE(stopping.find("EXTEND_TIMEOUT_USEC=6000000"), std::string::npos) << stopping;
+  EXPECT_EQ(relay->Wait(seconds{30}), 1) << Log();
+  const auto took = std::chrono::steady_clock::now() - signalled;
+  EXPECT_LT(took, seconds{6}) << "the drain was not cut at shutdown_timeout (1 s; publish_timeout "
+                                 "is 10 s)";
+  EXPECT_NE(Log().find("the drain did not finish within relay.shutdown_timeout (1000 ms)"),
+            std::string::npos)
+      << Log();
+  EXPECT_EQ(Processing(), 1) << "the held message's lease was given up or settled\n" << Log();
+
+  // Nothing lost: the next relay publishes it once the lease has expired.
+  broker.SetMode(TcpProxy::Mode::kForward);
+  shutdown_timeout_ = "10s";
+  WriteConfig();
+  auto again = StartRelay();
+  EXPECT_TRUE(WaitUntil([&] { return Count("true") == "0"; }, seconds{60}))
+      << Count("true") << " left\n"
+      << Log();
+  again->Signal(SIGTERM);
+  EXPECT_EQ(again->Wait(seconds{30}), 0) << Log();
+  consumer.Stop();
+  std::set<std::string> seen;
+  for (const auto& delivery : consumer.deliveries()) seen.insert(delivery.message_id);
+  EXPECT_EQ(seen, (std::set<std::string>{first, second}));
 }
 
 }  // namespace

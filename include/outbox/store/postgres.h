@@ -36,6 +36,13 @@ int LatestSchemaVersion();
 int Migrate(const std::string& conninfo, const std::string& schema = std::string{kDefaultSchema});
 int Migrate(pg_conn* conn, const std::string& schema = std::string{kDefaultSchema});
 
+// The SQL that Migrate runs to bring `schema` from version `from` (0: nothing there yet) to
+// LatestSchemaVersion(), as one script for teams whose schema changes go through a migration tool
+// or a DBA. It has no BEGIN/COMMIT (apply it in one transaction) and refuses to run, with SQLSTATE
+// 55000, unless the schema is at version `from`. Throws std::invalid_argument for a `from` outside
+// 0..LatestSchemaVersion() or a schema name that is not a plain identifier.
+std::string MigrationScript(const std::string& schema, int from = 0);
+
 // The NOTIFY channel that wakes an idle relay of `schema`: "<schema>_wakeup".
 std::string WakeupChannel(const std::string& schema);
 // The advisory lock (pg_advisory_xact_lock_shared(hashtext(name))) every enqueue holds until it
