@@ -14,50 +14,66 @@ install(FILES ${PROJECT_BINARY_DIR}/generated/outbox/core/version.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/outbox/core COMPONENT Development)
 
 # How a user finds each third-party target the libraries link: with CMake (the config file) and
-# with pkg-config. _outbox_dependency(<target> <find> <pc> <flags>) sets, in the caller:
+# with pkg-config. _outbox_dependency(<target> <find> <pc> <flags> [<deb>]) sets, in the caller:
 #   <find>   cmake|<package>[|<version>|CONFIG]   find_dependency(<package> ...)
 #            pkg|<prefix>|<module>                pkg_check_modules(<prefix> IMPORTED_TARGET <module>)
 #   <pc>     the Debian pkg-config module, if there is one and linking needs it
 #   <flags>  linker flags when there is none
-# Header-only libraries need neither: their headers are in /usr/include. A library that links a
-# target missing here fails the configuration, so that the package cannot silently lack it.
+#   <deb>    the Debian package that provides it to a user (the liboutbox-dev package depends on
+#            it; cmake/OutboxPackage.cmake), with the version the find asks for
+# Header-only libraries need no <pc> nor <flags>: their headers are in /usr/include. A library
+# that links a target missing here fails the configuration, so that the package cannot silently
+# lack it.
 function(_outbox_dependency target find pc flags)
   set(f "")
   set(p "")
   set(l "")
+  set(d "")
   if(target STREQUAL "Threads::Threads")
     set(f "cmake|Threads")
     set(l "-pthread")
+    # libc6-dev: there wherever a C++ compiler is.
   elseif(target STREQUAL "PostgreSQL::PostgreSQL")
     set(f "cmake|PostgreSQL")
     set(p libpq)
+    set(d libpq-dev)
   elseif(target STREQUAL "SQLite::SQLite3")
     set(f "cmake|SQLite3")
     set(p sqlite3)
+    set(d libsqlite3-dev)
   elseif(target STREQUAL "rabbitmq::rabbitmq")
     set(f "cmake|rabbitmq-c|CONFIG")
     set(p librabbitmq)
+    set(d librabbitmq-dev)
   elseif(target STREQUAL "CURL::libcurl")
     set(f "cmake|CURL")
     set(p libcurl)
+    set(d "libcurl4-openssl-dev | libcurl-dev")
   elseif(target STREQUAL "OpenSSL::Crypto")
     set(f "cmake|OpenSSL")
     set(p libcrypto)
+    set(d libssl-dev)
   elseif(target STREQUAL "nlohmann_json::nlohmann_json")
     set(f "cmake|nlohmann_json|3.11")
+    set(d "nlohmann-json3-dev (>= 3.11)")
   elseif(target STREQUAL "toml11::toml11")
     set(f "cmake|toml11")
+    set(d libtoml11-dev)
   elseif(target STREQUAL "Boost::headers")
     set(f "cmake|Boost|1.74")
+    set(d "libboost-dev (>= 1.74)")
   elseif(target STREQUAL "PkgConfig::RDKAFKA")
     set(f "pkg|RDKAFKA|rdkafka")
     set(p rdkafka)
+    set(d librdkafka-dev)
   elseif(target STREQUAL "PkgConfig::NATS")
     set(f "pkg|NATS|libnats")
     set(p libnats)
+    set(d libnats-dev)
   elseif(target STREQUAL "PkgConfig::HIREDIS")
     set(f "pkg|HIREDIS|hiredis")
     set(p hiredis)
+    set(d libhiredis-dev)
   else()
     message(FATAL_ERROR "An outbox library links ${target}: say in cmake/OutboxInstall.cmake "
                         "(_outbox_dependency) how its users find it.")
@@ -65,6 +81,9 @@ function(_outbox_dependency target find pc flags)
   set(${find} "${f}" PARENT_SCOPE)
   set(${pc} "${p}" PARENT_SCOPE)
   set(${flags} "${l}" PARENT_SCOPE)
+  if(ARGC GREATER 4)
+    set(${ARGV4} "${d}" PARENT_SCOPE)
+  endif()
 endfunction()
 
 get_property(outbox_libraries GLOBAL PROPERTY OUTBOX_LIBRARIES)
@@ -110,14 +129,16 @@ function(_outbox_direct_deps library public private)
   set(${private} "${priv}" PARENT_SCOPE)
 endfunction()
 
-# _outbox_closure(<library> <finds>): what find_package must find for a user to link <library>:
-# the third-party packages of the library and of every outbox library under it, public and
-# private alike (a static library's private dependencies are linked by its users; a shared
-# library's are named in the exported targets for the linker's search path).
-function(_outbox_closure library finds)
+# _outbox_closure(<library> <finds> <debs>): what find_package must find for a user to link
+# <library>: the third-party packages of the library and of every outbox library under it, public
+# and private alike (a static library's private dependencies are linked by its users; a shared
+# library's are named in the exported targets for the linker's search path); <debs>: the Debian
+# packages that provide them.
+function(_outbox_closure library finds debs)
   set(pending ${library})
   set(seen "")
   set(result "")
+  set(packages "")
   while(pending)
     list(POP_FRONT pending current)
     if(current IN_LIST seen)
@@ -129,13 +150,22 @@ function(_outbox_closure library finds)
       if(dep IN_LIST outbox_libraries)
         list(APPEND pending ${dep})
       else()
-        _outbox_dependency(${dep} find pc flags)
+        _outbox_dependency(${dep} find pc flags deb)
         list(APPEND result "${find}")
+        if(deb)
+          list(APPEND packages "${deb}")
+        endif()
+        # A find through pkg-config (pkg|...) needs pkg-config itself.
+        if(find MATCHES "^pkg\\|")
+          list(APPEND packages "pkgconf | pkg-config")
+        endif()
       endif()
     endforeach()
   endwhile()
   list(REMOVE_DUPLICATES result)
+  list(REMOVE_DUPLICATES packages)
   set(${finds} "${result}" PARENT_SCOPE)
+  set(${debs} "${packages}" PARENT_SCOPE)
 endfunction()
 
 # The way up from lib/pkgconfig to the prefix ("../.."), so that the .pc files move with it.
@@ -148,6 +178,9 @@ cmake_path(NORMAL_PATH pc_dir)
 string(REGEX REPLACE "[^/]+" ".." OUTBOX_PC_PREFIX_FROM_PCFILEDIR "${pc_dir}")
 
 set(component_table "set(_outbox_components")
+# The Debian packages a user of the installed libraries needs (all components): liboutbox-dev's
+# Depends (cmake/OutboxPackage.cmake).
+set(OUTBOX_DEBIAN_DEV_DEPENDS "")
 set(component_needs "")
 foreach(library IN LISTS outbox_libraries)
   get_target_property(name ${library} EXPORT_NAME)
@@ -157,7 +190,8 @@ foreach(library IN LISTS outbox_libraries)
   endif()
   string(APPEND component_table " ${name}")
 
-  _outbox_closure(${library} finds)
+  _outbox_closure(${library} finds debs)
+  list(APPEND OUTBOX_DEBIAN_DEV_DEPENDS ${debs})
   list(JOIN finds "\" \"" finds_text)
   if(finds)
     string(APPEND component_needs "set(_outbox_needs_${name} \"${finds_text}\")\n")
@@ -222,6 +256,8 @@ foreach(library IN LISTS outbox_libraries)
           DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT Development)
 endforeach()
 string(APPEND component_table ")\n")
+list(REMOVE_DUPLICATES OUTBOX_DEBIAN_DEV_DEPENDS)
+list(SORT OUTBOX_DEBIAN_DEV_DEPENDS)
 set(OUTBOX_COMPONENT_TABLE "${component_table}${component_needs}")
 
 install(EXPORT outboxTargets NAMESPACE outbox:: DESTINATION ${OUTBOX_CMAKE_DIR}
