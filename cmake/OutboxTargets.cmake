@@ -10,8 +10,12 @@ set(OUTBOX_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wsign-conver
 # GCC 12 reports memcpy overlaps of 2^63 bytes inside libstdc++'s std::string operator+ once -O3
 # inlines it (GCC bug 105329, fixed in 13): a false positive in the standard library, not in this
 # code, which broke every Release build with Debian 12's compiler.
+# The same compiler at -O3 also reports the std::string inside a disengaged std::optional as "may be
+# used uninitialized" where inlining happens to line up (GCC bug 80635): whether it fires depends
+# on what else the file holds (adding a test to tests/postgres/pg_admin_test.cpp made two
+# untouched tests warn). It stays a warning there, not an error.
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
-  list(APPEND OUTBOX_WARNINGS -Wno-restrict)
+  list(APPEND OUTBOX_WARNINGS -Wno-restrict -Wno-error=maybe-uninitialized)
 endif()
 if(OUTBOX_WERROR)
   list(APPEND OUTBOX_WARNINGS -Werror)

@@ -21,6 +21,7 @@
 #include "outbox/core/version.h"
 #include "outbox/observe/http_server.h"
 #include "outbox/store/admin.h"
+#include "ui_assets.h"
 
 namespace outbox::outboxd {
 namespace {
@@ -55,6 +56,19 @@ constexpr std::string_view kByTopicHelp =
     "outbox_messages_by_topic_skipped is 1.";
 
 constexpr std::string_view kPrometheusContentType = "text/plain; version=0.0.4; charset=utf-8";
+
+// The dashboard (/ui): the page and its files come from this origin only, run no inline script
+// or style, and cannot be framed; data are rendered as text by app.js, never as markup.
+constexpr std::string_view kUiContentSecurityPolicy =
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'";
+// The rates ring: one sample of the relay's counters a second, for the last 15 minutes.
+constexpr std::size_t kRateSamples = 900;
+constexpr std::chrono::seconds kRateStep{1};
+
+// Whether `path` is the dashboard's: "/ui", "/ui/" or a file under it.
+bool IsUiPath(std::string_view path) { return path == "/ui" || path.starts_with("/ui/"); }
 
 double Seconds(SteadyClock::duration duration) {
   return std::chrono::duration<double>(duration).count();
@@ -305,6 +319,7 @@ class Operations::Impl {
   void Start() {
     stats_thread_ = std::thread([this] { StatsLoop(); });
     if (config_.http.listen.empty()) return;
+    rates_thread_ = std::thread([this] { RatesLoop(); });
     server_ = std::make_unique<http::Server>(ServerOptions(), Routes(), log_);
     try {
       server_->Start();
@@ -314,7 +329,7 @@ class Operations::Impl {
                                failure.what() + " (in use, or not an address of this host)");
     }
     Log(LogLevel::kInfo,
-        "serving /metrics, /api/outbox, /api/messages, /healthz and /readyz on http://" +
+        "serving /metrics, /api/outbox, /api/messages, /ui, /healthz and /readyz on http://" +
             config_.http.listen +
             (config_.http.token.empty() ? " (no token: the /api/messages routes answer 403)"
                                         : " (bearer token required)"));
@@ -336,6 +351,7 @@ class Operations::Impl {
     }
     stop_changed_.notify_all();
     if (stats_thread_.joinable()) stats_thread_.join();
+    if (rates_thread_.joinable()) rates_thread_.join();
   }
 
   Readiness CheckReadiness() {
@@ -398,6 +414,7 @@ class Operations::Impl {
     observe::Gauge* gauge = nullptr;
     std::optional<SteadyClock::time_point> ok_at;  // guarded by mutex_
     bool last_ok = false;                          // guarded by mutex_
+    bool probed = false;                           // guarded by mutex_
   };
 
   void Log(LogLevel level, const std::string& message) const {
@@ -413,9 +430,11 @@ class Operations::Impl {
     options.write_timeout = kWriteTimeout;
     options.max_body_bytes = kMaxRequestBodyBytes;
     options.not_found_text =
-        "404 (paths: /metrics, /api/outbox, /api/messages, /healthz, /readyz)\n";
+        "404 (paths: /ui, /metrics, /api/outbox, /api/messages, /healthz, /readyz)\n";
     options.guard = [this](const http::Request& request) -> std::optional<Response> {
-      if (request.path == "/healthz") return std::nullopt;
+      // The dashboard's files hold no data (the page asks for the token and sends it with every
+      // request of its own), so a browser can load them without one.
+      if (request.path == "/healthz" || IsUiPath(request.path)) return std::nullopt;
       if (config_.http.token.empty()) {
         // Messages (payloads included) are never shown, and never changed, without a token.
         if (!request.path.starts_with("/api/messages")) return std::nullopt;
@@ -432,6 +451,124 @@ class Operations::Impl {
       return refused;
     };
     return options;
+  }
+
+  // One of the dashboard's files, with the headers that keep it to itself: a strict
+  // Content-Security-Policy, nosniff, no framing; revalidated by its strong ETag (304 when the
+  // browser has it already).
+  static Response UiFile(const http::Request& request, std::string_view name) {
+    const auto add_headers = [](Response& response) {
+      response.headers.emplace_back("Content-Security-Policy",
+                                    std::string{kUiContentSecurityPolicy});
+      response.headers.emplace_back("X-Content-Type-Options", "nosniff");
+      response.headers.emplace_back("X-Frame-Options", "DENY");
+      response.headers.emplace_back("Referrer-Policy", "no-referrer");
+    };
+    for (const UiAsset& asset : UiAssets()) {
+      if (asset.name != name) continue;
+      Response response;
+      add_headers(response);
+      response.headers.emplace_back("ETag", std::string{asset.etag});
+      response.headers.emplace_back("Cache-Control", "no-cache");
+      if (request.Header("If-None-Match") == asset.etag) {
+        response.status = 304;
+        response.body.clear();
+        return response;
+      }
+      response.content_type = std::string{asset.content_type};
+      response.body = std::string{asset.body};
+      return response;
+    }
+    Response missing = Response::Text(404, "404 not found\n");
+    add_headers(missing);
+    return missing;
+  }
+
+  // GET /api/outbox/rates: the relay's counters per second, oldest first, for the last
+  // kRateSamples seconds at most: {"step_seconds": 1, "end_unix_ms": <time of the last sample>,
+  // "published": [...], "failed": [...], "unconfirmed": [...]}.
+  Json RatesJson() {
+    std::lock_guard lock(rates_mutex_);
+    Json published = Json::array();
+    Json failed = Json::array();
+    Json unconfirmed = Json::array();
+    const std::size_t first = (rates_next_ + kRateSamples - rates_size_) % kRateSamples;
+    for (std::size_t i = 0; i < rates_size_; ++i) {
+      const RateSample& sample = rates_[(first + i) % kRateSamples];
+      published.push_back(sample.published);
+      failed.push_back(sample.failed);
+      unconfirmed.push_back(sample.unconfirmed);
+    }
+    return Json{{"step_seconds", kRateStep.count()},
+                {"end_unix_ms", rates_end_unix_ms_},
+                {"published", std::move(published)},
+                {"failed", std::move(failed)},
+                {"unconfirmed", std::move(unconfirmed)}};
+  }
+
+  // GET /api/outbox/relay: this relay, as the dashboard shows it.
+  Json RelayJson() const {
+    return Json{{"instance", config_.instance},
+                {"version", kVersion},
+                {"database", config_.database_type},
+                {"admin_api", !config_.http.token.empty()},
+                {"partitions_owned", relay_.partitions_owned.load()},
+                {"takeovers", relay_.takeovers.load()},
+                {"published", relay_.published.load()},
+                {"failed", relay_.failed.load()},
+                {"unconfirmed", relay_.unconfirmed.load()}};
+  }
+
+  static Json RelaysJson(const RelayOverview& overview) {
+    Json relays = Json::array();
+    for (const RelayStatus& relay : overview.relays) {
+      relays.push_back(
+          Json{{"owner", relay.owner},
+               {"started_at", apps::FormatTime(relay.started_at)},
+               {"heartbeat_at", apps::FormatTime(relay.heartbeat_at)},
+               {"expires_at", apps::FormatTime(relay.expires_at)},
+               {"partitions", relay.partitions},
+               {"next_lease_expiry", relay.next_lease_expiry
+                                         ? Json(apps::FormatTime(*relay.next_lease_expiry))
+                                         : Json(nullptr)}});
+    }
+    return Json{{"partition_count", overview.partition_count},
+                {"unowned_partitions", overview.unowned_partitions},
+                {"lease_acquisitions", overview.lease_acquisitions},
+                {"database_now", apps::FormatTime(overview.database_now)},
+                {"relays", std::move(relays)}};
+  }
+
+  // Once a second (on the steady clock, without drift): how much the relay's counters grew.
+  void RatesLoop() {
+    std::uint64_t published = relay_.published.load();
+    std::uint64_t failed = relay_.failed.load();
+    std::uint64_t unconfirmed = relay_.unconfirmed.load();
+    auto next = SteadyClock::now() + kRateStep;
+    for (;;) {
+      {
+        std::unique_lock lock(mutex_);
+        if (stop_changed_.wait_until(lock, next, [this] { return stop_; })) return;
+      }
+      // After a stall (a suspended host), go on from now rather than catch up in a burst.
+      const auto woke = SteadyClock::now();
+      next = woke - next > kRateStep ? woke + kRateStep : next + kRateStep;
+      const std::uint64_t now_published = relay_.published.load();
+      const std::uint64_t now_failed = relay_.failed.load();
+      const std::uint64_t now_unconfirmed = relay_.unconfirmed.load();
+      std::lock_guard lock(rates_mutex_);
+      rates_[rates_next_] = RateSample{.published = now_published - published,
+                                       .failed = now_failed - failed,
+                                       .unconfirmed = now_unconfirmed - unconfirmed};
+      rates_next_ = (rates_next_ + 1) % kRateSamples;
+      rates_size_ = std::min(rates_size_ + 1, kRateSamples);
+      rates_end_unix_ms_ = std::chrono::duration_cast<milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+      published = now_published;
+      failed = now_failed;
+      unconfirmed = now_unconfirmed;
+    }
   }
 
   // Probes and scrapes run on the I/O thread (they read caches in memory); the admin API, which
@@ -466,6 +603,26 @@ class Operations::Impl {
       response.content_type = "application/json";
       return response;
     });
+    // For the dashboard: the relay's counters a second apart, and what this relay is.
+    add("GET", "/api/outbox/rates", Lane::kInline,
+        [this](const Request&) { return JsonReply(200, RatesJson()); });
+    add("GET", "/api/outbox/relay", Lane::kInline,
+        [this](const Request&) { return JsonReply(200, RelayJson()); });
+    // Every live relay of the database with the partitions it holds (the store's Admin::Relays).
+    add("GET", "/api/outbox/relays", Lane::kWorker, [this](const Request&) {
+      return WithAdmin([&](Admin& admin) { return JsonReply(200, RelaysJson(admin.Relays())); });
+    });
+    // The dashboard: "/ui" and "/ui/" are its page, "/ui/<file>" its files (compiled in).
+    add("GET", "/ui", Lane::kInline,
+        [](const Request& request) { return UiFile(request, "index.html"); });
+    add("GET", "/ui/", Lane::kInline,
+        [](const Request& request) { return UiFile(request, "index.html"); });
+    add(
+        "GET", "/ui/", Lane::kInline,
+        [](const Request& request) {
+          return UiFile(request, std::string_view{request.path}.substr(4));
+        },
+        /*prefix=*/true);
     // /api/messages: list, show, replay, abandon, over the store's Admin on a connection of its
     // own.
     add("GET", "/api/messages", Lane::kWorker, [this](const Request& request) {
@@ -669,7 +826,10 @@ class Operations::Impl {
       bool changed = false;
       {
         std::lock_guard lock(mutex_);
-        changed = probe.ok_at.has_value() ? ok != probe.last_ok : !ok;
+        // Logged and recorded once per change, and at the first probe when it fails (a broker that
+        // was never reachable used to be reported at every stats interval).
+        changed = probe.probed ? ok != probe.last_ok : !ok;
+        probe.probed = true;
         probe.last_ok = ok;
         if (ok) probe.ok_at = SteadyClock::now();
       }
@@ -715,6 +875,19 @@ class Operations::Impl {
   std::unique_ptr<http::Server> server_;
   std::vector<http::Route> raw_routes_;  // AnswerRaw's, built on first use
   std::thread stats_thread_;
+
+  // The rates ring (RatesLoop writes, /api/outbox/rates reads).
+  struct RateSample {
+    std::uint64_t published = 0;
+    std::uint64_t failed = 0;
+    std::uint64_t unconfirmed = 0;
+  };
+  std::thread rates_thread_;
+  std::mutex rates_mutex_;
+  std::array<RateSample, kRateSamples> rates_{};  // guarded by rates_mutex_
+  std::size_t rates_next_ = 0;                    // guarded by rates_mutex_
+  std::size_t rates_size_ = 0;                    // guarded by rates_mutex_
+  std::int64_t rates_end_unix_ms_ = 0;            // guarded by rates_mutex_
   std::mutex mutex_;
   std::condition_variable stop_changed_;
   bool stop_ = false;                                   // guarded by mutex_

@@ -1,15 +1,19 @@
 #pragma once
 // outboxd's operations side: the cached store statistics, broker probes and readiness, and the
 // HTTP listener that serves them (/metrics, /api/outbox, /healthz, /readyz), plus the admin API
-// (/api/messages: list, show, replay, abandon; never without a configured token). Everything
-// the metrics show is rendered by the one observe::Registry the relay also writes into.
+// (/api/messages: list, show, replay, abandon; never without a configured token), and the
+// dashboard: its page and files under /ui (compiled in: ui_assets.h; they need no token, the
+// data they fetch does), /api/outbox/rates (the relay's counters per second, 15 minutes of them)
+// and /api/outbox/relay (this relay). Everything the metrics show is rendered by the one
+// observe::Registry the relay also writes into.
 //
 // The store is [database]'s, PostgreSQL or SQLite: the counts are Store::Stats, the counts by
 // topic and the admin API the store's Admin (outbox/store/admin.h); no SQL here.
 //
 // Threading: one stats thread (its own database connections, for the counts and for the counts
 // by topic, so a scrape never touches the relay's connection and never reaches the database:
-// requests read the cache) and the HTTP server's bounded pool of worker threads. Admin requests
+// requests read the cache), a rates thread (with the listener: samples the relay's counters every
+// second into a ring) and the HTTP server's bounded pool of worker threads. Admin requests
 // run one at a time on a further connection of their own (the store's Admin, opened on first
 // use). The relay's hot path is not involved.
 

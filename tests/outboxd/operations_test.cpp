@@ -138,6 +138,49 @@ TEST_F(OperationsServerTest, NotReadyWithoutDatabaseAndBroker) {
   EXPECT_NE(Get("/api/outbox")->body.find("\"kind\":\"database\""), std::string::npos);
 }
 
+TEST_F(OperationsServerTest, ABrokerNeverReachedIsReportedOnceNotAtEveryInterval) {
+  // Ten stats intervals with the sink's broker down from the start.
+  std::this_thread::sleep_for(milliseconds{1000});
+  const std::string body = Get("/api/outbox")->body;
+  std::size_t reports = 0;
+  for (auto at = body.find("refuses TCP connections"); at != std::string::npos;
+       at = body.find("refuses TCP connections", at + 1)) {
+    ++reports;
+  }
+  EXPECT_EQ(reports, 1U) << body;
+}
+
+TEST_F(OperationsServerTest, TheDashboardIsServedWithoutATokenAndItsDataIsNot) {
+  for (const std::string path : {"/ui", "/ui/", "/ui/app.js", "/ui/style.css"}) {
+    auto response = Get(path, "");
+    ASSERT_TRUE(response) << path;
+    EXPECT_EQ(response->status, 200) << path;
+    EXPECT_NE(response->get_header_value("Content-Security-Policy").find("default-src 'self'"),
+              std::string::npos)
+        << path;
+    EXPECT_EQ(response->get_header_value("X-Content-Type-Options"), "nosniff");
+    const std::string etag = response->get_header_value("ETag");
+    EXPECT_FALSE(etag.empty()) << path;
+    httplib::Client client("127.0.0.1", port_);
+    auto again = client.Get(path.c_str(), httplib::Headers{{"If-None-Match", etag}});
+    ASSERT_TRUE(again);
+    EXPECT_EQ(again->status, 304) << path;
+  }
+  EXPECT_NE(Get("/ui", "")->get_header_value("Content-Type").find("text/html"), std::string::npos);
+  EXPECT_NE(Get("/ui/app.js", "")->get_header_value("Content-Type").find("javascript"),
+            std::string::npos);
+  EXPECT_EQ(Get("/ui/nope.js", "")->status, 404);
+  EXPECT_EQ(Get("/ui/../metrics", "")->status, 404);
+  for (const std::string path : {"/api/outbox/rates", "/api/outbox/relay"}) {
+    EXPECT_EQ(Get(path, "")->status, 401) << path;
+    auto response = Get(path);
+    ASSERT_TRUE(response);
+    EXPECT_EQ(response->status, 200) << path;
+  }
+  EXPECT_NE(Get("/api/outbox/relay")->body.find("\"instance\":\"unit\""), std::string::npos);
+  EXPECT_NE(Get("/api/outbox/rates")->body.find("\"published\":["), std::string::npos);
+}
+
 TEST_F(OperationsServerTest, GarbageGetsA4xxAndTheServerKeepsServing) {
   const auto raw = [&](const std::string& bytes) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -162,6 +162,58 @@ TEST_P(PgAdminTest, OpenRefusesAnUnmigratedSchemaAndAnUnreachableServer) {
   }
 }
 
+TEST_P(PgAdminTest, RelaysListsTheLiveRelaysWithThePartitionsEachHolds) {
+  const std::string s = schema().name();
+  // a: live, holds 0, 1 and 5 (one lease expiring first), once held 7 (expired); b: live, holds
+  // nothing; c: gone (expired), still named on partition 9.
+  Sql(schema().conn(),
+      "INSERT INTO " + s +
+          ".relay_instances (owner, started_at, heartbeat_at, expires_at) VALUES "
+          "('a/1', now() - interval '1 hour', now(), now() + interval '30 s'), "
+          "('b/2', now() - interval '1 min', now(), now() + interval '30 s'), "
+          "('c/3', now() - interval '2 hour', now() - interval '1 min', now() - interval '30 s')");
+  Sql(schema().conn(), "UPDATE " + s +
+                           ".partition_leases SET owner = 'a/1', epoch = 2, "
+                           "lease_until = now() + interval '20 s' WHERE partition IN (0, 5)");
+  Sql(schema().conn(), "UPDATE " + s +
+                           ".partition_leases SET owner = 'a/1', epoch = 1, "
+                           "lease_until = now() + interval '10 s' WHERE partition = 1");
+  Sql(schema().conn(), "UPDATE " + s +
+                           ".partition_leases SET owner = 'a/1', epoch = 3, "
+                           "lease_until = now() - interval '1 s' WHERE partition = 7");
+  Sql(schema().conn(), "UPDATE " + s +
+                           ".partition_leases SET owner = 'c/3', epoch = 4, "
+                           "lease_until = now() - interval '40 s' WHERE partition = 9");
+  const auto before = std::chrono::system_clock::now();
+  const RelayOverview overview = admin_->Relays();
+  ASSERT_EQ(overview.relays.size(), 2U);
+  const RelayStatus& a = overview.relays[0];
+  EXPECT_EQ(a.owner, "a/1");
+  EXPECT_EQ(a.partitions, (std::vector<int>{0, 1, 5}));
+  ASSERT_TRUE(a.next_lease_expiry.has_value());
+  const auto next = *a.next_lease_expiry - overview.database_now;
+  EXPECT_GT(next, std::chrono::seconds{8});
+  EXPECT_LE(next, std::chrono::seconds{10});
+  EXPECT_GT(a.expires_at, overview.database_now);
+  EXPECT_LT(a.started_at, overview.database_now - std::chrono::minutes{59});
+  EXPECT_LE(a.heartbeat_at, overview.database_now);
+  const RelayStatus& b = overview.relays[1];
+  EXPECT_EQ(b.owner, "b/2");
+  EXPECT_TRUE(b.partitions.empty());
+  EXPECT_FALSE(b.next_lease_expiry.has_value());
+  EXPECT_EQ(overview.partition_count, 64);
+  EXPECT_EQ(overview.unowned_partitions, 61);
+  EXPECT_EQ(overview.lease_acquisitions, 2 + 2 + 1 + 3 + 4);
+  EXPECT_LT(std::chrono::abs(overview.database_now - before), std::chrono::seconds{5});
+
+  // None live: the totals all the same.
+  Sql(schema().conn(), "DELETE FROM " + s + ".relay_instances");
+  const RelayOverview none = admin_->Relays();
+  EXPECT_TRUE(none.relays.empty());
+  EXPECT_EQ(none.partition_count, 64);
+  EXPECT_EQ(none.unowned_partitions, 61);  // the leases are still live, their owners gone
+}
+
 INSTANTIATE_TEST_SUITE_P(Postgres, PgAdminTest, ::testing::Values(&harness),
                          [](const auto&) { return std::string{"libpq"}; });
 

@@ -118,6 +118,28 @@ struct TopicCount {
   std::int64_t messages = 0;
 };
 
+// A relay that shares the database's partitions (PostgreSQL), as Relays lists it.
+struct RelayStatus {
+  std::string owner;  // "<instance>/<run>": the lease owner of the messages it holds
+  TimePoint started_at;
+  TimePoint heartbeat_at;
+  TimePoint expires_at;         // it counts as gone unless a heartbeat renews this first
+  std::vector<int> partitions;  // the partitions it holds a live lease on, ascending
+  std::optional<TimePoint> next_lease_expiry;  // the earliest lease_until among them
+};
+
+// The relays and partition leases of a store, as Relays returns them.
+struct RelayOverview {
+  std::vector<RelayStatus> relays;  // live relays (expires_at in the future), by owner
+  // 0 when the store has no partition leases (SQLite: one relay per database file).
+  std::int64_t partition_count = 0;
+  std::int64_t unowned_partitions = 0;  // no owner, or its lease expired
+  // Lease acquisitions since the schema was created (the sum of the partitions' epochs): every
+  // join, hand-over and takeover adds one per partition moved.
+  std::int64_t lease_acquisitions = 0;
+  TimePoint database_now;
+};
+
 class Admin {
  public:
   // The largest page List returns.
@@ -180,6 +202,10 @@ class Admin {
   // Throws std::invalid_argument for a timeout < 1 ms.
   std::optional<std::vector<TopicCount>> CountByTopic(std::chrono::milliseconds timeout);
 
+  // The live relays, the partitions each holds and when their leases expire; read in one
+  // snapshot.
+  RelayOverview Relays() { return ListRelays(); }
+
  protected:
   enum class ChangeKind : std::uint8_t { kReplay, kAbandon };
 
@@ -202,6 +228,7 @@ class Admin {
                                   const std::string& reason, bool dry_run) = 0;
   virtual std::int64_t PurgeChunk(const RetentionPolicy& retention, int chunk) = 0;
   virtual std::optional<std::vector<TopicCount>> CountGroups(std::chrono::milliseconds timeout) = 0;
+  virtual RelayOverview ListRelays() = 0;
 
  private:
   ChangeResult Change(ChangeKind kind, const MessageFilter& filter, const std::string& reason,

@@ -188,6 +188,36 @@ class FilterParams {
   std::vector<Param> params_;
 };
 
+// The live relays with the partitions each holds (times as Unix milliseconds), and the totals of
+// the leases, read in one statement (one snapshot).
+constexpr const char* kRelays = R"(
+WITH leases AS (SELECT * FROM __SCHEMA__.partition_leases),
+relays AS (
+  SELECT r.owner,
+         (extract(epoch FROM r.started_at) * 1000)::bigint AS started_ms,
+         (extract(epoch FROM r.heartbeat_at) * 1000)::bigint AS heartbeat_ms,
+         (extract(epoch FROM r.expires_at) * 1000)::bigint AS expires_ms,
+         coalesce(array_to_string(array_agg(l.partition ORDER BY l.partition)
+                                    FILTER (WHERE l.partition IS NOT NULL), ','), '') AS held,
+         (extract(epoch FROM min(l.lease_until)) * 1000)::bigint AS next_expiry_ms
+  FROM __SCHEMA__.relay_instances r
+  LEFT JOIN leases l ON l.owner = r.owner AND l.lease_until > now()
+  WHERE r.expires_at > now()
+  GROUP BY r.owner)
+SELECT t.partitions, t.unowned, t.acquisitions, (extract(epoch FROM now()) * 1000)::bigint,
+       relays.*
+FROM (SELECT count(*) AS partitions,
+             count(*) FILTER (WHERE owner IS NULL OR lease_until IS NULL OR lease_until <= now())
+               AS unowned,
+             coalesce(sum(epoch), 0)::bigint AS acquisitions
+      FROM leases) t
+LEFT JOIN relays ON true
+ORDER BY relays.owner)";
+
+TimePoint FromUnixMs(std::string_view text) {
+  return TimePoint{std::chrono::milliseconds{ParseInt64(text, "relays")}};
+}
+
 class PostgresAdmin final : public Admin {
  public:
   PostgresAdmin(const std::string& conninfo, const std::string& schema,
@@ -208,6 +238,7 @@ class PostgresAdmin final : public Admin {
                                 kAbandonEligible));
     abandon_dry_run_ = Build(ReplaceAll(kChangeDryRun, "__ELIGIBLE__", kAbandonEligible));
     count_groups_ = Build(kCountGroups);
+    relays_ = ReplaceAll(kRelays, "__SCHEMA__", QuoteSchema(schema));
   }
 
  protected:
@@ -283,6 +314,33 @@ class PostgresAdmin final : public Admin {
 
   // In a transaction of its own, under SET LOCAL statement_timeout, so that the timeout ends
   // with it.
+  RelayOverview ListRelays() override {
+    const auto result = Exec(connection_.Ready(), "relays", relays_);
+    const PGresult* rows = result.get();
+    RelayOverview overview;
+    for (int row = 0; row < PQntuples(rows); ++row) {
+      overview.partition_count = ParseInt64(Column(rows, row, 0), "relays");
+      overview.unowned_partitions = ParseInt64(Column(rows, row, 1), "relays");
+      overview.lease_acquisitions = ParseInt64(Column(rows, row, 2), "relays");
+      overview.database_now = FromUnixMs(Column(rows, row, 3));
+      if (IsNull(rows, row, 4)) continue;  // the one row when no relay is live
+      RelayStatus relay{.owner = std::string{Column(rows, row, 4)},
+                        .started_at = FromUnixMs(Column(rows, row, 5)),
+                        .heartbeat_at = FromUnixMs(Column(rows, row, 6)),
+                        .expires_at = FromUnixMs(Column(rows, row, 7))};
+      const std::string_view held = Column(rows, row, 8);
+      for (std::size_t at = 0; at < held.size();) {
+        const auto comma = std::min(held.find(',', at), held.size());
+        relay.partitions.push_back(
+            static_cast<int>(ParseInt64(held.substr(at, comma - at), "relays")));
+        at = comma + 1;
+      }
+      if (!IsNull(rows, row, 9)) relay.next_lease_expiry = FromUnixMs(Column(rows, row, 9));
+      overview.relays.push_back(std::move(relay));
+    }
+    return overview;
+  }
+
   std::optional<std::vector<TopicCount>> CountGroups(std::chrono::milliseconds timeout) override {
     PGconn* conn = connection_.Ready();
     Exec(conn, "count by topic", "BEGIN");
@@ -331,6 +389,7 @@ class PostgresAdmin final : public Admin {
   std::string abandon_;
   std::string abandon_dry_run_;
   std::string count_groups_;
+  std::string relays_;
 };
 
 }  // namespace
