@@ -121,6 +121,31 @@ std::string TomlString(const std::string& text) {
   return out + "\"";
 }
 
+// dashboard.toml next to the demo's files: outboxd on the same SQLite database with its HTTP
+// listener on 127.0.0.1:9780 and a random token (mode 0600), for a look at the dashboard after the
+// demo. Published messages are kept for a day from then on. Returns its path.
+std::string WriteDashboardConfig(const std::filesystem::path& dir, const std::string& db_path,
+                                 const std::string& events_path) {
+  std::random_device random;
+  std::string token;
+  constexpr std::string_view kHex = "0123456789abcdef";
+  for (int i = 0; i < 32; ++i) token += kHex[random() % 16];
+  const std::string path = (dir / "dashboard.toml").string();
+  {
+    std::ofstream config(path);
+    config << "# Written by quickstart_demo: outboxd on the demo's SQLite database, with the\n"
+           << "# dashboard at http://127.0.0.1:9780/ui. Stop it with Ctrl-C.\n"
+           << "[database]\ntype = \"sqlite\"\npath = " << TomlString(db_path) << "\n\n"
+           << "[relay]\ninstance = \"quickstart\"\nsweep_interval = \"200ms\"\n\n"
+           << "[retention]\npublished = \"1d\"\n\n"
+           << "[http]\nlisten = \"127.0.0.1:9780\"\ntoken = " << TomlString(token) << "\n\n"
+           << "[sinks.default]\ntype = \"file\"\npath = " << TomlString(events_path) << "\n";
+  }
+  std::filesystem::permissions(
+      path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);  // the token
+  return path;
+}
+
 // "scheme://user:password@host/..." -> "scheme://user:***@host/..."; other text unchanged.
 std::string Redacted(const std::string& url) {
   const std::size_t scheme = url.find("://");
@@ -1356,6 +1381,12 @@ int Run(const Options& options) {
   }
   std::cout << "PASS: " << Grouped(committed) << " committed events published, 0 lost, 0 phantom, "
             << "nothing rolled back published. Files: " << dir.string() << "\n";
+  if (!options.UsesServers()) {
+    // The SQLite file stays: an operator can look at it in the dashboard (outboxd's /ui).
+    const std::string dashboard = WriteDashboardConfig(dir, db_path, events_path);
+    std::cout << "Look at this outbox in the dashboard: run\n  " << outboxd << " --config "
+              << dashboard << "\nthen open http://127.0.0.1:9780/ui (its token is in that file)\n";
+  }
   return 0;
 }
 

@@ -37,6 +37,33 @@ lines=$(wc -l <"$work/run/events.jsonl")
 [ "$lines" -ge "$committed" ] || fail "events.jsonl has $lines lines for $committed events"
 grep -q 'type = "sqlite"' "$work/run/outboxd.toml" || fail "the relay did not use the SQLite store"
 
+echo "== the dashboard on the demo's database, as the demo's last lines say"
+expect "$work/out" "^  $outboxd --config $work/run/dashboard.toml\$"
+expect "$work/out" '^then open http://127.0.0.1:9780/ui \(its token is in that file\)$'
+[ "$(stat -c %a "$work/run/dashboard.toml")" = 600 ] || fail "dashboard.toml is not mode 0600"
+token=$(sed -n 's/^token = "\([0-9a-f]\{32\}\)"$/\1/p' "$work/run/dashboard.toml")
+[ -n "$token" ] || fail "dashboard.toml has no random token"
+# On a free port rather than 9780, which other tests or a developer's outboxd may hold.
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+sed "s/127.0.0.1:9780/127.0.0.1:$port/" "$work/run/dashboard.toml" >"$work/dashboard.toml"
+"$outboxd" --config "$work/dashboard.toml" >"$work/dashboard.log" 2>&1 &
+relay=$!
+trap 'kill "$relay" 2>/dev/null; rm -rf "$work"' EXIT
+get() { curl -s -o "$work/body" -w '%{http_code}' --max-time 5 "$@"; }
+for _ in $(seq 100); do
+  [ "$(get "http://127.0.0.1:$port/healthz")" = 200 ] && break
+  sleep 0.1
+done
+[ "$(get "http://127.0.0.1:$port/ui")" = 200 ] || fail "GET /ui: $(cat "$work/body")"
+grep -q '<title>' "$work/body" || fail "/ui is not the page"
+[ "$(get -H "Authorization: Bearer $token" "http://127.0.0.1:$port/api/outbox/relay")" = 200 ] ||
+  fail "GET /api/outbox/relay with the token: $(cat "$work/body")"
+grep -q '"database":"sqlite"' "$work/body" || fail "not the demo's SQLite outbox: $(cat "$work/body")"
+[ "$(get "http://127.0.0.1:$port/api/outbox")" = 401 ] || fail "/api/outbox answered without the token"
+kill -TERM "$relay"
+wait "$relay" || fail "outboxd on dashboard.toml exited $?: $(cat "$work/dashboard.log")"
+trap 'rm -rf "$work"' EXIT
+
 echo "== 500 orders on PostgreSQL, relayed by outboxd to RabbitMQ and consumed from there"
 status=0
 "$demo" --postgres "$pg_url" --amqp "$amqp_url" --orders 500 --streams 20 --dir "$work/servers" \
