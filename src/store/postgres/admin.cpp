@@ -312,8 +312,6 @@ class PostgresAdmin final : public Admin {
     return std::stoll(PQcmdTuples(result.get()));
   }
 
-  // In a transaction of its own, under SET LOCAL statement_timeout, so that the timeout ends
-  // with it.
   RelayOverview ListRelays() override {
     const auto result = Exec(connection_.Ready(), "relays", relays_);
     const PGresult* rows = result.get();
@@ -341,6 +339,8 @@ class PostgresAdmin final : public Admin {
     return overview;
   }
 
+  // In a transaction of its own, under SET LOCAL statement_timeout, so that the timeout ends
+  // with it.
   std::optional<std::vector<TopicCount>> CountGroups(std::chrono::milliseconds timeout) override {
     PGconn* conn = connection_.Ready();
     Exec(conn, "count by topic", "BEGIN");
