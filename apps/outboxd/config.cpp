@@ -78,7 +78,7 @@ void ParseDatabase(const Section& root, const GetenvFn& getenv, Config& config) 
 
 void ParseRelay(const Section& root, Config& config) {
   const Section relay = root.Table("relay");
-  relay.AllowOnly({"instance", "batch_size", "lease", "sweep_interval", "publish_timeout",
+  relay.AllowOnly({"instance", "batch_size", "lease", "sweep_interval", "linger", "publish_timeout",
                    "shutdown_timeout", "min_backoff", "max_backoff", "purge_interval"});
   if (relay.Read("instance", config.instance)) {
     if (config.instance.empty() || config.instance.size() > kMaxInstanceBytes ||
@@ -93,7 +93,10 @@ void ParseRelay(const Section& root, Config& config) {
   }
   relay.ReadInteger("batch_size", 1, kMaxBatchSize, config.batch_size);
   relay.ReadDuration("lease", seconds{1}, kDay, config.lease);
-  relay.ReadDuration("sweep_interval", milliseconds{10}, kHour, config.sweep_interval);
+  if (!relay.ReadDuration("sweep_interval", milliseconds{10}, kHour, config.sweep_interval)) {
+    config.sweep_interval = config.database->DefaultSweepInterval();
+  }
+  relay.ReadDuration("linger", milliseconds{0}, seconds{1}, config.linger);
   relay.ReadDuration("publish_timeout", milliseconds{1}, kHour, config.publish_timeout);
   relay.ReadDuration("shutdown_timeout", milliseconds{0}, kHour, config.shutdown_timeout);
   relay.ReadDuration("min_backoff", milliseconds{1}, kHour, config.min_backoff);
@@ -105,6 +108,12 @@ void ParseRelay(const Section& root, Config& config) {
          "must be at most half of relay.lease (" + FormatDuration(config.lease) + "), got " +
              FormatDuration(config.publish_timeout),
          relay.Find("publish_timeout"));
+  }
+  if (config.linger * 2 >= config.lease) {
+    Fail("relay.linger",
+         "must be less than half of relay.lease (" + FormatDuration(config.lease) + "), got " +
+             FormatDuration(config.linger),
+         relay.Find("linger"));
   }
   if (config.max_backoff < config.min_backoff) {
     Fail("relay.max_backoff",
@@ -447,6 +456,7 @@ std::string Describe(const Config& config) {
   out.Integer("batch_size", config.batch_size);
   out.Duration("lease", config.lease);
   out.Duration("sweep_interval", config.sweep_interval);
+  out.Duration("linger", config.linger);
   out.Duration("publish_timeout", config.publish_timeout);
   out.Duration("shutdown_timeout", config.shutdown_timeout);
   out.Duration("min_backoff", config.min_backoff);

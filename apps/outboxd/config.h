@@ -79,7 +79,10 @@ struct Config {
   std::string instance;  // lease owner name; default "<hostname>-<pid>"
   int batch_size = 500;  // 1..10000
   std::chrono::milliseconds lease{30000};
-  std::chrono::milliseconds sweep_interval{1000};
+  // Default: the store type's (StoreSettings::DefaultSweepInterval; 10 s for PostgreSQL, whose
+  // writers wake the relay, 1 s for SQLite).
+  std::chrono::milliseconds sweep_interval{10000};
+  std::chrono::milliseconds linger{25};              // 0..lease/2; see RelayOptions::linger
   std::chrono::milliseconds publish_timeout{10000};  // shorter than lease
   std::chrono::milliseconds shutdown_timeout{10000};
   std::chrono::milliseconds min_backoff{100};  // pause after an outage, doubling up to max_backoff

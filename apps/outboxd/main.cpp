@@ -216,6 +216,7 @@ int main(int argc, char** argv) {
     options.batch_size = config.batch_size;
     options.lease = config.lease;
     options.sweep_interval = config.sweep_interval;
+    options.linger = config.linger;
     options.publish_timeout = config.publish_timeout;
     options.min_backoff = config.min_backoff;
     options.max_backoff = config.max_backoff;

@@ -785,11 +785,12 @@ class Operations::Impl {
       return;
     }
     try {
-      // CountByTopic bounds its own statement.
-      if (!topic_admin_) topic_admin_ = config_.database->OpenAdmin(milliseconds{0});
+      // CountByTopic bounds its own statement; with the connection's timeout the same, in one
+      // statement (no transaction of its own).
       const auto timeout =
           std::clamp(std::chrono::duration_cast<milliseconds>(config_.http.ready_max_age / 4),
                      milliseconds{100}, milliseconds{2000});
+      if (!topic_admin_) topic_admin_ = config_.database->OpenAdmin(timeout);
       const auto counts = topic_admin_->CountByTopic(timeout);
       if (!counts) {
         topic_retry_at_ = SteadyClock::now() + kTopicRetryAfterTimeout;

@@ -35,6 +35,10 @@ std::string DescribeAttempt(const Envelope& envelope) {
 
 using SteadyClock = std::chrono::steady_clock;
 
+// A relay below its fair share of partitions (others are handing theirs back), or whose heartbeat
+// failed, heartbeats again this soon at the latest, however long its idle sweep.
+constexpr std::chrono::milliseconds kRebalanceLook{1000};
+
 // A stream, as the stores order it: stream_seq counts per (target, stream key), and head-of-line
 // is per pair, so that one target's failure never holds back another target's copies.
 using StreamId = std::pair<std::string, std::string>;
@@ -196,10 +200,12 @@ class Relay::Engine {
       Housekeeping(current);
       KeepPartitions(current);
       if (current.empty()) {
-        if (const auto error = RecordUnrecorded()) {
+        // Published ones are settled by the claim itself (ClaimRequest::complete).
+        if (const auto error = RecordReturned()) {
           Backoff("recording outcomes failed: " + *error);
           continue;
         }
+        Linger();
         current = Claim();
         if (current.empty()) {
           current = IdleUntilWork();
@@ -212,7 +218,7 @@ class Relay::Engine {
       // batch suggests there is more to claim.
       auto publishing =
           std::async(std::launch::async, [this, &current] { return Publish(current); });
-      const auto unrecorded = RecordUnrecorded();
+      const auto unrecorded = RecordReturned();
       std::vector<Envelope> next;
       if (!unrecorded && static_cast<int>(current.size()) >= options_.batch_size && !stopping()) {
         next = Claim(current);
@@ -312,7 +318,15 @@ class Relay::Engine {
         }
         if (request.partitions->empty()) return {};  // no partition held (yet)
       }
-      auto batch = store_->Claim(request);
+      request.complete = unrecorded_.done;
+      last_claim_at_ = SteadyClock::now();
+      auto round = store_->ClaimRound(request);
+      unrecorded_.done.clear();
+      Completed(round.completed);
+      next_due_.reset();
+      if (round.next_due) next_due_ = last_claim_at_ + *round.next_due;
+      auto& batch = round.messages;
+      last_claim_size_ = static_cast<int>(batch.size());
       if (static_cast<int>(batch.size()) < request.max_messages) EndIdlePauses(batch);
       counters_.claimed += batch.size();
       if (!batch.empty()) {
@@ -320,7 +334,7 @@ class Relay::Engine {
         metrics_.claim_batch_size.Observe(static_cast<double>(batch.size()));
         LeasesHeld(batch.size(), 0);
       }
-      return batch;
+      return std::move(batch);
     } catch (const StoreError& error) {
       // Its reply may have been lost after the database committed it: messages leased here that
       // this relay does not know. They go back before anything more is claimed (ReconcileLeases).
@@ -368,8 +382,25 @@ class Relay::Engine {
     }
   }
 
+  // Under steady load (see RelayOptions::linger) the next claim waits for the linger to pass
+  // since the last one; a full batch (a backlog) or an idle relay's wake-up claims at once.
+  void Linger() {
+    if (options_.linger.count() == 0 || last_claim_size_ < 2 ||
+        last_claim_size_ >= options_.batch_size) {
+      return;
+    }
+    std::unique_lock lock(stop_mutex_);
+    stop_changed_.wait_until(lock, last_claim_at_ + options_.linger, [this] { return stop_; });
+  }
+
   // Nothing to do: tell writers, look once more, then sleep until notified or the sweep is due.
   std::vector<Envelope> IdleUntilWork() {
+    // Outcomes a claim did not take (it was not made: no partition held) are recorded before a
+    // sleep, not after it.
+    if (const auto error = RecordUnrecorded()) {
+      Backoff("recording outcomes failed: " + *error);
+      return {};
+    }
     const auto now = SteadyClock::now();
     std::optional<SteadyClock::time_point> next_probe;
     for (const auto& [target, pause] : paused_) {
@@ -399,10 +430,12 @@ class Relay::Engine {
       // A failed claim (reconcile_leases_) may have left leases behind: not a time to sleep.
       if (!batch.empty() || stopping() || reconcile_leases_) return batch;
     }
-    // A paused target's probe is due at its pause's end: wake for it (a probe already due was
-    // in the claim just made).
-    const auto until = std::min(SteadyClock::now() + options_.sweep_interval,
-                                next_probe.value_or(SteadyClock::time_point::max()));
+    // A paused target's probe is due at its pause's end, a retry at its backoff's end, the
+    // housekeeping at its interval: wake for the first (what is already due was in the claim
+    // just made).
+    const auto until = std::min({SteadyClock::now() + options_.sweep_interval,
+                                 next_probe.value_or(SteadyClock::time_point::max()),
+                                 next_due_.value_or(SteadyClock::time_point::max()), next_sweep_});
     const auto reason = wakeup_->Wait(until);
     if (reason == WakeReason::kNotified || reason == WakeReason::kReconnected) {
       idle_announced_ = false;  // the mark was used up, or may have been missed
@@ -502,7 +535,7 @@ class Relay::Engine {
       StoreFailed(error);
       Log(LogLevel::kWarn, "partition heartbeat failed: " + Describe(error));
       // The claims check the leases themselves: expired ones claim nothing.
-      return now + std::min(options_.sweep_interval, options_.max_backoff);
+      return now + std::min({options_.sweep_interval, options_.max_backoff, kRebalanceLook});
     }
     std::set<int> now_owned;
     for (const auto& held : membership.owned) now_owned.insert(held.partition);
@@ -553,7 +586,7 @@ class Relay::Engine {
     // Below its share, a relay looks again soon: others are handing partitions back.
     auto wait = membership.next_heartbeat;
     if (static_cast<int>(held) < membership.fair_share) {
-      wait = std::min(wait, options_.sweep_interval);
+      wait = std::min({wait, options_.sweep_interval, kRebalanceLook});
     }
     return now + wait;
   }
@@ -877,17 +910,34 @@ class Relay::Engine {
     std::move(released.begin(), released.end(), std::back_inserter(unrecorded_.released));
   }
 
+  // Counts what a completion settled as published.
+  void Completed(const SettleResult& result) {
+    counters_.published += static_cast<std::uint64_t>(result.settled);
+    metrics_.published.Increment(static_cast<std::uint64_t>(result.settled));
+    LeaseLost(result);
+  }
+
   // Records what Unrecorded kept; the error when some of it is still left.
   std::optional<std::string> RecordUnrecorded() {
-    auto& [done, failed, released] = unrecorded_;
+    auto& done = unrecorded_.done;
     try {
       if (!done.empty()) {
-        const auto result = store_->Complete(owner_, done);
-        counters_.published += static_cast<std::uint64_t>(result.settled);
-        metrics_.published.Increment(static_cast<std::uint64_t>(result.settled));
-        LeaseLost(result);
+        Completed(store_->Complete(owner_, done));
         done.clear();
       }
+    } catch (const StoreError& error) {
+      StoreFailed(error);
+      return Describe(error);
+    }
+    return RecordReturned();
+  }
+
+  // Records the failed and released messages Unrecorded kept (they must be back before the next
+  // claim); the published ones are left for the next claim to settle (ClaimRequest::complete).
+  std::optional<std::string> RecordReturned() {
+    auto& failed = unrecorded_.failed;
+    auto& released = unrecorded_.released;
+    try {
       if (!failed.empty()) {
         LeaseLost(store_->Fail(owner_, failed));
         failed.clear();
@@ -925,8 +975,12 @@ class Relay::Engine {
     std::vector<LeasedId> done;
     std::vector<FailedMessage> failed;
     std::vector<LeasedId> released;
-  } unrecorded_;                   // outcomes the store could not take yet (see Unrecorded)
-  bool idle_announced_ = false;    // this relay's idle mark stands (see Wakeup)
+  } unrecorded_;                 // outcomes the store could not take yet (see Unrecorded)
+  bool idle_announced_ = false;  // this relay's idle mark stands (see Wakeup)
+  SteadyClock::time_point last_claim_at_{};  // when the last claim was sent (see Linger)
+  int last_claim_size_ = 0;                  // and how many messages it found
+  // When the last claim found nothing: when the first retry it saw waiting is due.
+  std::optional<SteadyClock::time_point> next_due_;
   bool reconcile_leases_ = false;  // a claim failed: leases may exist that this relay lost
   // Targets whose sink found no broker (main thread only): not claimed until probe_at, when the
   // next claim takes their messages again and publishing them is the probe.
@@ -960,6 +1014,9 @@ Relay::Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr
   }
   if (options.sweep_interval.count() < 1) {
     throw ConfigError("relay.sweep_interval", "must be positive");
+  }
+  if (options.linger.count() < 0 || options.linger >= options.lease / 2) {
+    throw ConfigError("relay.linger", "must be at least 0 and less than half of relay.lease");
   }
   if (options.min_backoff.count() < 1 || options.max_backoff < options.min_backoff) {
     throw ConfigError("relay.max_backoff", "backoff bounds must be positive and ordered");

@@ -166,7 +166,9 @@ TEST(ConfigTest, MinimalFileGetsDefaults) {
   EXPECT_EQ(Pg(config).schema(), "outbox");
   EXPECT_EQ(config.batch_size, 500);
   EXPECT_EQ(config.lease, milliseconds{30000});
-  EXPECT_EQ(config.sweep_interval, milliseconds{1000});
+  // PostgreSQL's writers wake the relay: the sweep is a safety net (issue #21).
+  EXPECT_EQ(config.sweep_interval, milliseconds{10000});
+  EXPECT_EQ(config.linger, milliseconds{25});
   EXPECT_EQ(config.publish_timeout, milliseconds{10000});
   EXPECT_EQ(config.shutdown_timeout, milliseconds{10000});
   EXPECT_EQ(config.retry.max_attempts, defaults.retry.max_attempts);
@@ -188,6 +190,7 @@ instance = "relay-7"
 batch_size = 50
 lease = "4m"
 sweep_interval = "250ms"
+linger = "0ms"
 publish_timeout = "90s"
 shutdown_timeout = "0s"
 [retry]
@@ -220,6 +223,7 @@ envelope = "external"
   EXPECT_EQ(config.batch_size, 50);
   EXPECT_EQ(config.lease, std::chrono::minutes{4});
   EXPECT_EQ(config.sweep_interval, milliseconds{250});
+  EXPECT_EQ(config.linger, milliseconds{0});
   EXPECT_EQ(config.publish_timeout, seconds{90});
   EXPECT_EQ(config.shutdown_timeout, milliseconds{0});
   EXPECT_EQ(config.retry.initial_delay, milliseconds{100});
@@ -390,6 +394,11 @@ TEST(ConfigTest, DurationsAreStringsWithAUnit) {
     ExpectError(WithRelay(std::string{"lease = \""} + bad + "\""), "relay.lease",
                 std::string{"got \""} + bad + "\"");
   }
+  // The linger is bounded: at most 1 s, and less than half of the lease.
+  ExpectError(WithRelay("linger = \"2s\""), "relay.linger", "got \"2s\"");
+  ExpectError(WithRelay("linger = \"-1ms\""), "relay.linger", "got \"-1ms\"");
+  ExpectError(WithRelay("lease = \"1s\"\npublish_timeout = \"100ms\"\nlinger = \"500ms\""),
+              "relay.linger", "must be less than half of relay.lease");
 }
 
 // ---- Sinks ----
@@ -470,6 +479,8 @@ TEST(ConfigTest, SqliteNeedsAPathAndNoUrl) {
   const Config config = Parse(kSqlite);
   EXPECT_EQ(config.database_type, "sqlite");
   EXPECT_EQ(Lite(config).path(), "/var/lib/app/app.db");
+  // Writers in other processes cannot wake the relay: it looks every second by default.
+  EXPECT_EQ(config.sweep_interval, milliseconds{1000});
   // The listener serves SQLite too: on by default, as with PostgreSQL.
   EXPECT_EQ(config.http.listen, HttpConfig{}.listen);
   // OUTBOX_DATABASE_URL may be set for other tools; it does not apply to a SQLite file.

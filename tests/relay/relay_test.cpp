@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "outbox/core/error.h"
+#include "outbox/store/postgres_admin.h"
 #include "support/pg_test_support.h"
 #include "support/tcp_proxy.h"
 #include "test_sink.h"
@@ -174,6 +175,87 @@ TEST_F(RelayTest, AnIdleRelayWakesOnCommitNotOnTheSweep) {
         << "message " << i << " was not published without a sweep";
     std::this_thread::sleep_for(milliseconds{100});
   }
+}
+
+// Issue #21: an idle relay with a long sweep wakes for a retry when its backoff ends (the claim
+// that found nothing said when it is due), and for an operator's replay (it wakes the relay like
+// an enqueue does).
+TEST_F(RelayTest, AnIdleRelayWakesForADueRetryAndForAReplayNotOnlyOnTheSweep) {
+  using SteadyClock = std::chrono::steady_clock;
+  std::atomic<bool> reject{true};
+  std::atomic<int> attempts{0};
+  std::array<std::atomic<SteadyClock::rep>, 2> attempted_at{};
+  auto owned = std::make_unique<TestSink>([&](const Envelope&) -> std::optional<Failure> {
+    if (!reject) return std::nullopt;
+    const auto attempt = static_cast<std::size_t>(attempts++);
+    if (attempt < 2) attempted_at.at(attempt) = SteadyClock::now().time_since_epoch().count();
+    return Failure{FailureKind::kRejected, "NO_ROUTE"};
+  });
+  TestSink* sink = owned.get();
+  RelayOptions options;
+  options.sweep_interval = seconds{60};
+  options.publish_timeout = seconds{5};
+  RetryPolicy retry;
+  retry.initial_delay = milliseconds{1500};
+  retry.max_delay = milliseconds{1500};
+  retry.jitter = 0;
+  retry.max_attempts = 2;
+  StartRelay(std::move(owned), options, retry);
+  ASSERT_TRUE(WaitFor([&] { return RelayAsleep(); }));
+  const std::string id = Enqueue("'t', '{}'");
+  // The first attempt at once, the second when its backoff ends: then it is abandoned.
+  ASSERT_TRUE(WaitFor([&] { return Count("status = 'abandoned'") == "1"; }, seconds{10}))
+      << "the retry waited for the 60 s sweep; attempts: " << attempts;
+  ASSERT_EQ(attempts, 2);
+  const SteadyClock::duration waited{attempted_at[1] - attempted_at[0]};
+  EXPECT_GE(waited, milliseconds{1400}) << "the retry went before its backoff ended";
+
+  // The operator replays it; the broker takes it now.
+  reject = false;
+  ASSERT_TRUE(WaitFor([&] { return RelayAsleep(); }));
+  const auto admin = postgres::OpenAdmin(PgUrl(), schema_.name());
+  MessageFilter filter;
+  filter.ids = std::vector<MessageId>{*Uuid::Parse(id)};
+  ASSERT_EQ(admin->Replay(filter, /*dry_run=*/false).count, 1);
+  EXPECT_TRUE(WaitFor([&] { return Count("true") == "0"; }, seconds{10}))
+      << "the replayed message waited for the 60 s sweep";
+  EXPECT_EQ(sink->delivered().size(), 1U);
+}
+
+// Issue #21: under steady load the relay claims at most once per linger, settling the last batch
+// in the same statement; per commit it would send two statements for every few messages.
+TEST_F(RelayTest, UnderSteadyLoadTheRelayClaimsOncePerLingerAndSettlesInTheClaim) {
+  auto owned = std::make_unique<TestSink>();
+  TestSink* sink = owned.get();
+  RelayOptions options;
+  options.linger = milliseconds{100};
+  options.sweep_interval = seconds{60};
+  RelayStatements();  // creates the extension before anything is counted
+  StartRelay(std::move(owned), options);
+  ASSERT_TRUE(WaitFor([&] { return RelayAsleep(); }));
+  const std::int64_t before = RelayStatements();
+  const auto started = std::chrono::steady_clock::now();
+  auto conn = Connect();
+  int written = 0;
+  while (std::chrono::steady_clock::now() - started < seconds{3}) {
+    Scalar(conn.get(), "SELECT " + schema_.name() + ".enqueue('t', '{}')");
+    ++written;
+    std::this_thread::sleep_for(milliseconds{2});
+  }
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  ASSERT_TRUE(
+      WaitFor([&] { return sink->delivered().size() == static_cast<std::size_t>(written); }));
+  std::this_thread::sleep_for(milliseconds{300});  // the last batch settled, the relay idle
+  const std::int64_t statements = RelayStatements() - before;
+  EXPECT_EQ(Count("true"), "0") << "a published message was kept";
+  // One statement per round of at least 100 ms, and a few to go idle and wake: 30 rounds in 3 s.
+  const double bound = elapsed / 0.1 + 20;
+  EXPECT_LT(static_cast<double>(statements), bound)
+      << statements << " statements for " << written << " messages in " << elapsed << " s";
+  std::printf("[ relay ] steady load, linger 100 ms: %d messages, %lld statements in %.1f s\n",
+              written, static_cast<long long>(statements), elapsed);
+  EXPECT_EQ(relay_->counters().published.load(), static_cast<std::uint64_t>(written));
 }
 
 // Issue #13: a writer's transaction held open for 10 s while the relay is idle. It delays no
@@ -634,6 +716,12 @@ TEST_F(RelayTest, BadOptionsAreConfigErrors) {
   options.publish_timeout = options.lease / 2 + milliseconds{1};
   EXPECT_THROW(make(options), ConfigError);
   options.publish_timeout = options.lease / 2;
+  EXPECT_NO_THROW(make(options));
+  options.linger = milliseconds{-1};
+  EXPECT_THROW(make(options), ConfigError);
+  options.linger = options.lease / 2;
+  EXPECT_THROW(make(options), ConfigError);
+  options.linger = milliseconds{0};
   EXPECT_NO_THROW(make(options));
 }
 

@@ -128,6 +128,52 @@ TEST_P(StoreContractTest, CompleteRemovesAndIsFencedByOwnerAndEpoch) {
   EXPECT_EQ(stats.published, 0);  // deleted on publish by default
 }
 
+TEST_P(StoreContractTest, AClaimRoundSettlesTheLastBatchFirstAndSaysWhenTheNextRetryIsDue) {
+  RetryPolicy slow = FastRetry();
+  slow.initial_delay = milliseconds{60000};
+  slow.max_delay = milliseconds{60000};
+  slow.jitter = 0;
+  auto store = OpenFresh(GetParam(), slow);
+  std::vector<NewMessage> messages{Message("t"), Message("t", "s"), Message("t"), Message("t")};
+  const auto ids = store->Enqueue(messages);
+  const auto first = store->Claim(Request("relay-a", 2));
+  ASSERT_EQ(first.size(), 2U);
+
+  // The first batch is settled in the round that claims the next; a lease that is not the
+  // caller's (a stale epoch) is reported lost, not settled.
+  ClaimRequest request = Request("relay-a", 1);
+  request.complete = Leases(first);
+  request.complete[0].lease_epoch += 1;
+  const auto round = store->ClaimRound(request);
+  EXPECT_EQ(round.completed.settled, 1);
+  ASSERT_EQ(round.completed.lease_lost.size(), 1U);
+  EXPECT_EQ(round.completed.lease_lost[0], first[0].id);
+  ASSERT_EQ(round.messages.size(), 1U);
+  EXPECT_EQ(round.messages[0].id, ids[2]);
+  EXPECT_FALSE(round.next_due) << "something was claimed";
+  EXPECT_EQ(store->Stats().processing, 2) << "the settled one is gone (deleted when published)";
+  const auto first_leases = Leases(first);
+  EXPECT_EQ(store->Complete("relay-a", std::span{first_leases}.first(1)).settled, 1);
+
+  // Its retry waits a minute: a claim that finds nothing says when it is due.
+  const FailedMessage failed =
+      FailedMessage::Of(round.messages[0], Failure{FailureKind::kRejected, "no route"});
+  ASSERT_EQ(store->Fail("relay-a", std::span{&failed, 1}).settled, 1);
+  const auto last = store->Claim(Request("relay-a"));
+  ASSERT_EQ(last.size(), 1U);
+  const auto idle = store->ClaimRound(Request("relay-a"));
+  EXPECT_TRUE(idle.messages.empty());
+  ASSERT_TRUE(idle.next_due);
+  EXPECT_GT(*idle.next_due, milliseconds{50000});
+  EXPECT_LE(*idle.next_due, milliseconds{60000});
+  // Not for a paused target (it would not be claimed when due), and nothing without a retry.
+  ClaimRequest paused = Request("relay-a");
+  paused.paused_targets = {round.messages[0].target};
+  EXPECT_FALSE(store->ClaimRound(paused).next_due);
+  const auto settle_last = Leases(last);
+  EXPECT_EQ(store->Complete("relay-a", settle_last).settled, 1);
+}
+
 TEST_P(StoreContractTest, PublishedRowsAreKeptWhenRetentionSaysSo) {
   RetentionPolicy retention;
   retention.published = std::chrono::seconds{3600};

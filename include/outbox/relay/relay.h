@@ -25,8 +25,15 @@ struct RelayOptions {
   std::string instance;  // lease owner name; unique per running relay
   int batch_size = 500;
   std::chrono::milliseconds lease{std::chrono::seconds{30}};
-  // Idle: how often to look for due retries and expired leases without a notification.
+  // Idle: how often to look for new messages without a notification (a store whose writers
+  // cannot notify, like SQLite's from another process, is seen only this way) and for expired
+  // leases. Retries are looked for when they are due (ClaimResult::next_due), not only then.
   std::chrono::milliseconds sweep_interval{std::chrono::seconds{1}};
+  // Under steady load (the last claim found at least two messages but not a full batch: they
+  // arrive faster than a round trip), the next claim waits until this long after the last one,
+  // so that a round settles and claims many messages in one statement instead of a few. An idle
+  // relay claims at once when woken, so a lone message never waits. 0: claim at once, always.
+  std::chrono::milliseconds linger{25};
   // How long a batch may wait for broker confirms; must be well under `lease`.
   std::chrono::milliseconds publish_timeout{std::chrono::seconds{10}};
   // Pause after a database outage is noticed, doubling up to max_backoff; the same for a target

@@ -27,6 +27,10 @@ class StoreSettings final : public outbox::StoreSettings {
   [[nodiscard]] std::unique_ptr<Store> OpenStore(const RetryPolicy& retry,
                                                  const RetentionPolicy& retention) const override;
   [[nodiscard]] std::unique_ptr<Wakeup> OpenWakeup() const override;
+  // Every enqueue wakes an idle relay (NOTIFY), and retries are woken for when due.
+  [[nodiscard]] std::chrono::milliseconds DefaultSweepInterval() const override {
+    return std::chrono::seconds{10};
+  }
   [[nodiscard]] std::unique_ptr<PartitionLeases> OpenPartitionLeases() const override;
   [[nodiscard]] std::unique_ptr<Admin> OpenAdmin(
       std::chrono::milliseconds statement_timeout) const override;

@@ -40,6 +40,12 @@ class StoreSettings {
   [[nodiscard]] virtual std::unique_ptr<Store> OpenStore(
       const RetryPolicy& retry, const RetentionPolicy& retention) const = 0;
   [[nodiscard]] virtual std::unique_ptr<Wakeup> OpenWakeup() const = 0;
+  // relay.sweep_interval when the configuration names none: how often an idle relay looks for
+  // work nothing woke it for. Short where writers in other processes cannot wake the relay; long
+  // where every writer does (the sweep is then a safety net, and each look is a statement).
+  [[nodiscard]] virtual std::chrono::milliseconds DefaultSweepInterval() const {
+    return std::chrono::seconds{1};
+  }
   // The partition leases of a database that several relays may share; null when one relay per
   // database is the rule (it then claims every partition).
   [[nodiscard]] virtual std::unique_ptr<PartitionLeases> OpenPartitionLeases() const {

@@ -52,6 +52,9 @@ FROM __TABLE__ m WHERE m.id = $1::uuid)";
 // snapshot, then the change. The UPDATE re-checks the status of each row it locks, so a row a
 // relay claimed in the meantime (now processing) is skipped. Returns the number of candidates, the
 // last candidate's id (where the next chunk starts) and the changed ids.
+// A change makes messages claimable (a replay) or lets a stream's later messages pass (an
+// abandoned head): it wakes an idle relay like an enqueue does (wake_relay, sql/006_wakeup.sql),
+// which otherwise would find them only at its next sweep.
 constexpr const char* kChangeChunkSql = R"(
 WITH candidates AS (
   SELECT m.id FROM __TABLE__ m
@@ -65,7 +68,8 @@ changed AS (
   RETURNING m.id)
 SELECT (SELECT count(*) FROM candidates),
        (SELECT c.id FROM candidates c ORDER BY c.id DESC LIMIT 1),
-       array(SELECT id FROM changed ORDER BY id))";
+       array(SELECT id FROM changed ORDER BY id),
+       CASE WHEN EXISTS (SELECT 1 FROM changed) THEN (SELECT 1 FROM __SCHEMA__.wake_relay()) END)";
 
 // The same selection without the change, for dry runs.
 constexpr const char* kChangeDryRun = R"(
@@ -224,6 +228,7 @@ class PostgresAdmin final : public Admin {
                 std::chrono::milliseconds statement_timeout)
       : schema_(schema),
         table_(QuoteSchema(schema) + ".messages"),
+        statement_timeout_(statement_timeout),
         connection_(conninfo,
                     statement_timeout.count() > 0
                         ? "SET statement_timeout = " + std::to_string(statement_timeout.count())
@@ -339,14 +344,18 @@ class PostgresAdmin final : public Admin {
     return overview;
   }
 
-  // In a transaction of its own, under SET LOCAL statement_timeout, so that the timeout ends
-  // with it.
+  // Under the connection's statement_timeout when it is `timeout` (one statement: a caller that
+  // counts often opens its Admin with that timeout), else in a transaction of its own under SET
+  // LOCAL statement_timeout, so that the timeout ends with it.
   std::optional<std::vector<TopicCount>> CountGroups(std::chrono::milliseconds timeout) override {
     PGconn* conn = connection_.Ready();
-    Exec(conn, "count by topic", "BEGIN");
+    const bool own_transaction = timeout != statement_timeout_;
+    if (own_transaction) Exec(conn, "count by topic", "BEGIN");
     try {
-      Exec(conn, "count by topic",
-           "SET LOCAL statement_timeout = " + std::to_string(timeout.count()));
+      if (own_transaction) {
+        Exec(conn, "count by topic",
+             "SET LOCAL statement_timeout = " + std::to_string(timeout.count()));
+      }
       const auto result = Exec(conn, "count by topic", count_groups_);
       const PGresult* rows = result.get();
       std::vector<TopicCount> groups;
@@ -356,7 +365,7 @@ class PostgresAdmin final : public Admin {
                           .topic = std::string{Column(rows, row, 2)},
                           .messages = ParseInt64(Column(rows, row, 3), "count by topic")});
       }
-      Exec(conn, "count by topic", "COMMIT");
+      if (own_transaction) Exec(conn, "count by topic", "COMMIT");
       return groups;
     } catch (const PgError& error) {
       Rollback(conn);
@@ -374,13 +383,15 @@ class PostgresAdmin final : public Admin {
   }
 
   std::string Build(const std::string& sql) const {
-    return ReplaceAll(
-        ReplaceAll(ReplaceAll(sql, "__SUMMARY__", kSummaryColumns), "__FILTER__", kFilter),
-        "__TABLE__", table_);
+    return ReplaceAll(ReplaceAll(ReplaceAll(ReplaceAll(sql, "__SUMMARY__", kSummaryColumns),
+                                            "__FILTER__", kFilter),
+                                 "__TABLE__", table_),
+                      "__SCHEMA__", QuoteSchema(schema_));
   }
 
   std::string schema_;
   std::string table_;
+  std::chrono::milliseconds statement_timeout_;  // the connection's; 0: the database's default
   Connection connection_;
   std::string list_;
   std::string show_;

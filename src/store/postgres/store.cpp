@@ -74,7 +74,7 @@ class PostgresStore final : public Store {
     }
   }
 
-  std::vector<Envelope> Claim(const ClaimRequest& request) override {
+  ClaimResult ClaimRound(const ClaimRequest& request) override {
     if (request.owner.empty()) throw std::invalid_argument("claim: owner must not be empty");
     if (request.max_messages < 1) throw std::invalid_argument("claim: max_messages must be >= 1");
     if (request.lease_duration.count() < 1) {
@@ -83,17 +83,31 @@ class PostgresStore final : public Store {
     const std::string limit = std::to_string(request.max_messages);
     const std::string lease = std::to_string(request.lease_duration.count());
     const HeldParams held{request.partitions};
-    if (held.none) return {};
+    if (held.none) {  // no partition held: nothing to claim, only the completion
+      ClaimResult round;
+      round.completed = Complete(request.owner, request.complete);
+      return round;
+    }
     const std::string cursor =
         cursor_.Next(request.partitions, std::chrono::steady_clock::now(), request.paused_targets)
             .ToString();
+    std::vector<MessageId> complete_ids;
+    std::vector<std::int64_t> complete_epochs;
+    for (const auto& message : request.complete) {
+      complete_ids.push_back(message.id);
+      complete_epochs.push_back(message.lease_epoch);
+    }
+    const std::string complete_id_array = UuidArray(complete_ids);
+    const std::string complete_epoch_array = NumberArray(complete_epochs);
     const std::vector<Param> params{Param{limit},
                                     held.partitions,
                                     Param{request.owner},
                                     Param{lease},
                                     held.epochs,
                                     Param{cursor},
-                                    Param{TextArray(request.paused_targets)}};
+                                    Param{TextArray(request.paused_targets)},
+                                    Param{complete_id_array},
+                                    Param{complete_epoch_array}};
     const auto result =
         Exec(connection_.Ready(), "claim", sql_.claim, params, /*binary_results=*/true);
     const PGresult* rows = result.get();
@@ -104,7 +118,12 @@ class PostgresStore final : public Store {
                            std::to_string(kClaimColumns) + " columns");
     }
     cursor_.Observe(ReadClaimObservation(rows));
-    std::vector<Envelope> batch;
+    ClaimResult round;
+    round.completed = ReadCompleted(rows);
+    if (PQgetisnull(rows, 0, 21) == 0) {
+      round.next_due = std::chrono::milliseconds{ReadInt64(PQgetvalue(rows, 0, 21))};
+    }
+    auto& batch = round.messages;
     batch.reserve(static_cast<std::size_t>(PQntuples(rows)));
     for (int row = 0; row < PQntuples(rows); ++row) {
       if (PQgetisnull(rows, row, 0) != 0) continue;  // the row that only carries the cursor
@@ -132,7 +151,7 @@ class PostgresStore final : public Store {
     // stream_seq order.
     std::sort(batch.begin(), batch.end(),
               [](const Envelope& a, const Envelope& b) { return a.id < b.id; });
-    return batch;
+    return round;
   }
 
   SettleResult Complete(std::string_view owner, std::span<const LeasedId> messages) override {
@@ -264,9 +283,26 @@ class PostgresStore final : public Store {
     return outcome;
   }
 
-  // The claim's 14 message columns, then frontier, now(), oldest running xid, own xid, then the
-  // message's stream_prev_seq.
-  static constexpr int kClaimColumns = 19;
+  // The claim's 14 message columns, then frontier, now(), oldest running xid, own xid, the
+  // message's stream_prev_seq, then how many of request.complete were settled, the ids of those
+  // that were not (text, comma-separated; null when all were) and next_due in ms.
+  static constexpr int kClaimColumns = 22;
+
+  static SettleResult ReadCompleted(const PGresult* rows) {
+    SettleResult completed;
+    completed.settled = ReadInt64(PQgetvalue(rows, 0, 19));
+    if (PQgetisnull(rows, 0, 20) != 0) return completed;
+    const std::string lost{PQgetvalue(rows, 0, 20),
+                           static_cast<std::size_t>(PQgetlength(rows, 0, 20))};
+    for (std::size_t at = 0; at < lost.size();) {
+      const auto end = std::min(lost.find(',', at), lost.size());
+      if (const auto id = Uuid::Parse(lost.substr(at, end - at))) {
+        completed.lease_lost.push_back(*id);
+      }
+      at = end + 1;
+    }
+    return completed;
+  }
 
   static ClaimObservation ReadClaimObservation(const PGresult* rows) {
     ClaimObservation observation;

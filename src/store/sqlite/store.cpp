@@ -72,7 +72,7 @@ class SqliteStore final : public Store {
     return InWriteTransaction(db_.get(), [&] { return writer_.Enqueue(db_.get(), messages); });
   }
 
-  std::vector<Envelope> Claim(const ClaimRequest& request) override {
+  ClaimResult ClaimRound(const ClaimRequest& request) override {
     if (request.owner.empty()) throw std::invalid_argument("claim: owner must not be empty");
     if (request.max_messages < 1) throw std::invalid_argument("claim: max_messages must be >= 1");
     if (request.lease_duration.count() < 1) {
@@ -84,6 +84,9 @@ class SqliteStore final : public Store {
           "claim: the SQLite store serves a single relay and has no partition leases");
     }
     return InWriteTransaction(db_.get(), [&] {
+      ClaimResult round;
+      round.completed =
+          SettleInTransaction(CompleteSql(), request.owner, request.complete, [](Statement&) {});
       Statement claim{
           db_.get(),
           "UPDATE outbox_messages SET status = 'processing', lease_owner = ?2,"
@@ -122,20 +125,15 @@ class SqliteStore final : public Store {
       std::sort(rows.begin(), rows.end(),
                 [](const auto& a, const auto& b) { return a.first < b.first; });
       FillStreamPrevSeq(rows);
-      std::vector<Envelope> batch;
-      batch.reserve(rows.size());
-      for (auto& row : rows) batch.push_back(std::move(row.second));
-      return batch;
+      round.messages.reserve(rows.size());
+      for (auto& row : rows) round.messages.push_back(std::move(row.second));
+      if (round.messages.empty()) round.next_due = NextDue(request.paused_targets);
+      return round;
     });
   }
 
   SettleResult Complete(std::string_view owner, std::span<const LeasedId> messages) override {
-    const std::string sql =
-        options_.retention.published.count() == 0
-            ? "DELETE FROM outbox_messages" + kFence
-            : "UPDATE outbox_messages SET status = 'published', published_at = " + kNow +
-                  ", lease_owner = NULL, lease_until = NULL" + kFence;
-    return Settle(sql, owner, messages, [](Statement&) {});
+    return Settle(CompleteSql(), owner, messages, [](Statement&) {});
   }
 
   SettleResult Renew(std::string_view owner, std::span<const LeasedId> messages,
@@ -254,21 +252,47 @@ class SqliteStore final : public Store {
                       std::span<const LeasedId> messages, BindExtra&& bind_extra) {
     if (messages.empty()) return {};
     return InWriteTransaction(db_.get(), [&] {
-      Statement statement{db_.get(), sql};
-      SettleResult result;
-      for (const auto& message : messages) {
-        statement.Bind(1, message.id.ToString()).Bind(2, message.lease_epoch).Bind(3, owner);
-        bind_extra(statement);
-        statement.Step();
-        if (statement.Changes() == 1) {
-          ++result.settled;
-        } else {
-          result.lease_lost.push_back(message.id);
-        }
-        statement.Reset();
-      }
-      return result;
+      return SettleInTransaction(sql, owner, messages, std::forward<BindExtra>(bind_extra));
     });
+  }
+
+  template <typename BindExtra>
+  SettleResult SettleInTransaction(const std::string& sql, std::string_view owner,
+                                   std::span<const LeasedId> messages, BindExtra&& bind_extra) {
+    SettleResult result;
+    if (messages.empty()) return result;
+    Statement statement{db_.get(), sql};
+    for (const auto& message : messages) {
+      statement.Bind(1, message.id.ToString()).Bind(2, message.lease_epoch).Bind(3, owner);
+      bind_extra(statement);
+      statement.Step();
+      if (statement.Changes() == 1) {
+        ++result.settled;
+      } else {
+        result.lease_lost.push_back(message.id);
+      }
+      statement.Reset();
+    }
+    return result;
+  }
+
+  [[nodiscard]] std::string CompleteSql() const {
+    return options_.retention.published.count() == 0
+               ? "DELETE FROM outbox_messages" + kFence
+               : "UPDATE outbox_messages SET status = 'published', published_at = " + kNow +
+                     ", lease_owner = NULL, lease_until = NULL" + kFence;
+  }
+
+  // Milliseconds until the first failed message of a target not paused is due; unset when none
+  // waits (see ClaimResult::next_due).
+  std::optional<std::chrono::milliseconds> NextDue(const std::vector<std::string>& paused) {
+    Statement next{db_.get(), "SELECT min(available_at) - " + kNow +
+                                  " FROM outbox_messages WHERE status = 'failed'"
+                                  " AND available_at > " +
+                                  kNow + " AND target NOT IN (SELECT value FROM json_each(?1))"};
+    next.Bind(1, nlohmann::json(paused).dump());
+    if (!next.Step() || next.IsNull(0)) return std::nullopt;
+    return std::chrono::milliseconds{next.Int(0)};
   }
 
   // Sets stream_prev_seq on the claimed messages whose predecessor is abandoned; one probe when
