@@ -308,7 +308,8 @@ class Outboxd {
 inline void PrintRelayConditions(const Env& env) {
   std::printf(
       "relay: %s as a child process, its defaults: batch_size 500, confirm_window 1000, "
-      "sweep_interval 1s, lease 30s, HTTP listener on (stats every 5s), retention.published 0s "
+      "sweep_interval 10s, linger 25ms, lease 30s, HTTP listener on (stats every 5s), "
+      "retention.published 0s "
       "(a confirmed message is deleted)\n",
       env.outboxd.c_str());
 }

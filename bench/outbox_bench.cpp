@@ -26,6 +26,12 @@
 // pg_stat_statements (loaded by scripts/services), restricted to that database; the benchmark's
 // own statements are tagged /*bench*/ and left out, as are the writers' (enqueue, BEGIN, COMMIT;
 // the relay issues none of these).
+//
+// The targets of issue #21 come out as one line each, `target: <what> <value> <bound>: met` (or
+// `NOT MET`, or `: not measured (why)`), where their numbers are computed: idle (statements/s,
+// commit -> consumer p99), drain with the RabbitMQ sink (% of the ceiling, 1M vs 100k), steady at
+// 1k msg/s and more (statements/message) and bloat (relay and writer throughput, first -> last
+// interval). bench/run gathers them at the end of its report.
 
 #include <fcntl.h>
 #include <libpq-fe.h>
@@ -48,6 +54,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -328,6 +335,57 @@ std::string Describe(const Percentiles& p) {
   return text;
 }
 
+// --- the targets of issue #21 -----------------------------------------------------------------
+
+// How a target bounds its value: at most, at least, or |value| at most.
+enum class Bound { kAtMost, kAtLeast, kWithin };
+
+// One line per target, the same shape in every workload so that bench/run can gather them:
+//   target: <what> <value><unit> <= | >= | within +/- <bound><unit>: met | NOT MET[; <note>]
+// Changes (kWithin, or a negative bound) are printed with their sign.
+void Target(const std::string& what, double value, Bound bound, double limit, int decimals,
+            const std::string& unit = "", const std::string& note = "") {
+  bool met = false;
+  const char* op = "";
+  switch (bound) {
+    case Bound::kAtMost:
+      met = value <= limit;
+      op = "<=";
+      break;
+    case Bound::kAtLeast:
+      met = value >= limit;
+      op = ">=";
+      break;
+    case Bound::kWithin:
+      met = std::fabs(value) <= limit;
+      op = "within +/-";
+      break;
+  }
+  const bool with_sign = bound == Bound::kWithin || limit < 0;
+  std::printf(
+      with_sign ? "target: %s %+.*f%s %s %g%s: %s%s%s\n" : "target: %s %.*f%s %s %g%s: %s%s%s\n",
+      what.c_str(), decimals, value, unit.c_str(), op, limit, unit.c_str(), met ? "met" : "NOT MET",
+      note.empty() ? "" : "; ", note.c_str());
+  Flush();
+}
+
+// A target this run could not measure, and why.
+void TargetNotMeasured(const std::string& what, const std::string& why) {
+  std::printf("target: %s: not measured (%s)\n", what.c_str(), why.c_str());
+  Flush();
+}
+
+// 1000 -> "1k", 5000 -> "5k", 2500 -> "2.5k", 500 -> "500".
+std::string RateName(double rate) {
+  char text[32];
+  if (rate >= 1000) {
+    std::snprintf(text, sizeof text, "%gk", rate / 1000.0);
+  } else {
+    std::snprintf(text, sizeof text, "%g", rate);
+  }
+  return text;
+}
+
 // --- workload: idle ---------------------------------------------------------------------------
 
 void Idle(Env& env, int seconds, int latency_messages) {
@@ -345,13 +403,18 @@ void Idle(Env& env, int seconds, int latency_messages) {
   std::this_thread::sleep_for(std::chrono::seconds{seconds});
   const auto after = relay.Sample();
   if (statements.available()) {
+    const double per_second = statements.Total() / seconds;
     std::printf("idle: %.2f statements/s over %d s (pg_stat_statements), by statement:\n",
-                statements.Total() / seconds, seconds);
+                per_second, seconds);
     for (const auto& [query, calls] : statements.Top(8)) {
       std::printf("    %6.0f  %s\n", calls, query.c_str());
     }
+    Target("idle relay statements/s (HTTP listener on, stats included)", per_second, Bound::kAtMost,
+           1, 2);
   } else {
     std::printf("idle: statements/s not measured (pg_stat_statements is not loaded)\n");
+    TargetNotMeasured("idle relay statements/s (HTTP listener on, stats included)",
+                      "pg_stat_statements is not loaded");
   }
   std::printf("idle: outboxd CPU %.2f %% of one core, RSS %s\n",
               100.0 * (after.cpu_seconds - before.cpu_seconds) / seconds,
@@ -380,10 +443,13 @@ void Idle(Env& env, int seconds, int latency_messages) {
   for (std::size_t i = 0; i < committed.size(); ++i) {
     latencies.push_back(static_cast<double>(receiver.received_at(i) - committed[i]) / 1e6);
   }
+  const auto latency = Summarize(latencies);
   std::printf(
       "idle latency, COMMIT returned -> consumer received, 256 B, %d single messages "
-      "10 ms apart: %s\n\n",
-      latency_messages, Describe(Summarize(latencies)).c_str());
+      "10 ms apart: %s\n",
+      latency_messages, Describe(latency).c_str());
+  Target("idle commit -> consumer p99", latency.p99, Bound::kAtMost, 5, 2, " ms");
+  std::printf("\n");
   Flush();
 }
 
@@ -491,8 +557,10 @@ void Drain(Env& env, const std::vector<std::int64_t>& counts,
         "store claim+complete %s msgs/s\n",
         payload, Thousands(broker).c_str(), Thousands(raw_pg).c_str(), Thousands(store).c_str());
     Flush();
+    std::map<std::int64_t, double> rates;  // by message count, for the 1M-vs-100k target
     for (const std::int64_t count : counts) {
       const auto r = RelayDrain(env, count, payload, streams);
+      rates[count] = r.rate;
       std::printf(
           "  drain %s x %zu B: %s msgs/s (%.1f s from outboxd start), %.0f %% of RabbitMQ, %.0f %% "
           "of raw PostgreSQL; outboxd CPU %.2f s per 100k messages, peak RSS %s, %.4f "
@@ -501,9 +569,21 @@ void Drain(Env& env, const std::vector<std::int64_t>& counts,
           100.0 * r.rate / broker, 100.0 * r.rate / raw_pg,
           r.process.cpu_seconds / static_cast<double>(count) * 1e5, Mib(r.process.hwm_kib).c_str(),
           r.statements / static_cast<double>(count));
-      Flush();
+      Target("drain " + Thousands(static_cast<double>(count)) + " x " + std::to_string(payload) +
+                 " B, % of the RabbitMQ ceiling of this run",
+             100.0 * r.rate / broker, Bound::kAtLeast, 90, 1, " %");
+    }
+    if (rates.contains(100000) && rates.contains(1000000)) {
+      const double change = 100.0 * (rates[1000000] - rates[100000]) / rates[100000];
+      Target("drain 1,000,000 vs 100,000 x " + std::to_string(payload) + " B, rate change", change,
+             Bound::kWithin, 5, 1, " %");
     }
   }
+  // Each case's table is created just before it is loaded, but Preinsert runs VACUUM ANALYZE on
+  // it before outboxd starts: no drain here starts on a table without statistics.
+  TargetNotMeasured("fresh table: a burst into a just-created table drains at full rate",
+                    "each drain's table is new, but Preinsert runs VACUUM ANALYZE on it before "
+                    "outboxd starts");
   std::printf("\n");
 }
 
@@ -1198,6 +1278,22 @@ void Steady(Env& env, const SteadyOptions& o) {
   for (const auto& [query, calls] : statements.Top(6)) {
     std::printf("    %8.0f  %s\n", calls, query.c_str());
   }
+  // Issue #21: at most 0.05 statements/message at 1k msg/s, 0.01 at 5k msg/s (steady only).
+  if (!o.hold_snapshot && o.rate >= 1000) {
+    const double achieved = static_cast<double>(done) / write_seconds;
+    const std::string what = "steady " + RateName(o.rate) + " msg/s statements/message";
+    if (!statements.available()) {
+      TargetNotMeasured(what, "pg_stat_statements is not loaded");
+    } else if (done == 0) {
+      TargetNotMeasured(what, "no message written");
+    } else {
+      Target(what, statement_count / static_cast<double>(done), Bound::kAtMost,
+             o.rate >= 5000 ? 0.01 : 0.05, 4, "",
+             achieved < 0.95 * o.rate ? "writers achieved only " + Thousands(achieved) +
+                                            " msg/s of the scheduled " + Thousands(o.rate)
+                                      : "");
+    }
+  }
   if (o.report_every > 0) {
     std::printf(
         "\n| until s | committed/s | received/s | lag at end | latency p50 | latency p99 | "
@@ -1230,6 +1326,10 @@ void Steady(Env& env, const SteadyOptions& o) {
         return static_cast<double>(intervals[i].received - intervals[i - 1].received) /
                (intervals[i].t - intervals[i - 1].t);
       };
+      const auto committed_rate = [&](std::size_t i) {
+        return static_cast<double>(intervals[i].committed - intervals[i - 1].committed) /
+               (intervals[i].t - intervals[i - 1].t);
+      };
       const std::size_t last = intervals.size() - 1;
       std::printf(
           "\nrelay throughput first interval %s msg/s, last interval %s msg/s: "
@@ -1237,6 +1337,43 @@ void Steady(Env& env, const SteadyOptions& o) {
           Thousands(rate(1)).c_str(), Thousands(rate(last)).c_str(),
           100.0 * (rate(last) - rate(1)) / rate(1), intervals[0].table_size.c_str(),
           intervals.back().table_size.c_str());
+      // The writers are open loop: they keep their schedule (every interval's committed/s at
+      // least 95 % of the scheduled rate) or fall behind it, whatever the relay does.
+      std::size_t slowest = 1;
+      for (std::size_t i = 2; i <= last; ++i) {
+        if (committed_rate(i) < committed_rate(slowest)) slowest = i;
+      }
+      const bool on_schedule = committed_rate(slowest) >= 0.95 * o.rate;
+      std::printf(
+          "writers (open loop, scheduled %s msg/s) first interval %s committed/s, last interval "
+          "%s committed/s: change %+.1f %%; slowest interval (until %.0f s) %s committed/s: %s\n",
+          Thousands(o.rate).c_str(), Thousands(committed_rate(1)).c_str(),
+          Thousands(committed_rate(last)).c_str(),
+          100.0 * (committed_rate(last) - committed_rate(1)) / committed_rate(1),
+          intervals[slowest].t, Thousands(committed_rate(slowest)).c_str(),
+          on_schedule ? "kept their schedule" : "fell behind their schedule");
+      if (o.hold_snapshot) {
+        // Issue #21: relay and writer throughput each drop at most 10 % first -> last interval.
+        const auto change_target = [&](const std::string& what, double first, double final_rate,
+                                       const std::string& note) {
+          if (first <= 0) {
+            TargetNotMeasured(what, "nothing in the first interval");
+          } else {
+            Target(what, 100.0 * (final_rate - first) / first, Bound::kAtLeast, -10, 1, " %", note);
+          }
+        };
+        change_target("bloat relay throughput (received/s) change, first -> last interval", rate(1),
+                      rate(last), "");
+        change_target("bloat writer throughput (committed/s) change, first -> last interval",
+                      committed_rate(1), committed_rate(last),
+                      std::string{"writers "} +
+                          (on_schedule ? "kept their schedule" : "fell behind their schedule") +
+                          " (slowest interval " + Thousands(committed_rate(slowest)) +
+                          " committed/s of " + Thousands(o.rate) + " scheduled)");
+      }
+    } else if (o.hold_snapshot) {
+      TargetNotMeasured("bloat relay and writer throughput change, first -> last interval",
+                        "fewer than two intervals: make --seconds at least twice --report-every");
     }
   }
   std::printf("\n");
