@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -208,9 +209,15 @@ inline std::string Payload(std::int64_t seq, std::size_t size) {
 }
 
 // Inserts messages first..first+count-1 as writers would have left them: pending, over `streams`
-// streams with their stream_seq, each stream in one partition. One statement, then VACUUM ANALYZE.
+// streams with their stream_seq, each stream in one partition. One statement, then VACUUM ANALYZE;
+// with `analyze` false neither that nor autovacuum (turned off for the table): the table is as a
+// burst leaves a just-created one, with no statistics.
 inline void Preinsert(Env& env, const Schema& schema, const std::string& topic, std::int64_t first,
-                      std::int64_t count, std::size_t payload, int streams) {
+                      std::int64_t count, std::size_t payload, int streams, bool analyze = true) {
+  if (!analyze) {
+    Own(env.monitor.get(),
+        "ALTER TABLE " + schema.messages() + " SET (autovacuum_enabled = false)");
+  }
   const std::string s = schema.name();
   const std::string g = "g";
   Own(env.monitor.get(),
@@ -222,7 +229,7 @@ inline void Preinsert(Env& env, const Schema& schema, const std::string& topic, 
           std::to_string(payload - 14) + ") || '\"', 'UTF8'), 'application/json' FROM " +
           "generate_series(" + std::to_string(first) + ", " + std::to_string(first + count - 1) +
           ") g");
-  Own(env.monitor.get(), "VACUUM ANALYZE " + schema.messages());
+  if (analyze) Own(env.monitor.get(), "VACUUM ANALYZE " + schema.messages());
 }
 
 inline std::string TableSize(Env& env, const Schema& schema) {
@@ -271,12 +278,12 @@ inline ProcSample SampleProcess(pid_t pid) {
 // is the body of [sinks.default] (default: RabbitMQ, routing key = topic); `relay`, lines added to
 // [relay].
 inline std::string WriteConfig(Env& env, const std::string& schema, const std::string& sink,
-                               const std::string& relay) {
+                               const std::string& relay, int http_port) {
   const auto path = env.dir / (schema + ".toml");
   std::ofstream out(path);
   out << "[database]\nurl = \"" << env.bench_url << "\"\nschema = \"" << schema
       << "\"\n\n[relay]\ninstance = \"bench\"\n"
-      << relay << "\n[log]\nlevel = \"warn\"\n\n[http]\nlisten = \"127.0.0.1:" << FreePort()
+      << relay << "\n[log]\nlevel = \"warn\"\n\n[http]\nlisten = \"127.0.0.1:" << http_port
       << "\"\n\n[sinks.default]\n"
       << (sink.empty()
               ? "type = \"rabbitmq\"\nurl = \"" + env.amqp_url + "\"\nrouting_key = \"{topic}\"\n"
@@ -288,9 +295,12 @@ class Outboxd {
  public:
   Outboxd(Env& env, const std::string& schema, const std::string& sink = {},
           const std::string& relay = {})
-      : config_(WriteConfig(env, schema, sink, relay)),
+      : http_port_(FreePort()),
+        config_(WriteConfig(env, schema, sink, relay, http_port_)),
         process_({env.outboxd, "--config", config_}, config_ + ".log") {}
   ProcSample Sample() const { return SampleProcess(process_.pid()); }
+  // Its HTTP listener (/metrics) on 127.0.0.1.
+  [[nodiscard]] int http_port() const { return http_port_; }
   // SIGTERM; throws if it does not exit cleanly.
   void Stop() {
     const int code = process_.Stop();
@@ -301,8 +311,82 @@ class Outboxd {
   }
 
  private:
+  int http_port_;
   std::string config_;
   outbox::testing::ChildProcess process_;
+};
+
+// Where the machine's CPU went over an interval: busy time of every core (/proc/stat) and the
+// CPU time of the processes that share it, by command name (/proc/<pid>/stat), so that a rate can
+// be read against what else ran. A process that exited during the interval is missing from it.
+class CpuUse {
+ public:
+  CpuUse() : start_(Take()) {}
+
+  // "busy 187 % of 200 %: postgres 62 %, beam.smp 81 %, ..." since construction.
+  [[nodiscard]] std::string Describe() const {
+    const Snapshot end = Take();
+    const double wall = end.total - start_.total;  // jiffies, all cores
+    const double cores = static_cast<double>(std::thread::hardware_concurrency());
+    if (wall <= 0 || cores <= 0) return "not measured";
+    const double scale = 100.0 * cores / wall;  // jiffies -> % of one core
+    char text[96];
+    std::snprintf(text, sizeof text, "busy %.0f %% of %.0f %%", (end.busy - start_.busy) * scale,
+                  100.0 * cores);
+    std::string line = text;
+    const char* separator = ":";
+    for (const auto& [name, ticks] : end.by_command) {
+      const auto before = start_.by_command.find(name);
+      const double used = ticks - (before == start_.by_command.end() ? 0.0 : before->second);
+      if (used * scale < 1.0) continue;
+      std::snprintf(text, sizeof text, "%s %s %.0f %%", separator, name.c_str(), used * scale);
+      line += text;
+      separator = ",";
+    }
+    return line;
+  }
+
+ private:
+  struct Snapshot {
+    double busy = 0;                           // jiffies, all cores
+    double total = 0;                          // busy + idle + iowait
+    std::map<std::string, double> by_command;  // utime + stime jiffies
+  };
+
+  static Snapshot Take() {
+    Snapshot snapshot;
+    std::ifstream stat("/proc/stat");
+    std::string cpu;
+    double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+    stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+    snapshot.busy = user + nice + system + irq + softirq + steal;
+    snapshot.total = snapshot.busy + idle + iowait;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      const std::string pid = entry.path().filename();
+      if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream process(entry.path() / "stat");
+      std::string line;
+      if (!std::getline(process, line)) continue;
+      const auto open = line.find('(');
+      const auto close = line.rfind(')');
+      if (open == std::string::npos || close == std::string::npos) continue;
+      std::string name = line.substr(open + 1, close - open - 1);
+      if (name != "postgres" && name != "beam.smp" && name != "outboxd" && name != "outbox-bench" &&
+          name != "nats-server" && name != "redis-server") {
+        continue;
+      }
+      std::istringstream fields(line.substr(close + 2));
+      std::string field;
+      double ticks = 0;
+      for (int i = 3; fields >> field && i <= 15; ++i) {  // field 3 is the state
+        if (i == 14 || i == 15) ticks += std::atof(field.c_str());
+      }
+      snapshot.by_command[name] += ticks;
+    }
+    return snapshot;
+  }
+
+  Snapshot start_;
 };
 
 inline void PrintRelayConditions(const Env& env) {

@@ -33,6 +33,7 @@
 // 1k msg/s and more (statements/message) and bloat (relay and writer throughput, first -> last
 // interval). bench/run gathers them at the end of its report.
 
+#include <curl/curl.h>
 #include <fcntl.h>
 #include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
@@ -453,6 +454,59 @@ void Idle(Env& env, int seconds, int latency_messages) {
   Flush();
 }
 
+// --- outboxd's own account of a round, from its /metrics ---------------------------------------
+
+// GET http://127.0.0.1:<port>/metrics; empty when it cannot be read.
+std::string FetchMetrics(int port) {
+  std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> easy{curl_easy_init(), curl_easy_cleanup};
+  if (!easy) return {};
+  std::string body;
+  const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/metrics";
+  curl_easy_setopt(easy.get(), CURLOPT_URL, url.c_str());
+  curl_easy_setopt(easy.get(), CURLOPT_TIMEOUT_MS, 5000L);
+  curl_easy_setopt(
+      easy.get(), CURLOPT_WRITEFUNCTION,
+      +[](char* data, std::size_t size, std::size_t count, void* out) -> std::size_t {
+        static_cast<std::string*>(out)->append(data, size * count);
+        return size * count;
+      });
+  curl_easy_setopt(easy.get(), CURLOPT_WRITEDATA, &body);
+  if (curl_easy_perform(easy.get()) != CURLE_OK) return {};
+  return body;
+}
+
+// The value of an unlabelled series (`name value` on a line of its own); NaN when absent.
+double MetricValue(const std::string& metrics, const std::string& name) {
+  std::istringstream lines(metrics);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.size() > name.size() && line.compare(0, name.size(), name) == 0 &&
+        line[name.size()] == ' ') {
+      return std::atof(line.c_str() + name.size() + 1);
+    }
+  }
+  return std::nan("");
+}
+
+// "claims: 201, mean 6.1 ms; publishes: 200 batches, mean 24.3 ms" from outboxd's histograms
+// outbox_relay_claim_seconds and outbox_relay_publish_seconds.
+std::string DescribeRounds(const std::string& metrics) {
+  const double claims = MetricValue(metrics, "outbox_relay_claim_seconds_count");
+  const double claim_sum = MetricValue(metrics, "outbox_relay_claim_seconds_sum");
+  const double publishes = MetricValue(metrics, "outbox_relay_publish_seconds_count");
+  const double publish_sum = MetricValue(metrics, "outbox_relay_publish_seconds_sum");
+  if (std::isnan(claims) || std::isnan(publishes) || claims == 0 || publishes == 0) {
+    return "not measured (outboxd's /metrics not read)";
+  }
+  char text[192];
+  std::snprintf(text, sizeof text,
+                "claims %.0f, mean %.1f ms (total %.1f s); batch publishes %.0f, mean %.1f ms "
+                "(total %.1f s)",
+                claims, 1000 * claim_sum / claims, claim_sum, publishes,
+                1000 * publish_sum / publishes, publish_sum);
+  return text;
+}
+
 // --- workload: drain, with the ceilings of its parts ------------------------------------------
 
 struct DrainResult {
@@ -462,18 +516,41 @@ struct DrainResult {
   double statements = 0;
 };
 
-DrainResult RelayDrain(Env& env, std::int64_t count, std::size_t payload, int streams) {
+// `fresh`: the table has never been analyzed (see Preinsert).
+// Lines added to outboxd's [relay] and [sinks.default] tables (drain --relay-setting,
+// --sink-setting): what a case changes from outboxd's defaults.
+struct DrainSettings {
+  std::vector<std::string> relay;
+  std::vector<std::string> sink;
+  [[nodiscard]] std::string Relay() const { return Join(relay); }
+  [[nodiscard]] std::string Sink(const Env& env) const {
+    if (sink.empty()) return {};
+    return "type = \"rabbitmq\"\nurl = \"" + env.amqp_url + "\"\nrouting_key = \"{topic}\"\n" +
+           Join(sink);
+  }
+  static std::string Join(const std::vector<std::string>& lines) {
+    std::string text;
+    for (const auto& line : lines) text += line + "\n";
+    return text;
+  }
+};
+DrainSettings drain_settings;   // set once from the command line
+bool drain_fresh_table = true;  // drain --no-fresh-table: skip the never-analyzed case
+
+DrainResult RelayDrain(Env& env, std::int64_t count, std::size_t payload, int streams,
+                       bool fresh = false) {
   Schema schema(env);
   Queue queue(env);
   const auto load_start = Clock::now();
-  Preinsert(env, schema, queue.name(), 0, count, payload, streams);
+  Preinsert(env, schema, queue.name(), 0, count, payload, streams, /*analyze=*/!fresh);
   const double load_seconds = Seconds(Clock::now() - load_start);
   const std::string size = TableSize(env, schema);
   Receiver receiver(queue.name(), static_cast<std::size_t>(count));
   StatementCounter statements(env);
   statements.Reset();
+  const CpuUse cpu;
   const auto start = Clock::now();
-  Outboxd relay(env, schema.name());
+  Outboxd relay(env, schema.name(), drain_settings.Sink(env), drain_settings.Relay());
   if (!receiver.WaitFor(static_cast<std::size_t>(count), std::chrono::seconds{1800})) {
     throw std::runtime_error("drain did not finish in 30 min");
   }
@@ -481,13 +558,17 @@ DrainResult RelayDrain(Env& env, std::int64_t count, std::size_t payload, int st
   result.wall = Seconds(Clock::now() - start);
   result.process = relay.Sample();
   result.statements = statements.Total();
+  const std::string cpu_use = cpu.Describe();
+  const std::string rounds = DescribeRounds(FetchMetrics(relay.http_port()));
   relay.Stop();
   receiver.Stop();
   result.rate = receiver.Rate(static_cast<std::size_t>(count));
   std::printf(
-      "    (%s messages loaded in %.0f s, table %s; duplicates received: %zu, not ours: %zu)\n",
+      "    (%s messages loaded in %.0f s, table %s%s; duplicates received: %zu, not ours: %zu; "
+      "CPU from outboxd start to the last receipt: %s; outboxd's rounds: %s)\n",
       Thousands(static_cast<double>(count)).c_str(), load_seconds, size.c_str(),
-      receiver.duplicates(), receiver.strays());
+      fresh ? ", never analyzed" : "", receiver.duplicates(), receiver.strays(), cpu_use.c_str(),
+      rounds.c_str());
   return result;
 }
 
@@ -522,10 +603,13 @@ double RawClaimDelete(Env& env, std::int64_t count, std::size_t payload, int bat
 double BrokerCeiling(Env& env, std::int64_t count, std::size_t payload) {
   Queue queue(env);
   Receiver receiver(queue.name(), static_cast<std::size_t>(count));
+  const CpuUse cpu;
   RawPublish(queue.name(), 0, count, payload, 1000);
   if (!receiver.WaitFor(static_cast<std::size_t>(count), std::chrono::seconds{300})) {
     throw std::runtime_error("ceiling: messages not received");
   }
+  std::printf("    (RabbitMQ ceiling, %zu B: CPU while publishing and receiving: %s)\n", payload,
+              cpu.Describe().c_str());
   receiver.Stop();
   return receiver.Rate(static_cast<std::size_t>(count));
 }
@@ -537,6 +621,11 @@ void Drain(Env& env, const std::vector<std::int64_t>& counts,
       "   rate = messages / (last receipt - first receipt) at a consumer on the same queue\n",
       streams);
   PrintRelayConditions(env);
+  for (const auto& line : drain_settings.relay)
+    std::printf("  changed: [relay] %s\n", line.c_str());
+  for (const auto& line : drain_settings.sink) {
+    std::printf("  changed: [sinks.default] %s\n", line.c_str());
+  }
   std::printf(
       "ceilings, same run, same payload sizes, %s messages each:\n"
       "  RabbitMQ: a rabbitmq-c loop, window 1000, persistent + mandatory, the sink's headers, the "
@@ -578,12 +667,23 @@ void Drain(Env& env, const std::vector<std::int64_t>& counts,
       Target("drain 1,000,000 vs 100,000 x " + std::to_string(payload) + " B, rate change", change,
              Bound::kWithin, 5, 1, " %");
     }
+    if (drain_fresh_table && payload == payloads.front() && !counts.empty()) {
+      // The same burst into a table that was never analyzed (autovacuum off for it), next to the
+      // analyzed table's drain of the same count above.
+      const std::int64_t count = counts.front();
+      const auto fresh = RelayDrain(env, count, payload, streams, /*fresh=*/true);
+      std::printf(
+          "  drain %s x %zu B into a never-analyzed table: %s msgs/s (%.1f s from outboxd start), "
+          "%.0f %% of the analyzed table's drain, %.4f statements/message\n",
+          Thousands(static_cast<double>(count)).c_str(), payload, Thousands(fresh.rate).c_str(),
+          fresh.wall, 100.0 * fresh.rate / rates[count],
+          fresh.statements / static_cast<double>(count));
+      Target("fresh table: drain " + Thousands(static_cast<double>(count)) + " x " +
+                 std::to_string(payload) +
+                 " B into a never-analyzed table, % of the analyzed table's rate",
+             100.0 * fresh.rate / rates[count], Bound::kAtLeast, 90, 1, " %");
+    }
   }
-  // Each case's table is created just before it is loaded, but Preinsert runs VACUUM ANALYZE on
-  // it before outboxd starts: no drain here starts on a table without statistics.
-  TargetNotMeasured("fresh table: a burst into a just-created table drains at full rate",
-                    "each drain's table is new, but Preinsert runs VACUUM ANALYZE on it before "
-                    "outboxd starts");
   std::printf("\n");
 }
 
@@ -1722,6 +1822,21 @@ int main(int argc, char** argv) {
   backlog->add_option("--measure", backlog_measure, "messages drained for the rate")
       ->check(CLI::Range(100, 100000000));
 
+  drain
+      ->add_option(
+          "--relay-setting", drain_settings.relay,
+          "with --sink rabbitmq: a line added to outboxd's [relay], e.g. 'batch_size = 1000'")
+      ->take_all();
+  drain
+      ->add_option(
+          "--sink-setting", drain_settings.sink,
+          "with --sink rabbitmq: a line added to [sinks.default], e.g. 'confirm_window = 2000'")
+      ->take_all();
+
+  bool no_fresh_table = false;
+  drain->add_flag("--no-fresh-table", no_fresh_table,
+                  "with --sink rabbitmq: skip the drain into a never-analyzed table");
+
   auto* enqueue = app.add_subcommand("enqueue", "writers alone: enqueue rates and cost");
   int enqueue_messages = 20000;
   enqueue->add_option("--messages", enqueue_messages)->check(CLI::Range(1, 100000000));
@@ -1732,6 +1847,7 @@ int main(int argc, char** argv) {
   sink->add_option("--messages", sink_messages)->check(CLI::Range(2, 100000000));
   sink->add_option("--naive-messages", naive_messages)->check(CLI::Range(1, 100000000));
   CLI11_PARSE(app, argc, argv);
+  drain_fresh_table = !no_fresh_table;
   // The consumer, the ceilings and the queue set-up (tests/support/amqp_test_client.h) read the
   // broker from the environment: the same broker outboxd publishes to.
   setenv("OUTBOX_TEST_AMQP_URL", env.amqp_url.c_str(), 1);

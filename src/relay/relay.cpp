@@ -63,6 +63,14 @@ struct RelayMetrics {
         claim_batch_size(into.AddHistogram("outbox_relay_claim_batch_size",
                                            "Messages per non-empty claim by this relay.",
                                            observe::SizeBuckets())),
+        claim_seconds(into.AddHistogram(
+            "outbox_relay_claim_seconds",
+            "Duration of each claim statement of this relay (it also settles the batch before).",
+            observe::LatencyBuckets())),
+        publish_seconds(into.AddHistogram(
+            "outbox_relay_publish_seconds",
+            "Duration of each batch's publish, from the first send to the last confirmation.",
+            observe::LatencyBuckets())),
         published(into.AddCounter(
             "outbox_published_total",
             "Messages confirmed by the broker and recorded as published by this relay.")),
@@ -114,6 +122,8 @@ struct RelayMetrics {
   observe::Registry& registry;
   observe::Counter& claimed;
   observe::Histogram& claim_batch_size;
+  observe::Histogram& claim_seconds;
+  observe::Histogram& publish_seconds;
   observe::Counter& published;
   observe::Counter& retries;
   observe::Counter& held_back;
@@ -321,6 +331,8 @@ class Relay::Engine {
       request.complete = unrecorded_.done;
       last_claim_at_ = SteadyClock::now();
       auto round = store_->ClaimRound(request);
+      metrics_.claim_seconds.Observe(
+          std::chrono::duration<double>(SteadyClock::now() - last_claim_at_).count());
       unrecorded_.done.clear();
       Completed(round.completed);
       next_due_.reset();
@@ -648,7 +660,8 @@ class Relay::Engine {
   // message here is a retry, so that if it fails again its followers have not reached the broker
   // ahead of it.
   Published Publish(const std::vector<Envelope>& batch) {
-    const Deadline deadline = SteadyClock::now() + options_.publish_timeout;
+    const auto started = SteadyClock::now();
+    const Deadline deadline = started + options_.publish_timeout;
     Published published;
     auto& outcomes = published.outcomes;
     outcomes.resize(batch.size());
@@ -712,6 +725,8 @@ class Relay::Engine {
       auto& verdict = published.unavailable[std::string{target}];
       if (all_unavailable) verdict = outcomes[indexes.front()].failure->reason;
     }
+    metrics_.publish_seconds.Observe(
+        std::chrono::duration<double>(SteadyClock::now() - started).count());
     return published;
   }
 

@@ -224,6 +224,13 @@ TEST_F(HttpE2eTest, EndpointsAgreeWithTheDatabaseFollowTheBrokerAndShrugOffGarba
   EXPECT_EQ(Sample(text, "outbox_sink_reachable{sink=\"default\"}"), 1) << text;
   EXPECT_EQ(Sample(text, "outbox_ready"), 1) << text;
   EXPECT_GE(Sample(text, "outbox_relay_claim_batch_size_count"), 1) << text;
+  // Every claim and every batch's publish is timed; each published batch was claimed, and the
+  // idle claims found nothing, so the claims outnumber the publishes.
+  const double claims = Sample(text, "outbox_relay_claim_seconds_count");
+  const double publishes = Sample(text, "outbox_relay_publish_seconds_count");
+  EXPECT_GE(publishes, 1) << text;
+  EXPECT_GT(claims, publishes) << text;
+  EXPECT_GT(Sample(text, "outbox_relay_publish_seconds_sum"), 0) << text;
   std::printf("[ http ] /metrics:\n%s\n", text.c_str());
 
   auto json = Get("/api/outbox", token);
