@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "outbox/core/partition.h"
+#include "outbox/store/postgres.h"
 #include "support/header_limits.h"
 #include "support/pg_test_support.h"
 
@@ -388,7 +389,7 @@ TEST_F(PgSqlTest, IdsOfAStreamSortInSeqOrderEvenIfTheClockGoesBack) {
   Enqueue("'t', '{}', stream_key => 'k'");
   // Pretend the previous message of the stream got an id from a clock an hour ahead.
   Sql(conn(), "UPDATE " + S() +
-                  ".target_streams SET last_id = 'ffff0000-0000-7000-8000-000000000000' "
+                  ".stream_seqs SET last_id = 'ffff0000-0000-7000-8000-000000000000' "
                   "WHERE target = 'default' AND stream_key = 'k'");
   const std::string id = Enqueue("'t', '{}', stream_key => 'k'");
   EXPECT_EQ(id, "ffff0000-0000-7000-8000-000000000001");
@@ -656,6 +657,57 @@ TEST_F(PgSqlTest, StreamSeqPerTargetContinuesFromTheOldPerStreamCounter) {
                    "stream_key, stream_seq, target) FROM " +
                        S() + ".messages"),
             "afresh1,as18,bs18,as19");
+}
+
+// Schema version 11 takes a number by inserting it into stream_seqs (nothing is updated, so an old
+// snapshot held open slows no writer): one live row per pair is left, a pair continues from the
+// version 10 counter, a writer that rolls back leaves no gap, and a REPEATABLE READ writer that
+// cannot see the writer before it is told to retry (40001), never given a number twice.
+TEST_F(PgSqlTest, StreamSeqIsTakenByInsertingAndContinuesFromTheVersion10Counter) {
+  Sql(conn(), "INSERT INTO " + S() + ".target_streams VALUES ('default', 'old', 41, " + S() +
+                  ".uuid_v7())");
+  Enqueue("'t', '{}', stream_key => 'old'");
+  for (int i = 0; i < 5; ++i) Enqueue("'t', '{}', stream_key => 'k'");
+  Sql(conn(), "BEGIN");
+  Enqueue("'t', '{}', stream_key => 'k'");
+  Sql(conn(), "ROLLBACK");
+  Enqueue("'t', '{}', stream_key => 'k'");
+  EXPECT_EQ(Scalar(conn(), "SELECT string_agg(stream_key || stream_seq, ',' ORDER BY id) FROM " +
+                               S() + ".messages"),
+            "old42,k1,k2,k3,k4,k5,k6");
+  // Every number is a row; the store's purge leaves each pair its first row (the counter it
+  // continued from) and its latest.
+  const auto numbers = [&] {
+    return Scalar(conn(),
+                  "SELECT string_agg(stream_key || ':' || seq || ':' || taken, ',' ORDER "
+                  "BY stream_key, seq) FROM " +
+                      S() + ".stream_seqs");
+  };
+  EXPECT_EQ(numbers(),
+            "k:0:true,k:1:true,k:2:true,k:3:true,k:4:true,k:5:true,k:6:false,old:41:true,old:42:"
+            "false");
+  postgres::StoreOptions options;
+  options.conninfo = PgUrl();
+  options.schema = S();
+  EXPECT_EQ(postgres::OpenStore(options)->Purge(RetentionPolicy{}, 1000), 0);
+  EXPECT_EQ(numbers(), "k:0:true,k:6:false,old:41:true,old:42:false");
+  EXPECT_EQ(Scalar(conn(), "SELECT count(*) FROM " + S() + ".target_streams"), "1")
+      << "version 10's counters are read, never written";
+
+  auto repeatable = Connect();
+  Sql(repeatable.get(), "BEGIN ISOLATION LEVEL REPEATABLE READ");
+  Scalar(repeatable.get(), "SELECT 1");  // its snapshot, taken before the next writer commits
+  Enqueue("'t', '{}', stream_key => 'k'");
+  PgResult refused{PQexec(repeatable.get(),
+                          ("SELECT " + S() + ".enqueue('t', '{}', stream_key => 'k')").c_str())};
+  EXPECT_EQ(PQresultStatus(refused.get()), PGRES_FATAL_ERROR);
+  const char* state = PQresultErrorField(refused.get(), PG_DIAG_SQLSTATE);
+  EXPECT_STREQ(state == nullptr ? "" : state, "40001") << PQresultErrorMessage(refused.get());
+  Sql(repeatable.get(), "ROLLBACK");
+  EXPECT_EQ(Scalar(conn(), "SELECT max(stream_seq) FROM " + S() + ".messages"), "42");
+  EXPECT_EQ(
+      Scalar(conn(), "SELECT max(stream_seq) FROM " + S() + ".messages WHERE stream_key = 'k'"),
+      "7");
 }
 
 // Writers fanning one stream out to the same targets, named in opposite orders, take the

@@ -183,7 +183,9 @@ class Store {
   virtual std::int64_t ReclaimExpired(const ReclaimRequest& request) = 0;
 
   // Deletes published and abandoned rows older than their retention, at most `max_rows` per
-  // call so that each call is a short transaction; returns how many were deleted.
+  // call so that each call is a short transaction; returns how many were deleted. Also removes
+  // what the store keeps for its own bookkeeping and no longer needs (PostgreSQL: stream_seq
+  // numbers that have a successor).
   virtual std::int64_t Purge(const RetentionPolicy& retention, int max_rows) = 0;
 
   // Counts by status and the age of the oldest pending message; cheap enough to scrape often.

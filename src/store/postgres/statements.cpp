@@ -205,6 +205,10 @@ DELETE FROM __TABLE__ WHERE id IN (
        AND abandoned_at < now() - $2::bigint * interval '1 second' LIMIT $3::integer)
   ) doomed LIMIT $3::integer))";
 
+// Every stream_seq number with a successor, but a pair's first row (sql/011_stream_seq_log.sql).
+constexpr const char* kPurgeStreamSeqs = R"(
+DELETE FROM __SCHEMA__.stream_seqs WHERE taken AND NOT first)";
+
 // Exact counts up to $1 rows per status (a capped index scan each), then the planner's estimate
 // from pg_stats' most-common-values of `status` times the table's row estimate.
 constexpr const char* kStats = R"(
@@ -267,6 +271,7 @@ Statements::Statements(const std::string& schema, bool keep_published) {
   fail = build(kFail);
   reclaim_expired = ReplaceAll(build(kReclaimExpired), "__EPOCHS__", "$4");
   purge = build(kPurge);
+  purge_stream_seqs = build(kPurgeStreamSeqs);
   stats = build(kStats);
 }
 

@@ -15,10 +15,11 @@ struct Statements {
   std::string complete;  // DELETE, or mark published when published retention > 0
   std::string renew;     // $4 lease milliseconds
   std::string release;
-  std::string fail;             // $4 abandon[], $5 spend[], $6 delay_ms[], $7 error[]
-  std::string reclaim_expired;  // $1 ids in flight, $2 partitions or NULL, $3 owner, $4 epochs
-  std::string purge;            // $1 published seconds, $2 abandoned seconds, $3 max rows
-  std::string stats;            // $1 exact count limit
+  std::string fail;               // $4 abandon[], $5 spend[], $6 delay_ms[], $7 error[]
+  std::string reclaim_expired;    // $1 ids in flight, $2 partitions or NULL, $3 owner, $4 epochs
+  std::string purge;              // $1 published seconds, $2 abandoned seconds, $3 max rows
+  std::string purge_stream_seqs;  // no parameters
+  std::string stats;              // $1 exact count limit
 
   Statements(const std::string& schema, bool keep_published);
 };

@@ -213,6 +213,9 @@ class PostgresStore final : public Store {
         Exec(connection_.Ready(), "purge", sql_.purge,
              {Param{std::to_string(retention.published.count())},
               Param{std::to_string(retention.abandoned.count())}, Param{std::to_string(max_rows)}});
+    // The stream_seq numbers that have a successor are of no use any more (sql/011): removed here
+    // rather than by each writer, which would wait on the others' locks.
+    Exec(connection_.Ready(), "purge stream numbers", sql_.purge_stream_seqs);
     return std::stoll(PQcmdTuples(result.get()));
   }
 
