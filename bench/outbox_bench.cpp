@@ -1337,6 +1337,7 @@ void Steady(Env& env, const SteadyOptions& o) {
   const double catch_up = Seconds(Clock::now() - start) - write_seconds;
   const auto after = relay.Sample();
   const double statement_count = statements.Total();
+  const std::string rounds = DescribeRounds(FetchMetrics(relay.http_port()));
   relay.Stop();
   receiver.Stop();
   if (snapshot) Own(snapshot.get(), "ROLLBACK");
@@ -1378,6 +1379,7 @@ void Steady(Env& env, const SteadyOptions& o) {
   for (const auto& [query, calls] : statements.Top(6)) {
     std::printf("    %8.0f  %s\n", calls, query.c_str());
   }
+  std::printf("relay rounds (outboxd's /metrics): %s\n", rounds.c_str());
   // Issue #21: at most 0.05 statements/message at 1k msg/s, 0.01 at 5k msg/s (steady only).
   if (!o.hold_snapshot && o.rate >= 1000) {
     const double achieved = static_cast<double>(done) / write_seconds;
