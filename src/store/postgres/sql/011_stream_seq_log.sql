@@ -39,6 +39,25 @@ INSERT INTO __SCHEMA__.stream_seqs (target, stream_key, seq, last_id, first)
 COMMENT ON TABLE __SCHEMA__.target_streams IS
   'stream_seq counters of schema version 10, per (target, stream); since version 11 read only, as the floor of stream_seqs';
 
+-- settings.has_topic_settings and its trigger, which the enqueue below reads, joined version 10
+-- before its release: a schema that a development build brought to version 10 earlier lacks them.
+-- Made sure here, as version 10 defines them.
+ALTER TABLE __SCHEMA__.settings
+  ADD COLUMN IF NOT EXISTS has_topic_settings boolean NOT NULL DEFAULT false;
+UPDATE __SCHEMA__.settings SET has_topic_settings = EXISTS (SELECT 1 FROM __SCHEMA__.topic_settings);
+CREATE OR REPLACE FUNCTION __SCHEMA__.topic_settings_count() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  UPDATE __SCHEMA__.settings
+     SET has_topic_settings = EXISTS (SELECT 1 FROM __SCHEMA__.topic_settings)
+   WHERE has_topic_settings IS DISTINCT FROM EXISTS (SELECT 1 FROM __SCHEMA__.topic_settings);
+  RETURN NULL;
+END
+$$;
+DROP TRIGGER IF EXISTS topic_settings_count ON __SCHEMA__.topic_settings;
+CREATE TRIGGER topic_settings_count AFTER INSERT OR DELETE OR TRUNCATE ON __SCHEMA__.topic_settings
+  FOR EACH STATEMENT EXECUTE FUNCTION __SCHEMA__.topic_settings_count();
+
 CREATE OR REPLACE FUNCTION __SCHEMA__.enqueue_messages(
   topic text,
   payload bytea,
