@@ -108,6 +108,34 @@ TEST(ClaimCursorTest, WalksFromTheOldestOnceAMinuteAsANet) {
   EXPECT_FALSE(cursor.Next(std::nullopt, start + seconds{61}).IsNil());
 }
 
+TEST(ClaimCursorTest, TheNetWaitsLongerEachTimeItFindsNothingAndAMinuteAfterItFindsSomething) {
+  ClaimCursor cursor;
+  auto now = Steady::now();
+  cursor.Next(std::nullopt, now);
+  cursor.Observe(Seen(1000, 10, 11, std::nullopt));
+  cursor.Observe(Seen(2000, 12, 13, std::nullopt));
+  ASSERT_FALSE(cursor.Next(std::nullopt, now).IsNil());
+  // Each net walk that finds no fresh message behind the cursor doubles the interval.
+  for (const int expected : {120, 240, 480, 960, 960}) {
+    now += cursor.full_walk_interval();
+    EXPECT_TRUE(cursor.Next(std::nullopt, now).IsNil());
+    cursor.Observe(Seen(3000, 14, 15, IdAt(2500)));
+    EXPECT_EQ(cursor.full_walk_interval(), seconds{expected});
+    EXPECT_FALSE(cursor.Next(std::nullopt, now + seconds{1}).IsNil());
+  }
+  EXPECT_EQ(cursor.found_behind(), 0U);
+  // One that finds a fresh message behind where the cursor was: back to a minute.
+  now += cursor.full_walk_interval();
+  EXPECT_TRUE(cursor.Next(std::nullopt, now).IsNil());
+  cursor.Observe(Seen(4000, 16, 17, IdAt(500)));
+  EXPECT_EQ(cursor.found_behind(), 1U);
+  EXPECT_EQ(cursor.full_walk_interval(), ClaimCursor::kFullWalkInterval);
+  // A walk from the oldest for another reason (a partition gained) is not the net's.
+  EXPECT_TRUE(cursor.Next(Held({{1, 1}}), now + seconds{2}).IsNil());
+  cursor.Observe(Seen(5000, 18, 19, IdAt(4500)));
+  EXPECT_EQ(cursor.full_walk_interval(), ClaimCursor::kFullWalkInterval);
+}
+
 TEST(ClaimCursorTest, ADatabaseClockGoingBackForgetsTheHorizon) {
   ClaimCursor cursor;
   const auto now = Steady::now();

@@ -32,8 +32,13 @@ bool ClaimCursor::Resumed(const std::vector<std::string>& paused) const {
 
 Uuid ClaimCursor::Next(const Partitions& partitions, std::chrono::steady_clock::time_point now,
                        const std::vector<std::string>& paused) {
-  if (first_ || Gained(partitions) || Resumed(paused) ||
-      now - last_full_walk_ >= kFullWalkInterval) {
+  const bool net = now - last_full_walk_ >= full_walk_interval_;
+  if (first_ || Gained(partitions) || Resumed(paused) || net) {
+    // Only a walk for the net alone tells whether the cursor missed something.
+    before_net_walk_.reset();
+    if (net && !first_ && !Gained(partitions) && !Resumed(paused) && !cursor_.IsNil()) {
+      before_net_walk_ = cursor_;
+    }
     cursor_ = Uuid{};
     last_full_walk_ = now;
     first_ = false;
@@ -44,6 +49,15 @@ Uuid ClaimCursor::Next(const Partitions& partitions, std::chrono::steady_clock::
 }
 
 void ClaimCursor::Observe(const ClaimObservation& observation) {
+  if (before_net_walk_) {
+    if (observation.frontier && *observation.frontier < *before_net_walk_) {
+      ++found_behind_;
+      full_walk_interval_ = kFullWalkInterval;
+    } else {
+      full_walk_interval_ = std::min(2 * full_walk_interval_, kLongestFullWalkInterval);
+    }
+    before_net_walk_.reset();
+  }
   if (last_database_now_ && observation.database_now < *last_database_now_) {
     // The database clock went back: ids written from now on may sort before the horizon.
     horizon_.reset();

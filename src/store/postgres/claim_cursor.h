@@ -22,7 +22,10 @@
 // Messages given back after a claim (released, retried, voided, replayed) are "returned" and are
 // found in their own index, not through the cursor. As a net for what this reasoning missed (a
 // clock stepped backwards between two claims is caught; other steps are not), the walk starts from
-// the oldest id once a minute.
+// the oldest id once a minute. That walk steps over every index entry an old snapshot keeps (1 to
+// 1.5 s per walk after 5 minutes of a held snapshot at 2,000 msg/s, bench/RESULTS.md), so each
+// walk that finds nothing behind the cursor doubles the wait for the next, up to
+// kLongestFullWalkInterval; one that does find something brings it back to a minute.
 
 #include <chrono>
 #include <cstdint>
@@ -49,6 +52,7 @@ class ClaimCursor {
  public:
   using Partitions = std::optional<std::vector<PartitionLease>>;  // unset: every partition
   static constexpr std::chrono::seconds kFullWalkInterval{60};
+  static constexpr std::chrono::seconds kLongestFullWalkInterval{16 * 60};
   static constexpr std::size_t kMaxWaiting = 256;
 
   // The cursor for a claim over `partitions` that excludes the `paused` targets, made at `now` (a
@@ -57,6 +61,11 @@ class ClaimCursor {
             const std::vector<std::string>& paused = {});
   // Moves the cursor after the claim that Next() was asked for.
   void Observe(const ClaimObservation& observation);
+
+  // How long after the last walk from the oldest id the next one is due (the net's interval).
+  [[nodiscard]] std::chrono::seconds full_walk_interval() const { return full_walk_interval_; }
+  // Net walks that found a fresh message behind where the cursor had been.
+  [[nodiscard]] std::uint64_t found_behind() const { return found_behind_; }
 
   // The smallest UUIDv7 of the millisecond `time` falls in.
   static Uuid Floor(TimePoint time);
@@ -74,6 +83,9 @@ class ClaimCursor {
   std::vector<std::string> paused_;
   bool first_ = true;
   std::chrono::steady_clock::time_point last_full_walk_;
+  std::chrono::seconds full_walk_interval_ = kFullWalkInterval;
+  std::optional<Uuid> before_net_walk_;  // the cursor a net walk started back from
+  std::uint64_t found_behind_ = 0;
   std::optional<TimePoint> horizon_;
   std::optional<TimePoint> last_database_now_;
   std::deque<Waiting> waiting_;  // claims whose running transactions may not all have ended
