@@ -24,6 +24,8 @@
 #include "outbox/core/utf8.h"
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_admin.h"
+#include "outbox/store/postgres_libpq.h"
+#include "outbox/store/postgres_wal.h"
 #include "version_line.h"
 
 namespace {
@@ -156,7 +158,7 @@ class FilterOptions {
 
 // ---- migrate, status ----
 
-int Migrate(const std::string& db, const std::string& schema) {
+int Migrate(const std::string& db, const std::string& schema, bool wal_slot) {
   const int before = outbox::postgres::Migrate(db, schema);
   const int latest = outbox::postgres::LatestSchemaVersion();
   if (before == latest) {
@@ -164,6 +166,10 @@ int Migrate(const std::string& db, const std::string& schema) {
   } else {
     std::cout << "schema " << schema << " migrated from version " << before << " to " << latest
               << "\n";
+  }
+  if (wal_slot) {
+    std::cout << "WAL slot " << outbox::postgres::EnsureWalSlot(db, schema) << " ready (set "
+              << schema << ".settings.delivery = 'wal' to use it)\n";
   }
   return 0;
 }
@@ -176,10 +182,21 @@ std::string Age(const std::optional<std::chrono::milliseconds>& age) {
   return std::to_string(ms / 60000) + " min";
 }
 
+outbox::postgres::WalStatus ReadWal(const std::string& db, const std::string& schema) {
+  outbox::postgres::ConnPtr conn{PQconnectdb(db.c_str())};
+  if (PQstatus(conn.get()) != CONNECTION_OK) {
+    throw outbox::StoreError(
+        outbox::FailureKind::kUnavailable,
+        std::string{"cannot connect to the database: "} + PQerrorMessage(conn.get()));
+  }
+  return outbox::postgres::ReadWalStatus(conn.get(), schema);
+}
+
 int Status(const std::string& db, const std::string& schema, bool json) {
   auto store = outbox::postgres::OpenStore({.conninfo = db, .schema = schema});
   const auto stats = store->Stats();
   const char* approx = stats.counts_estimated ? "~" : "";
+  const auto wal = ReadWal(db, schema);
   if (json) {
     std::cout << "{\"pending\":" << stats.pending << ",\"processing\":" << stats.processing
               << ",\"failed\":" << stats.failed << ",\"abandoned\":" << stats.abandoned
@@ -189,7 +206,20 @@ int Status(const std::string& db, const std::string& schema, bool json) {
               << ",\"active_leases\":" << stats.active_leases
               << ",\"live_relays\":" << stats.live_relays
               << ",\"unowned_partitions\":" << stats.unowned_partitions
-              << ",\"counts_estimated\":" << (stats.counts_estimated ? "true" : "false") << "}\n";
+              << ",\"counts_estimated\":" << (stats.counts_estimated ? "true" : "false")
+              << ",\"delivery\":" << Json(wal.delivery).dump()
+              << ",\"wal_topics\":" << wal.wal_topics << ",\"wal_slot\":"
+              << (wal.slot ? Json{{"name", *wal.slot},
+                                  {"exists", wal.state.exists},
+                                  {"active", wal.state.active},
+                                  {"wal_status", wal.state.wal_status},
+                                  {"position", outbox::FormatLsn(wal.position)},
+                                  {"unconfirmed_bytes", wal.state.unconfirmed_bytes},
+                                  {"retained_bytes", wal.state.retained_bytes},
+                                  {"lease_owner", wal.owner ? Json(*wal.owner) : Json(nullptr)}}
+                                 .dump()
+                           : std::string{"null"})
+              << "}\n";
     return 0;
   }
   std::cout << "pending     " << approx << stats.pending << "\n"
@@ -202,6 +232,21 @@ int Status(const std::string& db, const std::string& schema, bool json) {
             << "relays live  " << stats.live_relays
             << " (partitions without one: " << stats.unowned_partitions << ")\n";
   if (stats.counts_estimated) std::cout << "(~ : estimated by the planner; the count is large)\n";
+  std::cout << "delivery    " << wal.delivery;
+  if (wal.wal_topics > 0) std::cout << " (" << wal.wal_topics << " topics: wal)";
+  std::cout << "\n";
+  if (wal.slot) {
+    std::cout << "WAL slot    " << *wal.slot << ": ";
+    if (!wal.state.exists) {
+      std::cout << "MISSING (outboxctl migrate --wal-slot)\n";
+    } else {
+      std::cout << (wal.state.wal_status == "lost" ? "LOST, " : "")
+                << (wal.state.active ? "being read" : "NOT being read") << ", read up to "
+                << outbox::FormatLsn(wal.position) << ", " << wal.state.unconfirmed_bytes
+                << " bytes of WAL since its confirmed position, " << wal.state.retained_bytes
+                << " bytes kept for it; lease: " << wal.owner.value_or("none live") << "\n";
+    }
+  }
   return 0;
 }
 
@@ -454,6 +499,10 @@ int main(int argc, char** argv) {
   auto* from_option = migrate->add_option(
       "--from", migrate_from,
       "with --print-sql: the schema version the database is at (0: a new database)");
+  bool wal_slot = false;
+  migrate->add_flag("--wal-slot", wal_slot,
+                    "also create the logical replication slot (and publication) WAL mode reads; "
+                    "needs wal_level = logical and the REPLICATION attribute");
 
   auto* status = app.add_subcommand("status", "message counts by status, oldest pending age");
   bool status_json = false;
@@ -522,6 +571,9 @@ int main(int argc, char** argv) {
     if (migrate->parsed() && from_option->count() > 0 && !print_sql) {
       throw UsageError("migrate: --from is for --print-sql; migrate itself reads the version");
     }
+    if (migrate->parsed() && wal_slot && print_sql) {
+      throw UsageError("migrate: --wal-slot creates a slot on the server; not with --print-sql");
+    }
     if (list->parsed()) {
       filter = list_filter.Build();
       if (limit < 1 || limit > Admin::kMaxListLimit) {
@@ -568,7 +620,7 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
-    if (migrate->parsed()) return Migrate(db, schema);
+    if (migrate->parsed()) return Migrate(db, schema, wal_slot);
     if (status->parsed()) return Status(db, schema, status_json);
     auto admin = outbox::postgres::OpenAdmin(db, schema);
     if (list->parsed()) return List(*admin, filter, limit, after, list_json);

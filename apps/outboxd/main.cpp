@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -29,6 +30,7 @@
 #include "outbox/core/version.h"
 #include "outbox/observe/metrics.h"
 #include "outbox/relay/relay.h"
+#include "outbox/relay/wal_relay.h"
 #include "service_manager.h"
 #include "version_line.h"
 
@@ -125,7 +127,7 @@ Database OpenDatabase(const outbox::outboxd::Config& config) {
 // Waits for SIGTERM/SIGINT on a thread of its own (the signals are blocked everywhere else): the
 // first asks the relay to drain, a second exits at once, and so does a drain that outlasts
 // `shutdown_timeout` (a broker that never confirms, a database that does not answer).
-void HandleSignals(outbox::Relay& relay, outbox::outboxd::Operations* operations,
+void HandleSignals(const std::function<void()>& stop, outbox::outboxd::Operations* operations,
                    const outbox::LogFn& log, const std::shared_ptr<spdlog::logger>& logger,
                    const sigset_t& signals, std::chrono::milliseconds shutdown_timeout,
                    const std::atomic<bool>& drained) {
@@ -135,7 +137,7 @@ void HandleSignals(outbox::Relay& relay, outbox::outboxd::Operations* operations
       "received " + std::string{strsignal(signal)} + ": draining (send it again to exit at once)");
   outbox::outboxd::NotifyStopping(shutdown_timeout);
   if (operations != nullptr) operations->BeginDrain();
-  relay.Stop();
+  stop();
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(shutdown_timeout);
   const timespec timeout{
       .tv_sec = static_cast<time_t>(seconds.count()),
@@ -230,11 +232,30 @@ int main(int argc, char** argv) {
     options.partition_leases = database.partition_leases.get();
     outbox::Relay relay(options, std::move(database.store), std::move(database.wakeup),
                         OpenSinks(config, {.log = log_fn, .lease = config.lease}), log_fn);
+    // WAL mode: a second relay reads the slot, with sinks of its own (a sink is used by one
+    // thread); the table relay above still publishes what WAL mode parks in the table (and the
+    // topics left in table mode).
+    std::unique_ptr<outbox::WalRelay> wal_relay;
+    if (config.database->WalMode()) {
+      outbox::WalRelayOptions wal_options;
+      wal_options.instance = config.instance;
+      wal_options.batch_size = config.batch_size;
+      wal_options.lease = config.lease;
+      wal_options.publish_timeout = config.publish_timeout;
+      wal_options.min_backoff = config.min_backoff;
+      wal_options.max_backoff = config.max_backoff;
+      wal_options.retry = config.retry;
+      wal_options.metrics = &registry;
+      wal_relay = std::make_unique<outbox::WalRelay>(
+          wal_options, config.database->OpenWalSource(), config.database->OpenWalLedger(),
+          OpenSinks(config, {.log = log_fn, .lease = config.lease}), log_fn);
+    }
     // The operations side (stats thread, HTTP listener), on connections of its own to the same
     // database, PostgreSQL or SQLite.
     std::optional<outbox::outboxd::Operations> operations;
     operations.emplace(config, registry, relay.counters(), log_fn,
                        [&relay] { return relay.paused_targets(); });
+    if (wal_relay) operations->SetWalCheck([&wal_relay] { return wal_relay->SlotProblem(); });
     operations->Start();
     const std::string sinks = std::to_string(config.sinks.size()) + " sink(s)";
     const std::string relaying =
@@ -242,14 +263,46 @@ int main(int argc, char** argv) {
     log_fn(outbox::LogLevel::kInfo, "outboxd " + std::string{outbox::kVersion} + " " + relaying);
     outbox::outboxd::Operations* operations_ptr = operations ? &*operations : nullptr;
     std::atomic<bool> drained{false};
+    const auto stop = [&relay, &wal_relay] {
+      relay.Stop();
+      if (wal_relay) wal_relay->Stop();
+    };
     std::thread signal_thread([&] {
-      HandleSignals(relay, operations_ptr, log_fn, logger, signals, config.shutdown_timeout,
+      HandleSignals(stop, operations_ptr, log_fn, logger, signals, config.shutdown_timeout,
                     drained);
     });
     signal_thread.detach();  // it either exits the process or waits forever
     // Started: configuration read, database reached and its schema checked, sinks built.
     outbox::outboxd::NotifyReady(relaying);
+    // A WAL relay that cannot read its slot at all (it is gone) stops outboxd: nothing may be
+    // skipped silently.
+    std::atomic<bool> wal_failed{false};
+    // Stopped and joined on every way out, also when the table relay throws.
+    struct WalThread {
+      outbox::WalRelay* relay = nullptr;
+      std::thread thread;
+      ~WalThread() {
+        if (!thread.joinable()) return;
+        relay->Stop();
+        thread.join();
+      }
+    } wal_thread{wal_relay.get(), {}};
+    if (wal_relay) {
+      wal_thread.thread = std::thread([&] {
+        try {
+          wal_relay->Run();
+        } catch (const std::exception& error) {
+          log_fn(outbox::LogLevel::kError, std::string{"WAL mode: "} + error.what());
+          wal_failed = true;
+          relay.Stop();
+        }
+      });
+    }
     relay.Run();
+    if (wal_thread.thread.joinable()) {
+      wal_relay->Stop();
+      wal_thread.thread.join();
+    }
     drained = true;
     if (operations) operations->Stop();
     const auto& counters = relay.counters();
@@ -257,8 +310,15 @@ int main(int argc, char** argv) {
            "published " + std::to_string(counters.published.load()) + " messages, " +
                std::to_string(counters.failed.load()) + " failed attempts, " +
                std::to_string(counters.unconfirmed.load()) + " republished; bye");
+    if (wal_relay) {
+      const auto& wal = wal_relay->counters();
+      log_fn(outbox::LogLevel::kInfo, "WAL mode: published " +
+                                          std::to_string(wal.published.load()) +
+                                          " messages, parked " + std::to_string(wal.parked.load()) +
+                                          ", position " + outbox::FormatLsn(wal.position.load()));
+    }
     logger->flush();
-    return 0;
+    return wal_failed ? kExitFailure : 0;
   } catch (const outbox::ConfigError& error) {
     log_fn(outbox::LogLevel::kError, std::string{"configuration: "} + error.what());
     return kExitUsage;

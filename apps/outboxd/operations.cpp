@@ -354,6 +354,8 @@ class Operations::Impl {
     if (rates_thread_.joinable()) rates_thread_.join();
   }
 
+  void SetWalCheck(WalCheckFn check) { wal_check_ = std::move(check); }
+
   Readiness CheckReadiness() {
     Readiness readiness{.ready = true, .report = {}};
     const auto now = SteadyClock::now();
@@ -385,6 +387,13 @@ class Operations::Impl {
         line(false, name + "broker last reached " + SecondsText(now - *probe.ok_at) + " ago");
       } else {
         line(true, name + "broker accepts TCP connections");
+      }
+    }
+    if (wal_check_) {
+      if (const auto problem = wal_check_()) {
+        line(false, "WAL slot: " + *problem);
+      } else {
+        line(true, "WAL slot: read by a relay");
       }
     }
     if (relay_.broker_unavailable) {
@@ -852,6 +861,7 @@ class Operations::Impl {
   const RelayCounters& relay_;
   LogFn log_;
   PausedTargetsFn paused_targets_;
+  WalCheckFn wal_check_;  // set before Start, read by the stats thread and requests
   observe::Gauge& ready_;
   observe::Gauge& stats_age_;
   observe::Gauge& stats_duration_;
@@ -903,6 +913,7 @@ Operations::Operations(const Config& config, observe::Registry& registry,
 
 Operations::~Operations() = default;
 
+void Operations::SetWalCheck(WalCheckFn check) { impl_->SetWalCheck(std::move(check)); }
 void Operations::Start() { impl_->Start(); }
 void Operations::BeginDrain() { impl_->BeginDrain(); }
 void Operations::Stop() { impl_->Stop(); }

@@ -60,6 +60,11 @@ class Operations {
   Operations(const Operations&) = delete;
   Operations& operator=(const Operations&) = delete;
 
+  // WAL mode: what is wrong with the replication slot right now (WalRelay::SlotProblem), nullopt
+  // when a relay reads it; a problem fails /readyz. Set before Start().
+  using WalCheckFn = std::function<std::optional<std::string>()>;
+  void SetWalCheck(WalCheckFn check);
+
   // Starts the stats thread and, when [http] listen is set, the HTTP listener. Throws
   // std::runtime_error when the address cannot be bound.
   void Start();

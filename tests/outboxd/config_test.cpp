@@ -137,6 +137,14 @@ TEST(ConfigTest, ExampleFileIsValidAndStatesTheDefaults) {
   EXPECT_EQ(file.envelope, file::SinkOptions{}.envelope);
 }
 
+TEST(ConfigTest, WalModeIsReadAndDescribed) {
+  const Config config =
+      Parse("[database]\nurl = \"x\"\nmode = \"wal\"\n[sinks.default]\ntype = \"file\"\n");
+  EXPECT_TRUE(Pg(config).WalMode());
+  EXPECT_NE(Describe(config).find("mode = \"wal\""), std::string::npos) << Describe(config);
+  EXPECT_NE(Describe(Parse(kMinimal)).find("mode = \"table\""), std::string::npos);
+}
+
 TEST(ConfigTest, ExampleFileMentionsEveryKey) {
   std::ifstream in(OUTBOX_EXAMPLE_CONFIG);
   std::stringstream example;
@@ -164,6 +172,7 @@ TEST(ConfigTest, MinimalFileGetsDefaults) {
   const Config defaults;
   EXPECT_EQ(Pg(config).url(), "postgresql://outbox@db/app");
   EXPECT_EQ(Pg(config).schema(), "outbox");
+  EXPECT_FALSE(Pg(config).WalMode());
   EXPECT_EQ(config.batch_size, 500);
   EXPECT_EQ(config.lease, milliseconds{30000});
   // PostgreSQL's writers wake the relay: the sweep is a safety net (issue #21).
@@ -358,6 +367,10 @@ TEST(ConfigTest, OutOfRangeValuesAreRejected) {
   ExpectError(std::string{kMinimal} + "[log]\nformat = \"xml\"\n", "log.format", "\"json\"");
   ExpectError("[database]\nurl = \"x\"\nschema = \"Outbox\"\n[sinks.default]\ntype = \"file\"\n",
               "database.schema", "plain lower-case identifier");
+  ExpectError("[database]\nurl = \"x\"\nmode = \"logical\"\n[sinks.default]\ntype = \"file\"\n",
+              "database.mode", "must be \"table\" or \"wal\", got \"logical\"");
+  ExpectError("[database]\nurl = \"x\"\nmode = 1\n[sinks.default]\ntype = \"file\"\n",
+              "database.mode", "");
   ExpectError(WithSink("type = \"file\"\npath = \"\""), "sinks.default.path",
               "must be a file path");
 }

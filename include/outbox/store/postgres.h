@@ -49,6 +49,35 @@ std::string WakeupChannel(const std::string& schema);
 // commits: "<schema>.wakeup".
 std::string WakeupLockName(const std::string& schema);
 
+// ---- WAL mode (outbox/store/wal.h) ----
+// With outbox.settings.delivery = 'wal' (or a topic_settings row's delivery), enqueue emits one
+// transactional logical message per copy instead of inserting a row; a relay reads them from the
+// schema's logical replication slot with the built-in pgoutput plugin.
+
+// The name of `schema`'s slot: "outbox_<schema>", at most 63 bytes (a longer one ends in a hash
+// of the schema's name, so that two long names sharing a start get two slots).
+std::string WalSlotName(const std::string& schema);
+
+// Makes `schema` (migrated) ready for WAL mode; idempotent. Creates the publication the relay
+// names to pgoutput (kWalPublication, outbox/store/postgres_wal.h: no table, shared by every
+// schema of the database) and the slot WalSlotName(schema) (pgoutput) when missing, records it in
+// settings.wal_slot and its row in wal_progress; returns the slot's name. Setting delivery to
+// 'wal' is left to the operator. `conn` must not be inside a transaction (a slot is created
+// outside one). Throws StoreError(kPermanent) naming the fix when the schema is not migrated,
+// wal_level is not logical, the role may not replicate, or a slot of that name exists with
+// another plugin, in another database, or lost (its WAL removed: it is never recreated silently);
+// std::invalid_argument for a schema name that is not a plain identifier, std::logic_error when
+// `conn` is inside a transaction. Creating a slot waits until every transaction running in the
+// server that has written something ends.
+std::string EnsureWalSlot(pg_conn* conn, const std::string& schema = std::string{kDefaultSchema});
+std::string EnsureWalSlot(const std::string& conninfo,
+                          const std::string& schema = std::string{kDefaultSchema});
+// Undoes EnsureWalSlot: sets settings.delivery back to 'table', topic_settings' 'wal' overrides
+// to NULL and settings.wal_slot to NULL, then drops the slot if it exists (also when the schema
+// is gone). Messages still in the slot, not yet relayed, are lost with it. Throws StoreError when
+// the slot is in use (a relay streams it). `conn` must not be inside a transaction.
+void DropWalSlot(pg_conn* conn, const std::string& schema = std::string{kDefaultSchema});
+
 // Writes messages in the caller's transaction. It never begins, commits or rolls back; the
 // messages become visible to relays when the caller commits and vanish if it rolls back.
 class Writer {

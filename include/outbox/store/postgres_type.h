@@ -5,6 +5,8 @@
 //   type = "postgres"   # the default
 //   url = "postgresql://user:password@host:5432/db"   # required, or OUTBOX_DATABASE_URL (wins)
 //   schema = "outbox"   # a plain lower-case identifier; migrated by `outboxctl migrate`
+//   mode = "table"      # "wal": also relay the messages outbox.enqueue writes to the WAL
+//                       # (outbox/store/wal.h; the slot: `outboxctl migrate --wal-slot`)
 //
 // Several relays may share one database: outboxd always takes partition leases here.
 
@@ -20,8 +22,8 @@ inline constexpr const char* kDatabaseUrlEnv = "OUTBOX_DATABASE_URL";
 
 class StoreSettings final : public outbox::StoreSettings {
  public:
-  StoreSettings(std::string url, std::string schema)
-      : url_(std::move(url)), schema_(std::move(schema)) {}
+  StoreSettings(std::string url, std::string schema, bool wal = false)
+      : url_(std::move(url)), schema_(std::move(schema)), wal_(wal) {}
   void Describe(config::TomlWriter& out) const override;
   [[nodiscard]] std::string Description() const override { return "schema " + schema_; }
   [[nodiscard]] std::unique_ptr<Store> OpenStore(const RetryPolicy& retry,
@@ -34,12 +36,16 @@ class StoreSettings final : public outbox::StoreSettings {
   [[nodiscard]] std::unique_ptr<PartitionLeases> OpenPartitionLeases() const override;
   [[nodiscard]] std::unique_ptr<Admin> OpenAdmin(
       std::chrono::milliseconds statement_timeout) const override;
+  [[nodiscard]] bool WalMode() const override { return wal_; }
+  [[nodiscard]] std::unique_ptr<WalSource> OpenWalSource() const override;
+  [[nodiscard]] std::unique_ptr<WalLedger> OpenWalLedger() const override;
   [[nodiscard]] const std::string& url() const { return url_; }
   [[nodiscard]] const std::string& schema() const { return schema_; }
 
  private:
   std::string url_;  // a libpq URI or key=value string
   std::string schema_;
+  bool wal_ = false;
 };
 
 // type = "postgres".

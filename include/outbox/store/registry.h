@@ -19,6 +19,7 @@
 #include "outbox/store/partitions.h"
 #include "outbox/store/store.h"
 #include "outbox/store/wakeup.h"
+#include "outbox/store/wal.h"
 
 namespace outbox {
 
@@ -51,6 +52,12 @@ class StoreSettings {
   [[nodiscard]] virtual std::unique_ptr<PartitionLeases> OpenPartitionLeases() const {
     return nullptr;
   }
+  // WAL mode (outbox/store/wal.h): true when the relay also reads the database's logical
+  // replication slot; its reader and ledger, each on a connection of its own. Null where the store
+  // has no WAL mode (only PostgreSQL has one).
+  [[nodiscard]] virtual bool WalMode() const { return false; }
+  [[nodiscard]] virtual std::unique_ptr<WalSource> OpenWalSource() const { return nullptr; }
+  [[nodiscard]] virtual std::unique_ptr<WalLedger> OpenWalLedger() const { return nullptr; }
   // An Admin on a connection of its own. A positive `statement_timeout` bounds each of its
   // statements, waits for locks included (PostgreSQL: statement_timeout; SQLite: the busy
   // timeout); zero leaves the database's default.

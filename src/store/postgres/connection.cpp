@@ -204,12 +204,20 @@ std::optional<std::string> OptionalText(const PGresult* result, int row, int col
 }
 
 Headers ParseHeaders(std::string_view jsonb_binary) {
-  if (jsonb_binary.empty() || jsonb_binary.front() != 1) {
-    throw StoreError(FailureKind::kPermanent, "unexpected jsonb format for headers");
+  std::optional<Headers> headers;
+  if (!jsonb_binary.empty() && jsonb_binary.front() == 1) {
+    headers = HeadersFromJson(jsonb_binary.substr(1));
   }
+  if (!headers) throw StoreError(FailureKind::kPermanent, "unexpected jsonb format for headers");
+  return std::move(*headers);
+}
+
+std::optional<Headers> HeadersFromJson(std::string_view json) {
+  // No exceptions: a malformed text is the caller's to report, in its own terms.
+  const auto parsed = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (!parsed.is_object()) return std::nullopt;
   Headers headers;
-  const auto json = nlohmann::json::parse(jsonb_binary.substr(1));
-  for (const auto& [name, value] : json.items()) {
+  for (const auto& [name, value] : parsed.items()) {
     headers.emplace(name, value.is_string() ? value.get<std::string>() : value.dump());
   }
   return headers;

@@ -54,6 +54,8 @@ std::optional<std::string> OptionalText(const PGresult* result, int row, int col
 // Headers from a binary-format jsonb column: a version byte (1), then the JSON object; values
 // that are not strings are kept as their JSON text.
 Headers ParseHeaders(std::string_view jsonb_binary);
+// The same from the JSON text alone (a WAL record's headers); nullopt unless it is a JSON object.
+std::optional<Headers> HeadersFromJson(std::string_view json);
 
 // Binary-format column readers.
 std::int64_t ReadInt64(const char* bytes);

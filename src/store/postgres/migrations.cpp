@@ -5,6 +5,7 @@
 #include "connection.h"
 #include "outbox/core/version.h"
 #include "outbox/store/postgres.h"
+#include "outbox/store/postgres_wal.h"
 
 namespace outbox::postgres {
 namespace {
@@ -35,6 +36,7 @@ std::string MigrationSql(const Migration& migration, const std::string& schema) 
   const std::string quoted = QuoteSchema(schema);
   const std::string channel = SqlLiteral(WakeupChannel(schema));
   const std::string wakeup_lock = SqlLiteral(WakeupLockName(schema));
+  const std::string wal_prefix = SqlLiteral(WalPrefix(schema));
   std::string sql;
   sql.reserve(migration.sql.size() + 1024);
   std::string_view rest = migration.sql;
@@ -49,6 +51,7 @@ std::string MigrationSql(const Migration& migration, const std::string& schema) 
     }
     std::string replaced = ReplaceAll(std::string{line}, "__SCHEMA__", quoted);
     replaced = ReplaceAll(std::move(replaced), "__CHANNEL__", channel);
+    replaced = ReplaceAll(std::move(replaced), "__WAL_PREFIX__", wal_prefix);
     sql += ReplaceAll(std::move(replaced), "__WAKEUP_LOCK__", wakeup_lock);
   }
   return sql;

@@ -11,7 +11,8 @@ namespace outbox::postgres {
 struct Migration {
   int version;
   std::string_view name;
-  std::string_view sql;  // with __SCHEMA__ and __CHANNEL__ placeholders
+  // With placeholders: __SCHEMA__, __CHANNEL__, __WAKEUP_LOCK__, __WAL_PREFIX__.
+  std::string_view sql;
 };
 
 // In version order; generated from sql/*.sql.

@@ -2,6 +2,7 @@
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_admin.h"
 #include "outbox/store/postgres_type.h"
+#include "outbox/store/postgres_wal.h"
 
 namespace outbox::postgres {
 namespace {
@@ -16,7 +17,7 @@ bool IsPlainIdentifier(const std::string& name) {
 
 std::unique_ptr<const outbox::StoreSettings> Parse(const config::Section& database,
                                                    const config::GetenvFn& getenv) {
-  database.AllowOnly({"type", "url", "schema", "path"});
+  database.AllowOnly({"type", "url", "schema", "path", "mode"});
   // Another store type's key is a mistake worth naming, not an unknown key.
   if (const config::TomlValue* path = database.Find("path")) {
     config::Fail(
@@ -39,7 +40,12 @@ std::unique_ptr<const outbox::StoreSettings> Parse(const config::Section& databa
                      config::Quoted(schema),
                  database.Find("schema"));
   }
-  return std::make_unique<const StoreSettings>(std::move(url), std::move(schema));
+  std::string mode = "table";
+  if (database.Read("mode", mode) && mode != "table" && mode != "wal") {
+    config::Fail(database.Key("mode"), "must be \"table\" or \"wal\", got " + config::Quoted(mode),
+                 database.Find("mode"));
+  }
+  return std::make_unique<const StoreSettings>(std::move(url), std::move(schema), mode == "wal");
 }
 
 }  // namespace
@@ -48,6 +54,7 @@ void StoreSettings::Describe(config::TomlWriter& out) const {
   // Masked by libpq's own parse (conninfo_mask.h), not by pattern.
   out.String("url", MaskConninfo(url_));
   out.String("schema", schema_);
+  out.String("mode", wal_ ? "wal" : "table");
 }
 
 std::unique_ptr<Store> StoreSettings::OpenStore(const RetryPolicy& retry,
@@ -66,6 +73,14 @@ std::unique_ptr<PartitionLeases> StoreSettings::OpenPartitionLeases() const {
 
 std::unique_ptr<Admin> StoreSettings::OpenAdmin(std::chrono::milliseconds statement_timeout) const {
   return postgres::OpenAdmin(url_, schema_, statement_timeout);
+}
+
+std::unique_ptr<WalSource> StoreSettings::OpenWalSource() const {
+  return wal_ ? postgres::OpenWalSource(url_, schema_) : nullptr;
+}
+
+std::unique_ptr<WalLedger> StoreSettings::OpenWalLedger() const {
+  return wal_ ? postgres::OpenWalLedger(url_, schema_) : nullptr;
 }
 
 StoreType Type() { return {.name = "postgres", .parse = Parse}; }

@@ -1,0 +1,151 @@
+#pragma once
+// WAL mode (README, "WAL mode"): a writer's messages travel in PostgreSQL's write-ahead log as
+// transactional logical messages (pg_logical_emit_message, prefix "outbox"), decoded only if the
+// writer commits, in commit order, instead of being rows of outbox.messages. Two contracts:
+//
+// - WalSource reads them back from a logical replication slot (built-in pgoutput plugin), one
+//   committed transaction at a time, and tells the slot how far it may let the WAL go.
+// - WalLedger keeps, in the database, what makes a restart exact: the position up to which every
+//   message's fate is durable, the per-stream stream_seq counters as of that position (so that
+//   decoding again from it assigns the same numbers), the messages parked in outbox.messages (a
+//   sink rejected them, or an earlier message of their stream is parked), and the one relay that
+//   may read the slot (a lease with an epoch, fenced like partition leases).
+//
+// Both are used by one thread at a time. Errors: StoreError (kUnavailable: reconnect and start
+// again from WalLedger::Position), std::invalid_argument for bad arguments.
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "outbox/core/clock.h"
+#include "outbox/core/message.h"
+
+namespace outbox {
+
+// A WAL position (PostgreSQL's pg_lsn), e.g. 0/16B3748 is 0x16B3748.
+using Lsn = std::uint64_t;
+
+// "X/Y" as PostgreSQL prints an LSN, and back; ParseLsn returns nullopt for anything else.
+std::string FormatLsn(Lsn lsn);
+std::optional<Lsn> ParseLsn(std::string_view text);
+
+// One message decoded from its WAL record: every field the table row would hold except
+// stream_seq, which the relay assigns in commit order (when `sequenced` and the message has a
+// stream_key). envelope.lease_epoch and attempts are 0.
+struct WalMessage {
+  Envelope envelope;
+  bool sequenced = false;
+};
+
+// One committed transaction's outbox messages, in the order its writer emitted them.
+struct WalTransaction {
+  Lsn end_lsn = 0;  // the end of its commit record: confirming it confirms the transaction
+  TimePoint commit_time;
+  std::vector<WalMessage> messages;
+  // Records with the outbox prefix that could not be decoded (not written by outbox.enqueue, or
+  // by a newer version): what is wrong with each. They are reported, never published.
+  std::vector<std::string> undecodable;
+};
+
+class WalSource {
+ public:
+  virtual ~WalSource() = default;
+
+  // (Re)starts streaming from the slot; transactions whose commit ends at or before `after` are
+  // skipped (they were handled before a restart). Throws StoreError: kUnavailable when the server
+  // cannot be reached, kPermanent when the slot does not exist (with how to recover).
+  virtual void Start(Lsn after) = 0;
+
+  // The next committed transaction with at least one outbox message (or undecodable record),
+  // waiting at most `timeout`; nullopt when none came in time. Sends the standby status updates
+  // that are due meanwhile (and the ones the server asks for). Throws StoreError(kUnavailable)
+  // when the connection is lost: call Start again.
+  virtual std::optional<WalTransaction> Next(std::chrono::milliseconds timeout) = 0;
+
+  // Everything up to `lsn` is durable elsewhere: the slot may let that WAL go. Reported to the
+  // server in the next status update (at most about a second later).
+  virtual void Confirm(Lsn lsn) = 0;
+
+  // Ends the stream and disconnects (the slot is then free for another reader); Start may
+  // follow. Never throws.
+  virtual void Close() = 0;
+
+  // The position up to which the server has sent everything (its keepalives' WAL end, or the end
+  // of the last transaction returned, whichever is later). When every returned transaction is
+  // confirmed, confirming this position is safe too: an idle slot then holds no WAL.
+  [[nodiscard]] virtual Lsn Received() const = 0;
+};
+
+// A (target, stream_key) pair: the unit stream_seq counts in.
+using WalStream = std::pair<std::string, std::string>;
+
+// How a message is parked in outbox.messages (from there the table-mode relay, `outboxctl
+// replay` and `outboxctl abandon` take it, under the table's rules).
+enum class ParkAs : std::uint8_t {
+  kFailed,     // a sink rejected it: status failed, due at `available_in`, one attempt spent
+  kAbandoned,  // rejected for good (kPermanent) or out of attempts: status abandoned
+  kWaiting,    // an earlier message of its stream is parked: status pending, no attempt spent
+};
+
+struct ParkedMessage {
+  Envelope envelope;  // with the stream_seq the relay assigned
+  ParkAs as = ParkAs::kWaiting;
+  int attempts = 0;  // attempts spent (kFailed: at least 1)
+  std::chrono::milliseconds available_in{0};
+  std::string error;  // last_error
+};
+
+// What one WalLedger::Commit makes durable, in one transaction.
+struct WalCommit {
+  Lsn position = 0;  // every message up to here is published or parked
+  // The latest stream_seq given in each stream this commit changed.
+  std::vector<std::pair<WalStream, std::int64_t>> seqs;
+  std::vector<ParkedMessage> parked;
+};
+
+// The slot as the server sees it (pg_replication_slots).
+struct WalSlotState {
+  bool exists = false;
+  bool active = false;              // a walsender streams it now
+  std::string wal_status;           // reserved, extended, unreserved or lost (its WAL was removed)
+  std::int64_t retained_bytes = 0;  // WAL kept for it: the server's position - restart_lsn
+  std::int64_t unconfirmed_bytes = 0;  // the server's position - confirmed_flush_lsn
+};
+
+class WalLedger {
+ public:
+  virtual ~WalLedger() = default;
+
+  // Takes the slot's lease for `owner` (when free, expired, or already `owner`'s) until now +
+  // `duration` on the database's clock, or renews it. Returns the lease's epoch while `owner`
+  // holds it (a new epoch when taken from another owner), nullopt while another owner's lease is
+  // live.
+  virtual std::optional<std::int64_t> Acquire(const std::string& owner,
+                                              std::chrono::milliseconds duration) = 0;
+  // Gives the lease up (graceful shutdown), if `owner` still holds it under `epoch`.
+  virtual void Leave(const std::string& owner, std::int64_t epoch) = 0;
+
+  // The position of the last Commit (0: nothing committed yet).
+  virtual Lsn Position() = 0;
+
+  // The latest stream_seq of each stream (0 for a stream never seen).
+  virtual std::vector<std::int64_t> Seqs(const std::vector<WalStream>& streams) = 0;
+
+  // Which of `streams` have a message in outbox.messages not yet published (parked, or written
+  // in table mode): a later WAL message of such a stream is parked behind it.
+  virtual std::vector<WalStream> Blocked(const std::vector<WalStream>& streams) = 0;
+
+  // The slot's state on the server.
+  virtual WalSlotState SlotState() = 0;
+
+  // Makes `commit` durable if `owner` still holds the lease under `epoch`; returns false (and
+  // writes nothing) when it does not.
+  virtual bool Commit(const std::string& owner, std::int64_t epoch, const WalCommit& commit) = 0;
+};
+
+}  // namespace outbox

@@ -1,0 +1,512 @@
+#include "outbox/relay/wal_relay.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "outbox/core/error.h"
+#include "outbox/core/random.h"
+#include "outbox/core/uuid.h"
+
+namespace outbox {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// While another relay holds the slot, how often to look whether its lease has expired.
+constexpr milliseconds kStandbyLook{1000};
+// How often the slot's state is read (for readiness and the outbox_wal_slot_* gauges).
+constexpr milliseconds kSlotCheck{5000};
+// The longest a read of the slot waits, so that the lease is renewed and Stop is seen in time.
+constexpr milliseconds kLongestRead{500};
+
+std::string Describe(const std::exception& error) { return error.what(); }
+
+struct WalMetrics {
+  explicit WalMetrics(observe::Registry& into)
+      : registry(into),
+        transactions(into.AddCounter("outbox_wal_transactions_total",
+                                     "Committed transactions with outbox messages read from the "
+                                     "slot and handled (published or parked).")),
+        published(into.AddCounter(
+            "outbox_wal_published_total",
+            "WAL-mode messages confirmed by the broker, their position committed.")),
+        parked(into.AddCounter("outbox_wal_parked_total",
+                               "WAL-mode messages parked in outbox.messages: rejected by their "
+                               "sink, or behind an earlier parked message of their stream.")),
+        undecodable(into.AddCounter(
+            "outbox_wal_undecodable_total",
+            "Logical messages with the outbox prefix that could not be decoded (not relayed).")),
+        errors(into.AddCounter("outbox_wal_errors_total",
+                               "Database and broker outages the WAL relay met (it reads the slot "
+                               "again from its committed position).")),
+        lag_bytes(into.AddGauge("outbox_wal_lag_bytes",
+                                "WAL the server has sent past this relay's committed position.")),
+        lag_seconds(into.AddGauge(
+            "outbox_wal_lag_seconds",
+            "Age of the oldest transaction read but not yet committed; 0 when caught up.")),
+        active(into.AddGauge("outbox_wal_active",
+                             "1 while this relay holds the slot's lease and reads it.")),
+        slot_active(into.AddGauge(
+            "outbox_wal_slot_active",
+            "1 while some relay streams the slot (pg_replication_slots.active), as last checked.")),
+        slot_retained_bytes(into.AddGauge(
+            "outbox_wal_slot_retained_bytes",
+            "WAL the server keeps for the slot (its position - restart_lsn), as last checked.")),
+        slot_unconfirmed_bytes(
+            into.AddGauge("outbox_wal_slot_unconfirmed_bytes",
+                          "WAL written since the slot's confirmed position, as last checked.")),
+        batch_seconds(
+            into.AddHistogram("outbox_wal_batch_seconds",
+                              "Duration of each WAL batch: publish, then the ledger's commit.",
+                              observe::LatencyBuckets())) {}
+
+  observe::Registry& registry;
+  observe::Counter& transactions;
+  observe::Counter& published;
+  observe::Counter& parked;
+  observe::Counter& undecodable;
+  observe::Counter& errors;
+  observe::Gauge& lag_bytes;
+  observe::Gauge& lag_seconds;
+  observe::Gauge& active;
+  observe::Gauge& slot_active;
+  observe::Gauge& slot_retained_bytes;
+  observe::Gauge& slot_unconfirmed_bytes;
+  observe::Histogram& batch_seconds;
+};
+
+std::optional<WalStream> StreamOf(const Envelope& envelope) {
+  if (!envelope.stream_key) return std::nullopt;
+  return WalStream{envelope.target, *envelope.stream_key};
+}
+
+}  // namespace
+
+class WalRelay::Engine {
+ public:
+  Engine(WalRelayOptions options, std::unique_ptr<WalSource> source,
+         std::unique_ptr<WalLedger> ledger, SinkMap sinks, LogFn log, WalRelayCounters& counters)
+      : own_registry_(options.metrics == nullptr ? std::make_unique<observe::Registry>() : nullptr),
+        metrics_(options.metrics != nullptr ? *options.metrics : *own_registry_),
+        options_(std::move(options)),
+        source_(std::move(source)),
+        ledger_(std::move(ledger)),
+        sinks_(std::move(sinks)),
+        log_(std::move(log)),
+        counters_(counters),
+        owner_(options_.instance + "/" + NewUuidV7().ToString().substr(24)),
+        backoff_(options_.min_backoff),
+        random_(DefaultRandom()) {}
+
+  void Run() {
+    Log(LogLevel::kInfo, "WAL relay started as " + owner_);
+    while (!stopping()) {
+      try {
+        CheckSlot();
+        if (!HoldLease()) {
+          Sleep(kStandbyLook);
+          continue;
+        }
+        if (!streaming_) StartStreaming();
+        auto batch = Gather();
+        if (batch.empty()) {
+          Idle();
+          continue;
+        }
+        Handle(batch);
+        backoff_ = options_.min_backoff;
+        last_error_.clear();
+      } catch (const StoreError& error) {
+        if (error.kind() == FailureKind::kPermanent && !streaming_) throw;
+        Outage("the database failed: " + Describe(error));
+      }
+    }
+    source_->Close();  // before the lease goes, so that the next reader finds the slot free
+    if (epoch_) {
+      try {
+        ledger_->Leave(owner_, *epoch_);
+      } catch (const StoreError& error) {
+        Log(LogLevel::kWarn,
+            "leaving the WAL slot's lease failed (it expires by itself): " + Describe(error));
+      }
+    }
+    SetActive(false);
+    Log(LogLevel::kInfo, "WAL relay stopped");
+  }
+
+  std::optional<std::string> SlotProblem() const {
+    std::lock_guard lock(slot_mutex_);
+    return slot_problem_;
+  }
+
+  void Stop() {
+    {
+      std::lock_guard lock(stop_mutex_);
+      stop_ = true;
+    }
+    stop_changed_.notify_all();
+  }
+
+ private:
+  bool stopping() const {
+    std::lock_guard lock(stop_mutex_);
+    return stop_;
+  }
+
+  void Sleep(milliseconds duration) {
+    std::unique_lock lock(stop_mutex_);
+    stop_changed_.wait_for(lock, duration, [this] { return stop_; });
+  }
+
+  void Log(LogLevel level, const std::string& message) const {
+    if (log_) log_(level, message);
+  }
+
+  void SetActive(bool active) {
+    counters_.active = active;
+    metrics_.active.Set(active ? 1.0 : 0.0);
+  }
+
+  // Every few seconds, active or standing by: is some relay reading the slot, and how much WAL
+  // does it keep? An inactive slot is a readiness failure (nobody relays the WAL messages).
+  void CheckSlot() {
+    const auto now = SteadyClock::now();
+    if (now < next_slot_check_) return;
+    next_slot_check_ = now + kSlotCheck;
+    std::optional<std::string> problem;
+    try {
+      const WalSlotState state = ledger_->SlotState();
+      metrics_.slot_active.Set(state.active ? 1.0 : 0.0);
+      metrics_.slot_retained_bytes.Set(static_cast<double>(state.retained_bytes));
+      metrics_.slot_unconfirmed_bytes.Set(static_cast<double>(state.unconfirmed_bytes));
+      if (!state.exists) {
+        problem = "the replication slot does not exist (outboxctl migrate --wal-slot)";
+      } else if (state.wal_status == "lost") {
+        problem = "the replication slot is lost (its WAL was removed): see the README, WAL mode";
+      } else if (!state.active) {
+        problem = "no relay is reading the replication slot" +
+                  (last_error_.empty() ? std::string{} : " (this one: " + last_error_ + ")");
+      }
+    } catch (const StoreError& error) {
+      problem = "the slot's state could not be read: " + Describe(error);
+    }
+    std::lock_guard lock(slot_mutex_);
+    slot_problem_ = std::move(problem);
+  }
+
+  // Takes or renews the lease every third of it; false while another relay holds it.
+  bool HoldLease() {
+    const auto now = SteadyClock::now();
+    if (epoch_ && now < renew_at_) return true;
+    const auto epoch = ledger_->Acquire(owner_, options_.lease);
+    if (!epoch) {
+      if (epoch_) LostLease("another relay holds the WAL slot's lease now");
+      return false;
+    }
+    if (epoch_ && *epoch != *epoch_) {
+      // Taken over and back again in between: nothing read under the old epoch may commit.
+      LostLease("the WAL slot's lease changed hands meanwhile");
+    }
+    if (!epoch_)
+      Log(LogLevel::kInfo, "holding the WAL slot (lease epoch " + std::to_string(*epoch) + ")");
+    epoch_ = epoch;
+    renew_at_ = now + options_.lease / 3;
+    return true;
+  }
+
+  void LostLease(const std::string& why) {
+    Log(LogLevel::kWarn, why + "; standing by");
+    epoch_.reset();
+    streaming_ = false;
+    source_->Close();  // the server lets one reader stream a slot: the new owner
+    seqs_.clear();
+    SetActive(false);
+  }
+
+  void StartStreaming() {
+    const Lsn position = ledger_->Position();
+    seqs_.clear();
+    source_->Start(position);
+    streaming_ = true;
+    counters_.position = position;
+    SetActive(true);
+    Log(LogLevel::kInfo, "reading the WAL slot from " + FormatLsn(position));
+  }
+
+  // An outage: nothing of the batch in hand was committed; read again from the ledger's position
+  // after a pause.
+  void Outage(const std::string& what) {
+    last_error_ = what;
+    ++counters_.errors;
+    metrics_.errors.Increment();
+    metrics_.registry.RecordError("wal", what);
+    Log(LogLevel::kWarn, what + "; reading the slot again from the committed position in " +
+                             std::to_string(backoff_.count()) + " ms");
+    streaming_ = false;
+    seqs_.clear();
+    // Not read during the pause, the stream would hold its walsender: a server shutting down
+    // waits for every walsender to send all WAL (up to wal_sender_timeout, 60 s).
+    source_->Close();
+    Sleep(backoff_);
+    backoff_ = std::min(backoff_ * 2, options_.max_backoff);
+  }
+
+  milliseconds UntilRenewal() const {
+    const auto left = std::chrono::duration_cast<milliseconds>(renew_at_ - SteadyClock::now());
+    return std::clamp(left, milliseconds{0}, kLongestRead);
+  }
+
+  // Whole transactions, until batch_size messages or `linger` after the first.
+  std::vector<WalTransaction> Gather() {
+    std::vector<WalTransaction> batch;
+    auto first = source_->Next(UntilRenewal());
+    if (!first) return batch;
+    std::size_t messages = first->messages.size();
+    batch.push_back(std::move(*first));
+    const auto until = SteadyClock::now() + options_.linger;
+    while (messages < static_cast<std::size_t>(options_.batch_size)) {
+      const auto left = std::chrono::duration_cast<milliseconds>(until - SteadyClock::now());
+      auto next = source_->Next(std::max(left, milliseconds{0}));
+      if (!next) break;
+      messages += next->messages.size();
+      batch.push_back(std::move(*next));
+    }
+    return batch;
+  }
+
+  // Nothing to read: with nothing of ours uncommitted, what the server has sent since holds no
+  // outbox message, so the slot may let it go (an idle slot then keeps no WAL).
+  void Idle() {
+    const Lsn received = source_->Received();
+    if (received > counters_.position) source_->Confirm(received);
+    metrics_.lag_bytes.Set(0);
+    metrics_.lag_seconds.Set(0);
+  }
+
+  struct Item {
+    Envelope envelope;
+    bool sequenced = false;
+  };
+
+  void Handle(std::vector<WalTransaction>& batch) {
+    const auto started = SteadyClock::now();
+    std::vector<Item> items;
+    for (WalTransaction& transaction : batch) {
+      for (const std::string& problem : transaction.undecodable) {
+        ++counters_.undecodable;
+        metrics_.undecodable.Increment();
+        metrics_.registry.RecordError("wal", "undecodable WAL record: " + problem);
+        Log(LogLevel::kError,
+            "a WAL record with the outbox prefix could not be decoded and is "
+            "not relayed: " +
+                problem);
+      }
+      for (WalMessage& message : transaction.messages) {
+        items.push_back({std::move(message.envelope), message.sequenced});
+      }
+    }
+    const Lsn position = batch.back().end_lsn;
+    const std::chrono::duration<double> age =
+        std::chrono::system_clock::now() - batch.front().commit_time;
+    metrics_.lag_seconds.Set(std::max(age.count(), 0.0));
+    const Lsn received = source_->Received();
+    metrics_.lag_bytes.Set(
+        received > counters_.position ? static_cast<double>(received - counters_.position) : 0.0);
+
+    WalCommit commit{.position = position, .seqs = {}, .parked = {}};
+    AssignSeqs(items, commit);
+    std::set<WalStream> broken = Blocked(items);
+    // Messages of streams waiting in the table are parked at once; the rest is published.
+    std::vector<std::size_t> to_publish;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const auto stream = StreamOf(items[i].envelope);
+      if (stream && broken.contains(*stream)) continue;
+      to_publish.push_back(i);
+    }
+    const auto outcomes = Publish(items, to_publish);
+    std::map<std::size_t, const PublishOutcome*> outcome_of;
+    for (std::size_t k = 0; k < to_publish.size(); ++k) outcome_of[to_publish[k]] = &outcomes[k];
+    // Any outage: nothing is committed or parked; the batch is read and published again.
+    for (const auto& outcome : outcomes) {
+      if (outcome.failure && !outcome.failure->treatment().spends_attempt) {
+        throw StoreError(FailureKind::kUnavailable,
+                         "a sink did not confirm: " + outcome.failure->Describe());
+      }
+    }
+    std::uint64_t published = 0;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const Envelope& envelope = items[i].envelope;
+      const auto stream = StreamOf(envelope);
+      if (stream && broken.contains(*stream)) {
+        commit.parked.push_back({.envelope = envelope,
+                                 .as = ParkAs::kWaiting,
+                                 .attempts = 0,
+                                 .available_in = milliseconds{0},
+                                 .error = "waiting: an earlier message of its stream is parked"});
+        continue;
+      }
+      const PublishOutcome* outcome = outcome_of.at(i);
+      if (outcome->published()) {
+        ++published;
+        continue;
+      }
+      const Failure& failure = *outcome->failure;
+      const bool abandon = failure.treatment().abandon_now || options_.retry.Exhausted(1);
+      Log(LogLevel::kWarn, "WAL message " + envelope.id.ToString() + " to " + envelope.target +
+                               " failed and is parked" + (abandon ? " as abandoned" : "") + ": " +
+                               failure.Describe());
+      const milliseconds delay = std::max(options_.retry.Delay(1, random_), failure.retry_after);
+      commit.parked.push_back({.envelope = envelope,
+                               .as = abandon ? ParkAs::kAbandoned : ParkAs::kFailed,
+                               .attempts = 1,
+                               .available_in = abandon ? milliseconds{0} : delay,
+                               .error = failure.Describe()});
+      // An abandoned message holds nothing back (as in table mode); a failed one its stream.
+      if (stream && !abandon) broken.insert(*stream);
+    }
+    if (!ledger_->Commit(owner_, *epoch_, commit)) {
+      ++counters_.lease_lost;
+      LostLease("committing the WAL position was refused: the slot's lease was lost");
+      return;
+    }
+    source_->Confirm(position);
+    counters_.position = position;
+    counters_.transactions += batch.size();
+    counters_.published += published;
+    counters_.parked += commit.parked.size();
+    metrics_.transactions.Increment(batch.size());
+    metrics_.published.Increment(published);
+    metrics_.parked.Increment(commit.parked.size());
+    metrics_.batch_seconds.Observe(
+        std::chrono::duration<double>(SteadyClock::now() - started).count());
+  }
+
+  // stream_seq in commit order, from the counters as of the last commit (read once per stream
+  // and kept while the slot is read without a break).
+  void AssignSeqs(std::vector<Item>& items, WalCommit& commit) {
+    std::vector<WalStream> unknown;
+    for (const Item& item : items) {
+      if (!item.sequenced || !item.envelope.stream_key) continue;
+      WalStream stream{item.envelope.target, *item.envelope.stream_key};
+      if (!seqs_.contains(stream) &&
+          std::find(unknown.begin(), unknown.end(), stream) == unknown.end()) {
+        unknown.push_back(std::move(stream));
+      }
+    }
+    if (!unknown.empty()) {
+      const auto latest = ledger_->Seqs(unknown);
+      for (std::size_t i = 0; i < unknown.size(); ++i) seqs_[unknown[i]] = latest[i];
+    }
+    std::map<WalStream, std::int64_t> changed;
+    for (Item& item : items) {
+      if (!item.sequenced || !item.envelope.stream_key) continue;
+      WalStream stream{item.envelope.target, *item.envelope.stream_key};
+      const std::int64_t seq = ++seqs_[stream];
+      item.envelope.stream_seq = seq;
+      changed[stream] = seq;
+    }
+    commit.seqs.assign(changed.begin(), changed.end());
+  }
+
+  std::set<WalStream> Blocked(const std::vector<Item>& items) {
+    std::set<WalStream> keyed;
+    for (const Item& item : items) {
+      if (auto stream = StreamOf(item.envelope)) keyed.insert(std::move(*stream));
+    }
+    const auto blocked = ledger_->Blocked({keyed.begin(), keyed.end()});
+    return {blocked.begin(), blocked.end()};
+  }
+
+  // Each target's messages through its sink, in batch order; one outcome per index.
+  std::vector<PublishOutcome> Publish(const std::vector<Item>& items,
+                                      const std::vector<std::size_t>& indexes) {
+    std::vector<PublishOutcome> outcomes(indexes.size());
+    std::map<std::string, std::vector<std::size_t>, std::less<>> by_target;
+    for (std::size_t k = 0; k < indexes.size(); ++k) {
+      by_target[items[indexes[k]].envelope.target].push_back(k);
+    }
+    const Deadline deadline = SteadyClock::now() + options_.publish_timeout;
+    for (const auto& [target, positions] : by_target) {
+      const auto sink = sinks_.find(target);
+      if (sink == sinks_.end()) {
+        for (const auto k : positions) {
+          outcomes[k] = {
+              items[indexes[k]].envelope.id,
+              Failure{FailureKind::kRejected, "no sink is configured for target '" + target + "'"}};
+        }
+        continue;
+      }
+      std::vector<Envelope> envelopes;
+      envelopes.reserve(positions.size());
+      for (const auto k : positions) envelopes.push_back(items[indexes[k]].envelope);
+      auto results = sink->second->Publish(envelopes, deadline);
+      if (results.size() != envelopes.size()) {
+        throw StoreError(FailureKind::kUnavailable,
+                         "sink " + target + " returned " + std::to_string(results.size()) +
+                             " outcomes for " + std::to_string(envelopes.size()) + " messages");
+      }
+      for (std::size_t j = 0; j < positions.size(); ++j) {
+        outcomes[positions[j]] = std::move(results[j]);
+      }
+    }
+    return outcomes;
+  }
+
+  std::unique_ptr<observe::Registry> own_registry_;
+  WalMetrics metrics_;
+  WalRelayOptions options_;
+  std::unique_ptr<WalSource> source_;
+  std::unique_ptr<WalLedger> ledger_;
+  SinkMap sinks_;
+  LogFn log_;
+  WalRelayCounters& counters_;
+  const std::string owner_;
+  milliseconds backoff_;
+  UniformRandom random_;
+
+  std::optional<std::int64_t> epoch_;  // set while the lease is held
+  SteadyClock::time_point renew_at_{};
+  bool streaming_ = false;
+  std::map<WalStream, std::int64_t> seqs_;  // the latest stream_seq given, per stream
+
+  SteadyClock::time_point next_slot_check_{};
+  std::string last_error_;  // of the last outage, until a batch succeeds
+  mutable std::mutex slot_mutex_;
+  std::optional<std::string> slot_problem_;  // guarded by slot_mutex_
+
+  mutable std::mutex stop_mutex_;
+  std::condition_variable stop_changed_;
+  bool stop_ = false;  // guarded by stop_mutex_
+};
+
+WalRelay::WalRelay(WalRelayOptions options, std::unique_ptr<WalSource> source,
+                   std::unique_ptr<WalLedger> ledger, SinkMap sinks, LogFn log) {
+  if (options.instance.empty()) throw ConfigError("instance", "must not be empty");
+  if (options.batch_size < 1) throw ConfigError("batch_size", "must be at least 1");
+  if (options.linger < milliseconds{0}) throw ConfigError("linger", "must not be negative");
+  if (options.lease < milliseconds{1000}) throw ConfigError("lease", "must be at least 1s");
+  if (options.publish_timeout >= options.lease) {
+    throw ConfigError("publish_timeout", "must be shorter than the lease");
+  }
+  if (auto problem = options.retry.Validate()) throw ConfigError("retry", *problem);
+  if (sinks.empty()) throw ConfigError("sinks", "at least one sink is needed");
+  if (!source || !ledger) throw std::invalid_argument("WalRelay: a source and a ledger are needed");
+  engine_ = std::make_unique<Engine>(std::move(options), std::move(source), std::move(ledger),
+                                     std::move(sinks), std::move(log), counters_);
+}
+
+WalRelay::~WalRelay() = default;
+
+void WalRelay::Run() { engine_->Run(); }
+
+void WalRelay::Stop() { engine_->Stop(); }
+
+std::optional<std::string> WalRelay::SlotProblem() const { return engine_->SlotProblem(); }
+
+}  // namespace outbox

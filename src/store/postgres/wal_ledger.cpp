@@ -1,0 +1,274 @@
+// WalLedger on PostgreSQL (outbox/store/wal.h): the slot's row in wal_progress (position and
+// lease), the relay's stream_seq counters in wal_stream_seqs, and parked messages as rows of
+// messages (sql/012_wal_delivery.sql). A commit is one statement when nothing is parked, else
+// one transaction.
+
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "connection.h"
+#include "migrations.h"
+#include "outbox/store/postgres_wal.h"
+
+namespace outbox::postgres {
+namespace {
+
+std::string MillisText(std::chrono::milliseconds duration) {
+  return std::to_string(duration.count());
+}
+
+// Every (target, stream_key) of `streams` as two text-array literals, for unnest($n, $m).
+std::pair<std::string, std::string> StreamArrays(const std::vector<WalStream>& streams) {
+  std::vector<std::string> targets;
+  std::vector<std::string> keys;
+  targets.reserve(streams.size());
+  keys.reserve(streams.size());
+  for (const auto& [target, key] : streams) {
+    targets.push_back(target);
+    keys.push_back(key);
+  }
+  return {TextArray(targets), TextArray(keys)};
+}
+
+std::string_view StatusOf(ParkAs as) {
+  switch (as) {
+    case ParkAs::kFailed:
+      return "failed";
+    case ParkAs::kAbandoned:
+      return "abandoned";
+    case ParkAs::kWaiting:
+      return "pending";
+  }
+  return "pending";
+}
+
+class PostgresWalLedger final : public WalLedger {
+ public:
+  PostgresWalLedger(const std::string& conninfo, const std::string& schema)
+      : connection_(conninfo) {
+    const std::string s = QuoteSchema(schema);
+    RequireSchemaVersion(connection_.Ready(), schema, connection_.description());
+    slot_ = ReadWalSlot(connection_.get(), schema);
+    acquire_sql_ = "UPDATE " + s +
+                   ".wal_progress SET"
+                   " epoch = CASE WHEN owner IS NOT DISTINCT FROM $2 THEN epoch ELSE epoch + 1 END,"
+                   " owner = $2, lease_until = now() + $3::bigint * interval '1 millisecond'"
+                   " WHERE slot = $1 AND (owner IS NULL OR owner = $2 OR lease_until <= now())"
+                   " RETURNING epoch";
+    leave_sql_ = "UPDATE " + s +
+                 ".wal_progress SET owner = NULL, lease_until = NULL"
+                 " WHERE slot = $1 AND owner = $2 AND epoch = $3::bigint";
+    position_sql_ = "SELECT position::text FROM " + s + ".wal_progress WHERE slot = $1";
+    seqs_sql_ =
+        "SELECT coalesce(q.seq, 0) FROM unnest($1::text[], $2::text[]) WITH ORDINALITY"
+        " AS u(target, stream_key, n) LEFT JOIN " +
+        s +
+        ".wal_stream_seqs q ON q.target = u.target AND q.stream_key = u.stream_key"
+        " ORDER BY u.n";
+    // A stream waits while a message of it is leased or failed (messages_in_flight) or pending
+    // after a claim: parked rows carry lease_epoch 1, so they are in the small index of returned
+    // messages, not walked among fresh ones. An abandoned message holds back nothing (as in
+    // table mode: see Envelope::stream_prev_seq).
+    blocked_sql_ =
+        "SELECT u.target, u.stream_key FROM unnest($1::text[], $2::text[])"
+        " AS u(target, stream_key) WHERE EXISTS (SELECT 1 FROM " +
+        s +
+        ".messages m WHERE m.stream_key = u.stream_key AND m.target = u.target"
+        " AND m.status IN ('processing', 'failed'))"
+        " OR EXISTS (SELECT 1 FROM " +
+        s +
+        ".messages m WHERE m.status = 'pending' AND m.lease_epoch > 0"
+        " AND m.stream_key = u.stream_key AND m.target = u.target)";
+    commit_sql_ = "WITH lease AS (UPDATE " + s +
+                  ".wal_progress SET position = $4::pg_lsn"
+                  " WHERE slot = $1 AND owner = $2 AND epoch = $3::bigint AND lease_until > now()"
+                  " RETURNING 1),"
+                  " seqs AS (INSERT INTO " +
+                  s +
+                  ".wal_stream_seqs (target, stream_key, seq)"
+                  " SELECT u.target, u.stream_key, u.seq"
+                  " FROM unnest($5::text[], $6::text[], $7::bigint[]) AS u(target, stream_key, seq)"
+                  " WHERE EXISTS (SELECT 1 FROM lease)"
+                  " ON CONFLICT (target, stream_key) DO UPDATE SET seq = excluded.seq"
+                  " RETURNING 1)"
+                  " SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM seqs)";
+    slot_sql_ =
+        "SELECT active, coalesce(wal_status, ''),"
+        " coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint,"
+        " coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint"
+        " FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()";
+    park_sql_ = "INSERT INTO " + s +
+                ".messages (id, topic, stream_key, stream_seq, partition, target, type, payload,"
+                " content_type, headers, event_id, created_at, status, attempts, available_at,"
+                " last_error, abandoned_at, lease_epoch)"
+                " VALUES ($1::uuid, $2, $3, $4::bigint, $5::integer, $6, $7, $8::bytea, $9,"
+                " $10::jsonb, $11::uuid,"
+                " timestamptz 'epoch' + $12::bigint * interval '1 microsecond', $13,"
+                " $14::integer, now() + $15::bigint * interval '1 millisecond', $16,"
+                " CASE WHEN $13 = 'abandoned' THEN now() END, 1)"
+                " ON CONFLICT (id) DO NOTHING";
+  }
+
+  std::optional<std::int64_t> Acquire(const std::string& owner,
+                                      std::chrono::milliseconds duration) override {
+    if (owner.empty()) throw std::invalid_argument("WAL lease: owner must not be empty");
+    if (duration.count() < 1) throw std::invalid_argument("WAL lease: duration must be positive");
+    const std::string millis = MillisText(duration);
+    const auto result = Exec(connection_.Ready(), "take the WAL slot's lease", acquire_sql_,
+                             {Param{slot_}, Param{owner}, Param{millis}});
+    if (PQntuples(result.get()) == 0) return std::nullopt;
+    return ParseInt64(Column(result.get(), 0, 0), "WAL lease epoch");
+  }
+
+  void Leave(const std::string& owner, std::int64_t epoch) override {
+    const std::string epoch_text = std::to_string(epoch);
+    Exec(connection_.Ready(), "leave the WAL slot's lease", leave_sql_,
+         {Param{slot_}, Param{owner}, Param{epoch_text}});
+  }
+
+  Lsn Position() override {
+    const auto result =
+        Exec(connection_.Ready(), "read the WAL position", position_sql_, {Param{slot_}});
+    if (PQntuples(result.get()) != 1) {
+      throw PgError(
+          FailureKind::kPermanent,
+          "the WAL slot " + slot_ + " has no row in wal_progress: run outboxctl migrate --wal-slot",
+          "");
+    }
+    const auto lsn = ParseLsn(Column(result.get(), 0, 0));
+    if (!lsn) throw PgError(FailureKind::kPermanent, "wal_progress.position: not an LSN", "");
+    return *lsn;
+  }
+
+  std::vector<std::int64_t> Seqs(const std::vector<WalStream>& streams) override {
+    if (streams.empty()) return {};
+    const auto [targets, keys] = StreamArrays(streams);
+    const auto result = Exec(connection_.Ready(), "read stream_seq counters", seqs_sql_,
+                             {Param{targets}, Param{keys}});
+    std::vector<std::int64_t> seqs;
+    seqs.reserve(streams.size());
+    for (int row = 0; row < PQntuples(result.get()); ++row) {
+      seqs.push_back(ParseInt64(Column(result.get(), row, 0), "stream_seq counter"));
+    }
+    if (seqs.size() != streams.size()) {
+      throw PgError(FailureKind::kPermanent, "stream_seq counters: one row per stream expected",
+                    "");
+    }
+    return seqs;
+  }
+
+  std::vector<WalStream> Blocked(const std::vector<WalStream>& streams) override {
+    if (streams.empty()) return {};
+    const auto [targets, keys] = StreamArrays(streams);
+    const auto result = Exec(connection_.Ready(), "find streams waiting in the table", blocked_sql_,
+                             {Param{targets}, Param{keys}});
+    std::vector<WalStream> blocked;
+    for (int row = 0; row < PQntuples(result.get()); ++row) {
+      blocked.emplace_back(std::string{Column(result.get(), row, 0)},
+                           std::string{Column(result.get(), row, 1)});
+    }
+    return blocked;
+  }
+
+  WalSlotState SlotState() override {
+    const auto result =
+        Exec(connection_.Ready(), "read the WAL slot's state", slot_sql_, {Param{slot_}});
+    WalSlotState state;
+    if (PQntuples(result.get()) != 1) return state;
+    state.exists = true;
+    state.active = Column(result.get(), 0, 0) == "t";
+    state.wal_status = std::string{Column(result.get(), 0, 1)};
+    state.retained_bytes = ParseInt64(Column(result.get(), 0, 2), "slot retained bytes");
+    state.unconfirmed_bytes = ParseInt64(Column(result.get(), 0, 3), "slot unconfirmed bytes");
+    return state;
+  }
+
+  bool Commit(const std::string& owner, std::int64_t epoch, const WalCommit& commit) override {
+    PGconn* conn = connection_.Ready();
+    const bool transaction = !commit.parked.empty();
+    if (transaction) Exec(conn, "begin the WAL commit", "BEGIN");
+    try {
+      if (!WritePosition(conn, owner, epoch, commit)) {
+        if (transaction) Exec(conn, "roll back the WAL commit", "ROLLBACK");
+        return false;
+      }
+      for (const ParkedMessage& parked : commit.parked) Park(conn, parked);
+      if (transaction) Exec(conn, "commit the WAL commit", "COMMIT");
+      return true;
+    } catch (...) {
+      // A lost connection has no transaction left; otherwise end this one.
+      if (transaction && PQstatus(conn) == CONNECTION_OK &&
+          PQtransactionStatus(conn) != PQTRANS_IDLE) {
+        ResultPtr rollback{PQexec(conn, "ROLLBACK")};
+      }
+      throw;
+    }
+  }
+
+ private:
+  bool WritePosition(PGconn* conn, const std::string& owner, std::int64_t epoch,
+                     const WalCommit& commit) {
+    std::vector<std::string> targets;
+    std::vector<std::string> keys;
+    std::vector<std::int64_t> seqs;
+    for (const auto& [stream, seq] : commit.seqs) {
+      targets.push_back(stream.first);
+      keys.push_back(stream.second);
+      seqs.push_back(seq);
+    }
+    const std::string epoch_text = std::to_string(epoch);
+    const std::string position = FormatLsn(commit.position);
+    const std::string target_array = TextArray(targets);
+    const std::string key_array = TextArray(keys);
+    const std::string seq_array = NumberArray(seqs);
+    const auto result = Exec(conn, "record the WAL position", commit_sql_,
+                             {Param{slot_}, Param{owner}, Param{epoch_text}, Param{position},
+                              Param{target_array}, Param{key_array}, Param{seq_array}});
+    return ParseInt64(Column(result.get(), 0, 0), "WAL commit") == 1;
+  }
+
+  void Park(PGconn* conn, const ParkedMessage& parked) {
+    const Envelope& e = parked.envelope;
+    nlohmann::json headers = nlohmann::json::object();
+    for (const auto& [name, value] : e.headers) headers[name] = value;
+    const std::string id = e.id.ToString();
+    const std::string seq = e.stream_seq ? std::to_string(*e.stream_seq) : std::string{};
+    const std::string partition = std::to_string(e.partition);
+    const std::string headers_json = headers.dump();
+    const std::string event = e.event_id ? e.event_id->ToString() : std::string{};
+    const std::string created = std::to_string(
+        std::chrono::duration_cast<std::chrono::microseconds>(e.created_at.time_since_epoch())
+            .count());
+    const std::string status{StatusOf(parked.as)};
+    const std::string attempts = std::to_string(parked.attempts);
+    const std::string delay = MillisText(parked.available_in);
+    const auto optional = [](const std::optional<std::string>& value) {
+      return value ? Param{std::string_view{*value}} : Param{};
+    };
+    Exec(conn, "park a WAL message", park_sql_,
+         {Param{id}, Param{e.topic}, optional(e.stream_key), e.stream_seq ? Param{seq} : Param{},
+          Param{partition}, Param{e.target}, optional(e.type), Param{e.payload, /*binary=*/true},
+          Param{e.content_type}, Param{headers_json}, e.event_id ? Param{event} : Param{},
+          Param{created}, Param{status}, Param{attempts}, Param{delay},
+          parked.error.empty() ? Param{} : Param{parked.error}});
+  }
+
+  Connection connection_;
+  std::string slot_;
+  std::string acquire_sql_;
+  std::string leave_sql_;
+  std::string position_sql_;
+  std::string seqs_sql_;
+  std::string blocked_sql_;
+  std::string commit_sql_;
+  std::string slot_sql_;
+  std::string park_sql_;
+};
+
+}  // namespace
+
+std::unique_ptr<WalLedger> OpenWalLedger(const std::string& conninfo, const std::string& schema) {
+  return std::make_unique<PostgresWalLedger>(conninfo, schema);
+}
+
+}  // namespace outbox::postgres

@@ -1,0 +1,749 @@
+// WAL mode's PostgreSQL side (schema version 12): the guard on settings.delivery, the slot that
+// EnsureWalSlot makes, enqueue emitting logical messages instead of rows (read back through the
+// slot with pgoutput, as the relay reads them), and the record decoder.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "connection.h"
+#include "migrations.h"
+#include "outbox/core/partition.h"
+#include "outbox/store/postgres.h"
+#include "outbox/store/postgres_wal.h"
+#include "support/pg_test_support.h"
+#include "wal_record.h"
+
+namespace outbox::testing {
+namespace {
+
+using postgres::DecodeWalRecord;
+
+// ---- the decoder on bad input (no server) ----
+
+// A record assembled field by field, for the decoder's bad-input tests; the good records come
+// from PostgreSQL (below).
+class RecordBytes {
+ public:
+  RecordBytes& U8(std::uint8_t value) {
+    bytes_ += static_cast<char>(value);
+    return *this;
+  }
+  RecordBytes& I32(std::int32_t value) { return BigEndian(static_cast<std::uint32_t>(value), 4); }
+  RecordBytes& I64(std::int64_t value) { return BigEndian(static_cast<std::uint64_t>(value), 8); }
+  RecordBytes& Raw(std::string_view raw) {
+    bytes_ += raw;
+    return *this;
+  }
+  RecordBytes& Str(std::string_view text) {
+    I32(static_cast<std::int32_t>(text.size()));
+    return Raw(text);
+  }
+  RecordBytes& Null() { return I32(-1); }
+  [[nodiscard]] const std::string& bytes() const { return bytes_; }
+  [[nodiscard]] std::size_t size() const { return bytes_.size(); }
+
+ private:
+  RecordBytes& BigEndian(std::uint64_t value, int size) {
+    for (int shift = (size - 1) * 8; shift >= 0; shift -= 8) {
+      bytes_ += static_cast<char>((value >> shift) & 0xFFU);
+    }
+    return *this;
+  }
+  std::string bytes_;
+};
+
+constexpr std::string_view kId = "\x11\x11\x11\x11\x11\x11\x11\x11\x11\x11\x11\x11\x11\x11\x11\x11";
+constexpr std::string_view kEvent =
+    "\x22\x22\x22\x22\x22\x22\x22\x22\x22\x22\x22\x22\x22\x22\x22\x22";
+
+// A valid version 1 record; `starts` gets the offset at which each field begins.
+std::string ValidRecord(std::vector<std::pair<std::string, std::size_t>>* starts = nullptr,
+                        std::string_view headers = R"({"a": "b", "n": 1})") {
+  RecordBytes record;
+  const auto field = [&](const char* name) {
+    if (starts != nullptr) starts->emplace_back(name, record.size());
+  };
+  field("version");
+  record.U8(1);
+  field("id");
+  record.Raw(kId);
+  field("event_id");
+  record.Raw(kEvent);
+  field("created_at");
+  record.I64(1'700'000'000'123'456);
+  field("partition");
+  record.I32(7);
+  field("flags");
+  record.U8(1);
+  field("target");
+  record.Str("kafka");
+  field("topic");
+  record.Str("orders");
+  field("stream_key");
+  record.Str("order-42");
+  field("type");
+  record.Null();
+  field("content_type");
+  record.Str("application/x-raw");
+  field("headers");
+  record.Str(headers);
+  field("payload");
+  record.Str(std::string{"\x00\xff\x00", 3});
+  return record.bytes();
+}
+
+// The message DecodeWalRecord throws for `record` (empty when it throws nothing).
+std::string DecodeError(std::string_view record) {
+  try {
+    DecodeWalRecord(record);
+  } catch (const std::invalid_argument& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(WalRecordTest, DecodesEveryField) {
+  const WalMessage message = DecodeWalRecord(ValidRecord());
+  const Envelope& envelope = message.envelope;
+  EXPECT_EQ(envelope.id.ToString(), "11111111-1111-1111-1111-111111111111");
+  ASSERT_TRUE(envelope.event_id.has_value());
+  EXPECT_EQ(envelope.event_id->ToString(), "22222222-2222-2222-2222-222222222222");
+  EXPECT_EQ(
+      std::chrono::duration_cast<std::chrono::microseconds>(envelope.created_at.time_since_epoch())
+          .count(),
+      1'700'000'000'123'456);
+  EXPECT_EQ(envelope.partition, 7);
+  EXPECT_TRUE(message.sequenced);
+  EXPECT_EQ(envelope.target, "kafka");
+  EXPECT_EQ(envelope.topic, "orders");
+  EXPECT_EQ(envelope.stream_key, "order-42");
+  EXPECT_EQ(envelope.type, std::nullopt);
+  EXPECT_EQ(envelope.content_type, "application/x-raw");
+  EXPECT_EQ(envelope.headers, (Headers{{"a", "b"}, {"n", "1"}}));  // not a string: its JSON text
+  EXPECT_EQ(envelope.payload, std::string("\x00\xff\x00", 3));
+  EXPECT_EQ(envelope.stream_seq, std::nullopt);
+  EXPECT_EQ(envelope.attempts, 0);
+  EXPECT_EQ(envelope.lease_epoch, 0);
+}
+
+TEST(WalRecordTest, RefusesEmptyAndOtherVersions) {
+  EXPECT_EQ(DecodeError(""), "WAL record: empty");
+  std::string record = ValidRecord();
+  record[0] = 7;
+  EXPECT_EQ(DecodeError(record), "WAL record version 7: this build reads version 1");
+  record[0] = 0;
+  EXPECT_EQ(DecodeError(record), "WAL record version 0: this build reads version 1");
+}
+
+TEST(WalRecordTest, NamesTheFieldARecordIsTruncatedIn) {
+  std::vector<std::pair<std::string, std::size_t>> starts;
+  const std::string record = ValidRecord(&starts);
+  for (std::size_t i = 1; i < starts.size(); ++i) {
+    const auto& [field, start] = starts[i];
+    // Cut where the field starts and one byte into it: both are truncated in that field.
+    const std::size_t end = i + 1 < starts.size() ? starts[i + 1].second : record.size();
+    for (const std::size_t cut : {start, start + 1}) {
+      if (cut >= end) continue;  // a one-byte field has no inside
+      const std::string error = DecodeError(record.substr(0, cut));
+      EXPECT_NE(error.find("WAL record: truncated in field " + field + " ("), std::string::npos)
+          << "cut at " << cut << ": " << error;
+    }
+  }
+  // Every shorter record is refused, none crashes.
+  for (std::size_t cut = 0; cut < record.size(); ++cut) {
+    EXPECT_FALSE(DecodeError(record.substr(0, cut)).empty()) << cut;
+  }
+  EXPECT_EQ(DecodeError(record), "");
+}
+
+TEST(WalRecordTest, RefusesNegativeLengthsTrailingBytesAndUnknownFlags) {
+  std::vector<std::pair<std::string, std::size_t>> starts;
+  const std::string record = ValidRecord(&starts);
+  const auto start_of = [&](const std::string& field) {
+    for (const auto& [name, start] : starts) {
+      if (name == field) return start;
+    }
+    throw std::logic_error("no field " + field);
+  };
+  std::string bad = record;
+  bad.replace(start_of("topic"), 4, std::string("\xff\xff\xff\xff", 4));  // -1: not nullable
+  EXPECT_EQ(DecodeError(bad), "WAL record: negative length -1 in field topic");
+  bad = record;
+  bad.replace(start_of("type"), 4, std::string("\xff\xff\xff\xfe", 4));
+  EXPECT_EQ(DecodeError(bad), "WAL record: negative length -2 in field type");
+  bad = record;
+  bad.replace(start_of("payload"), 4, std::string("\x80\x00\x00\x00", 4));
+  EXPECT_EQ(DecodeError(bad), "WAL record: negative length -2147483648 in field payload");
+
+  EXPECT_EQ(DecodeError(record + "x"), "WAL record: trailing bytes after the payload (1)");
+
+  bad = record;
+  bad[start_of("flags")] = 3;
+  EXPECT_NE(DecodeError(bad).find("WAL record: unknown flags 3"), std::string::npos);
+  bad = record;
+  bad[start_of("partition")] = '\x80';
+  EXPECT_NE(DecodeError(bad).find("WAL record: negative partition"), std::string::npos);
+  bad = record;
+  bad.replace(start_of("created_at"), 8, std::string("\x7f\xff\xff\xff\xff\xff\xff\xff", 8));
+  EXPECT_NE(DecodeError(bad).find("created_at"), std::string::npos) << DecodeError(bad);
+}
+
+TEST(WalRecordTest, RefusesTextThatIsNotUtf8AndHeadersThatAreNotAnObject) {
+  std::vector<std::pair<std::string, std::size_t>> starts;
+  std::string bad = ValidRecord(&starts);
+  for (const auto& [name, start] : starts) {
+    if (name == "topic") bad[start + 4] = '\xc3';  // "orders" -> a lead byte, then 'r'
+  }
+  EXPECT_EQ(DecodeError(bad), "WAL record: field topic is not valid UTF-8");
+  EXPECT_EQ(DecodeError(ValidRecord(nullptr, "{\"a\": \"\xff\"}")),
+            "WAL record: field headers is not valid UTF-8");
+  for (const std::string_view headers : {"[]", "\"text\"", "{\"a\": ", "", "null", "{} {}"}) {
+    EXPECT_EQ(DecodeError(ValidRecord(nullptr, headers)),
+              "WAL record: field headers is not a JSON object")
+        << headers;
+  }
+  // The payload is bytes, never checked as text.
+  EXPECT_EQ(DecodeError(ValidRecord()), "");
+}
+
+TEST(WalRecordTest, ASequencedFlagNeedsAStreamKeyAndZeroEventIdIsNone) {
+  RecordBytes record;
+  record.U8(1).Raw(kId).Raw(std::string(16, '\0')).I64(0).I32(0).U8(0);
+  record.Str("default").Str("t").Null().Null().Str("application/json").Str("{}").Str("{}");
+  const WalMessage message = DecodeWalRecord(record.bytes());
+  EXPECT_EQ(message.envelope.event_id, std::nullopt);
+  EXPECT_EQ(message.envelope.stream_key, std::nullopt);
+  EXPECT_FALSE(message.sequenced);
+
+  std::string sequenced = record.bytes();
+  sequenced[1 + 16 + 16 + 8 + 4] = 1;
+  EXPECT_EQ(DecodeError(sequenced), "WAL record: flagged sequenced without a stream_key");
+}
+
+// ---- against PostgreSQL ----
+
+// One pgoutput logical message ('M'), as the relay would receive it.
+struct LogicalMessage {
+  bool transactional = false;  // flagged so, and between a Begin and a Commit
+  std::string prefix;
+  std::string content;
+};
+
+// Drops the schema's slot when the test ends, however it ends: a forgotten slot makes
+// PostgreSQL keep WAL forever.
+class SlotGuard {
+ public:
+  SlotGuard(PGconn* test_conn, std::string schema)
+      : test_conn_(test_conn), schema_(std::move(schema)) {}
+  SlotGuard(const SlotGuard&) = delete;
+  SlotGuard& operator=(const SlotGuard&) = delete;
+  ~SlotGuard() {
+    // A failed test may have left a transaction open, holding locks the drop would wait for.
+    if (PQtransactionStatus(test_conn_) != PQTRANS_IDLE) {
+      const PgResult rollback{PQexec(test_conn_, "ROLLBACK")};
+    }
+    try {
+      const auto conn = Connect();
+      postgres::DropWalSlot(conn.get(), schema_);
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << "the WAL slot of " << schema_ << " was not dropped: " << error.what();
+    }
+  }
+
+ private:
+  PGconn* test_conn_;
+  std::string schema_;
+};
+
+class PgWalTest : public ::testing::Test {
+ protected:
+  TestSchema schema_;
+  SlotGuard slot_guard_{schema_.conn(), schema_.name()};  // dropped before the schema
+
+  PgWalTest() {
+    // The test server runs with synchronous_commit = off, and logical decoding reads only WAL
+    // that is flushed: without this, a message committed here would show up a moment later.
+    Sql(conn(), "SET synchronous_commit = on");
+  }
+
+  PGconn* conn() { return schema_.conn(); }
+  std::string S() { return schema_.name(); }
+
+  // Creates the slot and switches the schema to WAL delivery.
+  std::string EnableWal() {
+    slot_ = postgres::EnsureWalSlot(conn(), S());
+    Sql(conn(), "UPDATE " + S() + ".settings SET delivery = 'wal'");
+    return slot_;
+  }
+
+  // Runs `select` (one value) in a transaction of its own, committed; returns the value and the
+  // transaction's now() in microseconds since 1970 (what created_at must be).
+  std::pair<std::string, std::int64_t> Committed(const std::string& select) {
+    Sql(conn(), "BEGIN");
+    std::string value = Scalar(conn(), select);
+    const std::int64_t now =
+        std::stoll(Scalar(conn(), "SELECT (extract(epoch FROM now()) * 1000000)::bigint"));
+    Sql(conn(), "COMMIT");
+    return {std::move(value), now};
+  }
+
+  std::string Enqueue(const std::string& args) {
+    return Scalar(conn(), "SELECT " + S() + ".enqueue(" + args + ")");
+  }
+
+  std::int64_t Rows() {
+    return std::stoll(Scalar(conn(), "SELECT count(*) FROM " + S() + ".messages"));
+  }
+
+  // This schema's logical messages decoded since the last call (consumed from the slot).
+  std::vector<LogicalMessage> TakeMessages() {
+    const auto result = postgres::Exec(
+        conn(), "read the slot",
+        "SELECT data FROM pg_logical_slot_get_binary_changes($1, NULL, NULL, 'proto_version', "
+        "'1', 'publication_names', $2, 'messages', 'true')",
+        {postgres::Param{slot_}, postgres::Param{postgres::kWalPublication}},
+        /*binary_results=*/true);
+    std::vector<LogicalMessage> messages;
+    bool in_transaction = false;
+    for (int row = 0; row < PQntuples(result.get()); ++row) {
+      const std::string_view data = postgres::Column(result.get(), row, 0);
+      if (data.empty()) continue;
+      if (data[0] == 'B') in_transaction = true;
+      if (data[0] == 'C') in_transaction = false;
+      if (data[0] != 'M') continue;
+      // 'M', u8 flags (1: transactional), i64 lsn, prefix (NUL-terminated), i32 length, content.
+      LogicalMessage message;
+      const auto flags = static_cast<std::uint8_t>(data[1]);
+      const std::size_t prefix_end = data.find('\0', 10);
+      message.prefix = std::string{data.substr(10, prefix_end - 10)};
+      const auto length = postgres::ReadInt32(data.data() + prefix_end + 1);
+      message.content = std::string{data.substr(prefix_end + 5)};
+      EXPECT_EQ(message.content.size(), static_cast<std::size_t>(length));
+      message.transactional = (flags & 1U) != 0 && in_transaction;
+      // Every schema of the database emits into every slot: keep this schema's.
+      if (message.prefix == postgres::WalPrefix(S())) messages.push_back(message);
+    }
+    return messages;
+  }
+
+  // The decoded records of TakeMessages, checking that each is a transactional message.
+  std::vector<WalMessage> TakeRecords() {
+    std::vector<WalMessage> records;
+    for (const auto& message : TakeMessages()) {
+      EXPECT_TRUE(message.transactional);
+      records.push_back(DecodeWalRecord(message.content));
+    }
+    return records;
+  }
+
+  std::string slot_;
+};
+
+std::vector<std::string> IdsOf(const std::string& array) {  // "{a,b}"
+  std::vector<std::string> ids;
+  for (std::size_t at = 1; at + 36 <= array.size(); at += 37) ids.push_back(array.substr(at, 36));
+  return ids;
+}
+
+std::int64_t Micros(TimePoint time) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(time.time_since_epoch()).count();
+}
+
+// The SQLSTATE of `sql`'s failure (empty when it succeeds).
+std::string SqlState(PGconn* conn, const std::string& sql) {
+  try {
+    postgres::Exec(conn, "test", sql);
+  } catch (const postgres::PgError& error) {
+    return error.sqlstate();
+  }
+  return "";
+}
+
+TEST(PgWalNamesTest, PrefixAndSlotNames) {
+  EXPECT_EQ(postgres::WalPrefix("outbox"), "outbox");
+  EXPECT_EQ(postgres::WalPrefix("billing"), "outbox:billing");
+  EXPECT_EQ(postgres::WalSlotName("outbox"), "outbox_outbox");
+  EXPECT_EQ(postgres::WalSlotName("Bad-Name"), "outbox_bad_name");
+  const std::string long_a(63, 'a');
+  const std::string long_b = std::string(62, 'a') + "b";
+  EXPECT_EQ(postgres::WalSlotName(long_a).size(), 63U);
+  EXPECT_EQ(postgres::WalSlotName(long_a).substr(0, 54), "outbox_" + std::string(47, 'a'));
+  EXPECT_NE(postgres::WalSlotName(long_a), postgres::WalSlotName(long_b));
+  EXPECT_EQ(postgres::WalSlotName(std::string(56, 'a')), "outbox_" + std::string(56, 'a'));
+}
+
+TEST_F(PgWalTest, WalDeliveryIsRefusedUntilTheSlotExists) {
+  const std::string settings = "UPDATE " + S() + ".settings SET delivery = 'wal'";
+  const std::string topic =
+      "INSERT INTO " + S() + ".topic_settings (topic, delivery) VALUES ('t', 'wal')";
+  EXPECT_EQ(RunExpectingError(conn(), settings),
+            "outbox: delivery 'wal' needs a logical replication slot and settings.wal_slot is not "
+            "set: run outboxctl migrate --wal-slot first");
+  EXPECT_EQ(SqlState(conn(), settings), "55000");
+  EXPECT_EQ(RunExpectingError(conn(), topic),
+            "outbox: delivery 'wal' needs a logical replication slot and settings.wal_slot is not "
+            "set: run outboxctl migrate --wal-slot first");
+  // A topic row made 'wal' by an update is refused as well.
+  Sql(conn(), "INSERT INTO " + S() + ".topic_settings (topic, sequenced) VALUES ('u', false)");
+  EXPECT_EQ(SqlState(conn(), "UPDATE " + S() + ".topic_settings SET delivery = 'wal'"), "55000");
+  // A slot name that no slot has.
+  Sql(conn(), "UPDATE " + S() + ".settings SET wal_slot = 'outbox_no_such_slot'");
+  EXPECT_EQ(RunExpectingError(conn(), settings),
+            "outbox: delivery 'wal' needs the logical replication slot \"outbox_no_such_slot\", "
+            "which this database does not have (or not with plugin pgoutput, or it is lost): run "
+            "outboxctl migrate --wal-slot to create it");
+  EXPECT_EQ(Scalar(conn(), "SELECT delivery FROM " + S() + ".settings"), "table");
+  EXPECT_NE(RunExpectingError(conn(), "UPDATE " + S() + ".settings SET delivery = 'kafka'")
+                .find("violates check constraint"),
+            std::string::npos);
+
+  // With the slot: accepted, and EnsureWalSlot again changes nothing.
+  const std::string slot = postgres::EnsureWalSlot(conn(), S());
+  EXPECT_EQ(slot, postgres::WalSlotName(S()));
+  EXPECT_EQ(postgres::EnsureWalSlot(conn(), S()), slot);
+  EXPECT_EQ(Scalar(conn(), "SELECT wal_slot FROM " + S() + ".settings"), slot);
+  EXPECT_EQ(Scalar(conn(),
+                   "SELECT string_agg(slot || ' ' || position, ',') FROM " + S() + ".wal_progress"),
+            slot + " 0/0");
+  EXPECT_EQ(Scalar(conn(),
+                   "SELECT string_agg(slot_type || ' ' || plugin || ' ' || database, ',') "
+                   "FROM pg_replication_slots WHERE slot_name = '" +
+                       slot + "'"),
+            "logical pgoutput " + Scalar(conn(), "SELECT current_database()"));
+  EXPECT_EQ(Scalar(conn(), "SELECT count(*) FROM pg_publication WHERE pubname = 'outbox_wal'"),
+            "1");
+  Sql(conn(), settings);
+  Sql(conn(), topic);
+  Sql(conn(), "UPDATE " + S() + ".topic_settings SET delivery = 'wal' WHERE topic = 'u'");
+  // Clearing the slot while something still delivers by WAL is refused too.
+  EXPECT_EQ(SqlState(conn(), "UPDATE " + S() + ".settings SET wal_slot = NULL"), "55000");
+
+  // DropWalSlot undoes it all: table delivery, no slot; 'wal' is refused again.
+  postgres::DropWalSlot(conn(), S());
+  EXPECT_EQ(
+      Scalar(conn(), "SELECT delivery || ' ' || coalesce(wal_slot, '-') FROM " + S() + ".settings"),
+      "table -");
+  EXPECT_EQ(
+      Scalar(conn(), "SELECT count(*) FROM " + S() + ".topic_settings WHERE delivery IS NOT NULL"),
+      "0");
+  EXPECT_EQ(
+      Scalar(conn(), "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '" + slot + "'"),
+      "0");
+  EXPECT_EQ(SqlState(conn(), settings), "55000");
+  postgres::DropWalSlot(conn(), S());  // idempotent too
+}
+
+TEST_F(PgWalTest, EnsureWalSlotNeedsAMigratedSchemaAndAnIdleConnection) {
+  try {
+    postgres::EnsureWalSlot(conn(), S() + "_none");
+    ADD_FAILURE() << "no error";
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string{error.what()}.find("not migrated"), std::string::npos) << error.what();
+    EXPECT_NE(std::string{error.what()}.find("run outboxctl migrate"), std::string::npos);
+  }
+  Sql(conn(), "BEGIN");
+  EXPECT_THROW(postgres::EnsureWalSlot(conn(), S()), std::logic_error);
+  Sql(conn(), "ROLLBACK");
+  EXPECT_THROW(postgres::EnsureWalSlot(conn(), "Bad"), std::invalid_argument);
+}
+
+TEST_F(PgWalTest, EnsureWalSlotRefusesARoleWithoutReplication) {
+  const std::string role = S() + "_norepl";
+  Sql(conn(), "CREATE ROLE " + role + " LOGIN NOREPLICATION NOSUPERUSER");
+  Sql(conn(), "SET ROLE " + role);
+  try {
+    postgres::EnsureWalSlot(conn(), S());
+    ADD_FAILURE() << "no error";
+  } catch (const StoreError& error) {
+    EXPECT_NE(std::string{error.what()}.find("needs the REPLICATION attribute (as a superuser: "
+                                             "ALTER ROLE " +
+                                             role + " REPLICATION)"),
+              std::string::npos)
+        << error.what();
+  }
+  Sql(conn(), "RESET ROLE");
+  Sql(conn(), "DROP ROLE " + role);
+}
+
+TEST_F(PgWalTest, AWalEnqueueWritesNoRowAndEmitsEveryFieldInItsRecord) {
+  EnableWal();
+  const auto [id, now] =
+      Committed("SELECT " + S() +
+                ".enqueue(topic => 'orders', payload => '{\"id\": 42}', stream_key => 'order-42', "
+                "type => 'OrderPlaced', headers => '{\"traceparent\": \"00-abc-def-01\"}', "
+                "correlation_id => 'c-1', target => 'kafka')");
+  ASSERT_EQ(Uuid::Parse(id)->version(), 7);
+  EXPECT_EQ(Rows(), 0);
+  EXPECT_EQ(Scalar(conn(), "SELECT count(*) FROM " + S() + ".stream_seqs"), "0");
+
+  const auto messages = TakeMessages();
+  ASSERT_EQ(messages.size(), 1U);
+  EXPECT_EQ(messages[0].prefix, "outbox:" + S());
+  EXPECT_TRUE(messages[0].transactional);
+  const WalMessage message = DecodeWalRecord(messages[0].content);
+  const Envelope& envelope = message.envelope;
+  EXPECT_EQ(envelope.id.ToString(), id);
+  EXPECT_EQ(envelope.event_id, std::nullopt);
+  EXPECT_EQ(envelope.topic, "orders");
+  EXPECT_EQ(envelope.stream_key, "order-42");
+  EXPECT_EQ(envelope.stream_seq, std::nullopt);
+  EXPECT_EQ(envelope.partition, PartitionOf("order-42", 64));
+  EXPECT_EQ(envelope.target, "kafka");
+  EXPECT_EQ(envelope.type, "OrderPlaced");
+  EXPECT_EQ(envelope.payload, "{\"id\": 42}");  // the JSON text as written
+  EXPECT_EQ(envelope.content_type, "application/json");
+  EXPECT_EQ(envelope.headers,
+            (Headers{{"traceparent", "00-abc-def-01"}, {"correlation_id", "c-1"}}));
+  EXPECT_EQ(Micros(envelope.created_at), now);
+  EXPECT_TRUE(message.sequenced);  // settings.sequenced_by_default
+  EXPECT_EQ(envelope.attempts, 0);
+}
+
+// The record holds what the table row would: the same message written to the table (a topic
+// override) and to the WAL reads back the same through ParseHeaders and the row's columns.
+TEST_F(PgWalTest, ARecordMatchesTheRowTheTableWouldHold) {
+  EnableWal();
+  Sql(conn(), "INSERT INTO " + S() + ".topic_settings (topic, delivery) VALUES ('tbl', 'table')");
+  const std::string args =
+      ", payload => '\\x00ff0000'::bytea, content_type => 'application/x-raw', "
+      "headers => '{\"x-h\": \"v \\u00e9\", \"b\": \"\"}', causation_id => 'k'";
+  const std::string row_id = Enqueue("topic => 'tbl'" + args);
+  const std::string wal_id = Enqueue("topic => 'wal'" + args);
+  const auto records = TakeRecords();
+  ASSERT_EQ(records.size(), 1U);
+  const Envelope& wal = records[0].envelope;
+  EXPECT_EQ(wal.id.ToString(), wal_id);
+  const auto row = postgres::Exec(
+      conn(), "row",
+      "SELECT headers, payload, content_type, type, stream_key, partition::text::bytea, target "
+      "FROM " +
+          S() + ".messages WHERE id = $1",
+      {postgres::Param{row_id}}, /*binary_results=*/true);
+  ASSERT_EQ(PQntuples(row.get()), 1);
+  EXPECT_EQ(wal.headers, postgres::ParseHeaders(postgres::Column(row.get(), 0, 0)));
+  EXPECT_EQ(wal.headers, (Headers{{"x-h", "v \xc3\xa9"}, {"b", ""}, {"causation_id", "k"}}));
+  EXPECT_EQ(wal.payload, postgres::Column(row.get(), 0, 1));
+  EXPECT_EQ(wal.payload, std::string("\x00\xff\x00\x00", 4));  // zero bytes kept
+  EXPECT_EQ(wal.content_type, postgres::Column(row.get(), 0, 2));
+  EXPECT_TRUE(PQgetisnull(row.get(), 0, 3) == 1 && !wal.type.has_value());
+  EXPECT_TRUE(PQgetisnull(row.get(), 0, 4) == 1 && !wal.stream_key.has_value());
+  EXPECT_FALSE(records[0].sequenced);
+  EXPECT_EQ(wal.target, postgres::Column(row.get(), 0, 6));
+  // Unkeyed: placed by the text of the id, as the row is.
+  EXPECT_EQ(wal.partition, PartitionFor(std::nullopt, wal.id, 64));
+  EXPECT_EQ(std::string{postgres::Column(row.get(), 0, 5)},
+            std::to_string(PartitionFor(std::nullopt, *Uuid::Parse(row_id), 64)));
+  EXPECT_EQ(Rows(), 1);
+}
+
+TEST_F(PgWalTest, FanOutEmitsOneRecordPerTargetSharingTheEventId) {
+  EnableWal();
+  const auto [ids_text, now] =
+      Committed("SELECT " + S() +
+                ".enqueue(topic => 'orders', payload => '{}', stream_key => 'o-1', "
+                "targets => ARRAY['partner', 'default'])");
+  const auto ids = IdsOf(ids_text);
+  ASSERT_EQ(ids.size(), 2U) << ids_text;
+  const auto records = TakeRecords();
+  ASSERT_EQ(records.size(), 2U);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const Envelope& envelope = records[i].envelope;
+    EXPECT_EQ(envelope.id.ToString(), ids[i]);
+    ASSERT_TRUE(envelope.event_id.has_value());
+    EXPECT_EQ(envelope.event_id->ToString(), ids[0]);
+    EXPECT_EQ(envelope.target, i == 0 ? "partner" : "default");
+    EXPECT_EQ(envelope.partition, PartitionOf("o-1", 64));
+    EXPECT_EQ(Micros(envelope.created_at), now);
+    EXPECT_TRUE(records[i].sequenced);
+  }
+  EXPECT_EQ(Rows(), 0);
+}
+
+TEST_F(PgWalTest, TheSequencedFlagFollowsTheCallTheTopicAndTheDefault) {
+  EnableWal();
+  Sql(conn(), "INSERT INTO " + S() + ".topic_settings (topic, sequenced) VALUES ('loose', false)");
+  Enqueue("topic => 'strict', payload => '{}', stream_key => 'k'");
+  Enqueue("topic => 'loose', payload => '{}', stream_key => 'k'");
+  Enqueue("topic => 'loose', payload => '{}', stream_key => 'k', sequenced => true");
+  Enqueue("topic => 'strict', payload => '{}', sequenced => true");  // no key: nothing to order
+  Sql(conn(), "UPDATE " + S() + ".settings SET sequenced_by_default = false");
+  Enqueue("topic => 'strict', payload => '{}', stream_key => 'k'");
+  const auto records = TakeRecords();
+  ASSERT_EQ(records.size(), 5U);
+  std::string flags;
+  for (const auto& record : records) flags += record.sequenced ? '1' : '0';
+  EXPECT_EQ(flags, "10100");
+}
+
+TEST_F(PgWalTest, ARolledBackEnqueueEmitsNothing) {
+  EnableWal();
+  Sql(conn(), "BEGIN");
+  Enqueue("'t', '{\"n\": 1}'");
+  Sql(conn(), "ROLLBACK");
+  EXPECT_TRUE(TakeMessages().empty());
+  // A savepoint rolled back takes its messages with it; the rest of the transaction commits.
+  Sql(conn(), "BEGIN");
+  Sql(conn(), "SAVEPOINT s");
+  Enqueue("'t', '{\"n\": 2}'");
+  Sql(conn(), "ROLLBACK TO SAVEPOINT s");
+  const std::string kept = Enqueue("'t', '{\"n\": 3}'");
+  Sql(conn(), "COMMIT");
+  const auto records = TakeRecords();
+  ASSERT_EQ(records.size(), 1U);
+  EXPECT_EQ(records[0].envelope.id.ToString(), kept);
+  EXPECT_EQ(records[0].envelope.payload, "{\"n\": 3}");
+}
+
+TEST_F(PgWalTest, DeliveryIsChosenPerTopic) {
+  postgres::EnsureWalSlot(conn(), S());
+  slot_ = postgres::WalSlotName(S());
+  // Settings say table, one topic says wal.
+  Sql(conn(), "INSERT INTO " + S() + ".topic_settings (topic, delivery) VALUES ('w', 'wal')");
+  const std::string to_wal = Enqueue("'w', '{}'");
+  const std::string to_table = Enqueue("'other', '{}'");
+  auto records = TakeRecords();
+  ASSERT_EQ(records.size(), 1U);
+  EXPECT_EQ(records[0].envelope.id.ToString(), to_wal);
+  EXPECT_EQ(Scalar(conn(), "SELECT string_agg(id::text, ',') FROM " + S() + ".messages"), to_table);
+  // The reverse: settings say wal, one topic says table.
+  Sql(conn(), "UPDATE " + S() + ".settings SET delivery = 'wal'");
+  Sql(conn(), "INSERT INTO " + S() + ".topic_settings (topic, delivery) VALUES ('t', 'table')");
+  const std::string to_wal_too = Enqueue("'other', '{}'");
+  const std::string to_table_too = Enqueue("'t', '{}'");
+  records = TakeRecords();
+  ASSERT_EQ(records.size(), 1U);
+  EXPECT_EQ(records[0].envelope.id.ToString(), to_wal_too);
+  EXPECT_EQ(
+      Scalar(conn(), "SELECT count(*) FROM " + S() + ".messages WHERE id = '" + to_table_too + "'"),
+      "1");
+  // A topic row without a delivery follows the settings; its other settings still apply.
+  Sql(conn(), "INSERT INTO " + S() + ".topic_settings (topic, targets) VALUES ('d', '{x,y}')");
+  EXPECT_EQ(Enqueue("'d', '{}'").size(), 36U);  // the first copy's id
+  records = TakeRecords();
+  ASSERT_EQ(records.size(), 2U);
+  EXPECT_EQ(records[0].envelope.target + records[1].envelope.target, "xy");
+  EXPECT_EQ(Rows(), 2);
+}
+
+TEST_F(PgWalTest, ValidationIsTheSameInBothModes) {
+  postgres::EnsureWalSlot(conn(), S());
+  slot_ = postgres::WalSlotName(S());
+  Sql(conn(), "UPDATE " + S() + ".settings SET max_payload_bytes = 8");
+  const std::string f = S() + ".enqueue_messages";
+  const std::vector<std::string> bad = {
+      "SELECT " + S() + ".enqueue('t', '{\"long\": \"payload\"}')",
+      "SELECT " + S() + ".enqueue('', '{}')",
+      "SELECT " + S() + ".enqueue(topic => 't', payload => '{}', type => '')",
+      "SELECT " + S() + ".enqueue(topic => 't', payload => '{}', stream_key => repeat('k', 256))",
+      "SELECT " + S() + ".enqueue(topic => 't', payload => '{}', targets => ARRAY['a', 'a'])",
+      "SELECT " + S() + ".enqueue(topic => 't', payload => '{}', headers => '{\"n\": 1}')",
+      "SELECT " + f + "('t', '\\x00', 'application/x', NULL, NULL, '[]', NULL, NULL)",
+      "SELECT " + f + "('t', NULL, 'application/x', NULL, NULL, '{}', NULL, NULL)",
+  };
+  std::vector<std::string> table_errors;
+  table_errors.reserve(bad.size());
+  for (const auto& sql : bad) table_errors.push_back(RunExpectingError(conn(), sql));
+  Sql(conn(), "UPDATE " + S() + ".settings SET delivery = 'wal'");
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    EXPECT_NE(table_errors[i], "<no error>") << bad[i];
+    EXPECT_EQ(RunExpectingError(conn(), bad[i]), table_errors[i]) << bad[i];
+  }
+  EXPECT_EQ(
+      table_errors[0],
+      "outbox.enqueue: payload is 19 bytes, over the limit of 8 (settings.max_payload_bytes)");
+  EXPECT_TRUE(TakeMessages().empty());
+  EXPECT_EQ(Rows(), 0);
+}
+
+// The C++ Writer calls the same enqueue_messages: it needs no change for WAL mode.
+TEST_F(PgWalTest, TheWriterEnqueuesInWalModeToo) {
+  EnableWal();
+  postgres::Writer writer{S()};
+  NewMessage message = TestMessage("orders", "o-9");
+  message.type = "Placed";
+  message.headers = {{"tenant_id", "t-1"}};
+  message.targets = {"a", "b"};
+  Sql(conn(), "BEGIN");
+  const auto copies = writer.EnqueueCopies(conn(), std::span<const NewMessage>{&message, 1});
+  Sql(conn(), "COMMIT");
+  ASSERT_EQ(copies.size(), 1U);
+  ASSERT_EQ(copies[0].size(), 2U);
+  const auto records = TakeRecords();
+  ASSERT_EQ(records.size(), 2U);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const Envelope& envelope = records[i].envelope;
+    EXPECT_EQ(envelope.id, copies[0][i]);
+    EXPECT_EQ(envelope.EventId(), copies[0][0]);
+    EXPECT_EQ(envelope.target, message.targets[i]);
+    EXPECT_EQ(envelope.payload, message.payload);
+    EXPECT_EQ(envelope.headers, message.headers);
+    EXPECT_EQ(envelope.type, message.type);
+    EXPECT_EQ(envelope.stream_key, message.stream_key);
+  }
+  EXPECT_EQ(Rows(), 0);
+}
+
+// Every prefix of a real record is refused (never a crash), and the whole one decodes.
+TEST_F(PgWalTest, EveryTruncationOfARealRecordIsRefused) {
+  EnableWal();
+  Enqueue(
+      "topic => 'orders', payload => '{\"a\": 1}', stream_key => 'k', type => 'T', "
+      "correlation_id => 'c'");
+  const auto messages = TakeMessages();
+  ASSERT_EQ(messages.size(), 1U);
+  const std::string& record = messages[0].content;
+  for (std::size_t cut = 0; cut < record.size(); ++cut) {
+    EXPECT_THROW(DecodeWalRecord(std::string_view{record}.substr(0, cut)), std::invalid_argument)
+        << cut;
+  }
+  EXPECT_NO_THROW(DecodeWalRecord(record));
+}
+
+// Version 12 applies to a version 11 schema holding data.
+TEST(PgWalUpgradeTest, Version12AppliesToAVersion11SchemaWithData) {
+  const auto conn = Connect();
+  std::random_device random;
+  const std::string name = "t_up_" + std::to_string(random() % 1000000000U);
+  struct Dropper {
+    PGconn* conn;
+    std::string name;
+    ~Dropper() {
+      const PgResult dropped{PQexec(conn, ("DROP SCHEMA IF EXISTS " + name + " CASCADE").c_str())};
+    }
+  } dropper{conn.get(), name};
+  std::string script = postgres::MigrationScript(name, 0);
+  const auto cut = script.find("\n-- version 12:");
+  ASSERT_NE(cut, std::string::npos);
+  script.resize(cut);
+  Sql(conn.get(), "BEGIN");
+  Sql(conn.get(), script);
+  Sql(conn.get(), "COMMIT");
+  ASSERT_EQ(Scalar(conn.get(), "SELECT max(version) FROM " + name + ".schema_version"), "11");
+  Sql(conn.get(), "INSERT INTO " + name + ".topic_settings (topic, sequenced) VALUES ('t', false)");
+  Scalar(conn.get(), "SELECT " + name + ".enqueue('orders', '{}', 'k')");
+  Scalar(conn.get(), "SELECT " + name + ".enqueue('t', '{}', 'k')");
+
+  EXPECT_EQ(postgres::Migrate(conn.get(), name), 11);
+  EXPECT_EQ(Scalar(conn.get(), "SELECT max(version) FROM " + name + ".schema_version"), "12");
+  EXPECT_EQ(Scalar(conn.get(),
+                   "SELECT delivery || ' ' || coalesce(wal_slot, '-') FROM " + name + ".settings"),
+            "table -");
+  EXPECT_EQ(Scalar(conn.get(), "SELECT coalesce(delivery, '-') || ' ' || sequenced FROM " + name +
+                                   ".topic_settings"),
+            "- false");
+  Scalar(conn.get(), "SELECT " + name + ".enqueue('orders', '{}', 'k')");
+  EXPECT_EQ(Scalar(conn.get(),
+                   "SELECT string_agg(topic || coalesce(stream_seq::text, '-'), ',' "
+                   "ORDER BY id) FROM " +
+                       name + ".messages"),
+            "orders1,t-,orders2");
+  EXPECT_EQ(Scalar(conn.get(), "SELECT count(*) FROM " + name + ".wal_progress"), "0");
+}
+
+}  // namespace
+}  // namespace outbox::testing

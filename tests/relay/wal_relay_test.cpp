@@ -1,0 +1,396 @@
+// The WAL-mode relay (include/outbox/relay/wal_relay.h) in-process against a real PostgreSQL: a
+// slot of the test's own schema, writers calling enqueue with delivery = 'wal', a scripted sink.
+// What it must keep: nothing lost or invented, stream_seq 1..n in commit order per stream, the
+// same numbers after a restart, rejected messages and their streams parked in the table (from
+// where the table relay publishes them in order), nothing parked for an outage, one relay per
+// slot.
+#include "outbox/relay/wal_relay.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "outbox/core/error.h"
+#include "outbox/relay/relay.h"
+#include "outbox/store/postgres.h"
+#include "outbox/store/postgres_wal.h"
+#include "support/pg_test_support.h"
+#include "test_sink.h"
+
+namespace outbox::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+bool WaitFor(const std::function<bool()>& done, milliseconds limit = milliseconds{20000}) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(milliseconds{10});
+  }
+  return done();
+}
+
+class WalRelayTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    postgres::EnsureWalSlot(schema_.conn(), S());
+    slot_ready_ = true;
+    Sql(schema_.conn(), "UPDATE " + S() + ".settings SET delivery = 'wal'");
+  }
+  void TearDown() override {
+    StopAll();
+    if (!slot_ready_) return;
+    try {
+      postgres::DropWalSlot(schema_.conn(), S());
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << "the slot of " << S() << " was not dropped: " << error.what();
+    }
+  }
+
+  const std::string& S() const { return schema_.name(); }
+
+  struct Running {
+    std::unique_ptr<WalRelay> relay;
+    std::thread thread;
+    std::exception_ptr failure;
+  };
+
+  // Starts a WAL relay over `sink` on its own thread; returns its index in relays_.
+  std::size_t Start(std::unique_ptr<Sink> sink, WalRelayOptions options = {}) {
+    if (options.instance.empty()) options.instance = "wal-test";
+    options.lease = milliseconds{2000};
+    options.publish_timeout = milliseconds{1000};
+    options.min_backoff = milliseconds{20};
+    options.max_backoff = milliseconds{100};
+    options.retry.initial_delay = milliseconds{100};
+    options.retry.max_delay = milliseconds{200};
+    SinkMap sinks;
+    sinks.emplace("default", std::move(sink));
+    auto running = std::make_unique<Running>();
+    running->relay =
+        std::make_unique<WalRelay>(options, postgres::OpenWalSource(PgUrl(), S()),
+                                   postgres::OpenWalLedger(PgUrl(), S()), std::move(sinks));
+    Running* raw = running.get();
+    raw->thread = std::thread([raw] {
+      try {
+        raw->relay->Run();
+      } catch (...) {
+        raw->failure = std::current_exception();
+      }
+    });
+    relays_.push_back(std::move(running));
+    return relays_.size() - 1;
+  }
+  void Stop(std::size_t index) {
+    Running& running = *relays_[index];
+    if (!running.thread.joinable()) return;
+    running.relay->Stop();
+    running.thread.join();
+    if (running.failure) {
+      try {
+        std::rethrow_exception(running.failure);
+      } catch (const std::exception& error) {
+        ADD_FAILURE() << "the WAL relay failed: " << error.what();
+      }
+    }
+  }
+  void StopAll() {
+    for (std::size_t i = 0; i < relays_.size(); ++i) Stop(i);
+    if (table_thread_.joinable()) {
+      table_relay_->Stop();
+      table_thread_.join();
+    }
+  }
+  WalRelay& relay(std::size_t index) { return *relays_[index]->relay; }
+
+  // The table relay, for what WAL mode parks.
+  void StartTableRelay(std::unique_ptr<Sink> sink) {
+    RelayOptions options;
+    options.instance = "table-test";
+    options.sweep_interval = milliseconds{100};
+    SinkMap sinks;
+    sinks.emplace("default", std::move(sink));
+    postgres::StoreOptions store{.conninfo = PgUrl(), .schema = S()};
+    store.retry.initial_delay = milliseconds{50};
+    store.retry.max_delay = milliseconds{100};
+    table_relay_ = std::make_unique<Relay>(options, postgres::OpenStore(store),
+                                           postgres::OpenWakeup(PgUrl(), S()), std::move(sinks));
+    table_thread_ = std::thread([this] { table_relay_->Run(); });
+  }
+
+  // One committed transaction (synchronous commit: logical decoding sees flushed WAL only) with
+  // one message; its id.
+  std::string Enqueue(PGconn* conn, const std::string& stream, bool commit = true) {
+    Sql(conn, "BEGIN");
+    Sql(conn, "SET LOCAL synchronous_commit = on");
+    const std::string id =
+        Scalar(conn, "SELECT " + S() + ".enqueue('t', '{}', stream_key => '" + stream + "')");
+    Sql(conn, commit ? "COMMIT" : "ROLLBACK");
+    return id;
+  }
+
+  std::string Count(const std::string& where) {
+    return Scalar(schema_.conn(), "SELECT count(*) FROM " + S() + ".messages WHERE " + where);
+  }
+
+  TestSchema schema_;
+  bool slot_ready_ = false;
+  std::vector<std::unique_ptr<Running>> relays_;
+  std::unique_ptr<Relay> table_relay_;
+  std::thread table_thread_;
+};
+
+// Per stream, the stream_seqs of `delivered` in delivery order (first deliveries only).
+std::map<std::string, std::vector<std::int64_t>> FirstSeqs(const std::vector<Envelope>& delivered) {
+  std::map<std::string, std::vector<std::int64_t>> seqs;
+  std::set<MessageId> seen;
+  for (const Envelope& envelope : delivered) {
+    if (!seen.insert(envelope.id).second) continue;
+    seqs[envelope.stream_key.value_or("")].push_back(envelope.stream_seq.value_or(-1));
+  }
+  return seqs;
+}
+
+void ExpectOneToN(const std::map<std::string, std::vector<std::int64_t>>& seqs) {
+  for (const auto& [stream, list] : seqs) {
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      ASSERT_EQ(list[i], static_cast<std::int64_t>(i + 1)) << "stream " << stream << " at " << i;
+    }
+  }
+}
+
+TEST_F(WalRelayTest, PublishesWhatCommitsInCommitOrderWithGapFreeSeqs) {
+  auto owned = std::make_unique<TestSink>();
+  TestSink* sink = owned.get();
+  Start(std::move(owned));
+  constexpr int kWriters = 4;
+  constexpr int kPerWriter = 150;
+  std::mutex mutex;
+  std::set<std::string> committed;
+  std::vector<std::thread> writers;
+  for (int w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&, w] {
+      auto conn = Connect();
+      for (int i = 0; i < kPerWriter; ++i) {
+        const bool commit = i % 5 != 0;  // a fifth rolls back
+        const std::string id = Enqueue(conn.get(), "s" + std::to_string((w + i) % 20), commit);
+        if (!commit) continue;
+        std::lock_guard lock(mutex);
+        committed.insert(id);
+      }
+    });
+  }
+  for (auto& writer : writers) writer.join();
+  ASSERT_TRUE(WaitFor([&] { return sink->delivered().size() >= committed.size(); }))
+      << sink->delivered().size() << " of " << committed.size();
+  std::set<std::string> delivered;
+  for (const Envelope& envelope : sink->delivered()) delivered.insert(envelope.id.ToString());
+  EXPECT_EQ(delivered, committed);
+  ExpectOneToN(FirstSeqs(sink->delivered()));
+  EXPECT_EQ(Count("true"), "0") << "WAL mode writes no row";
+  // The position is recorded and confirmed to the slot.
+  EXPECT_TRUE(WaitFor([&] {
+    return Scalar(schema_.conn(), "SELECT position > '0/0' FROM " + S() + ".wal_progress") == "t";
+  }));
+  EXPECT_EQ(relay(0).counters().published.load(), committed.size());
+  EXPECT_TRUE(relay(0).counters().active.load());
+}
+
+TEST_F(WalRelayTest, ARestartReadsAgainFromTheRecordedPositionWithTheSameNumbers) {
+  auto first = std::make_unique<TestSink>();
+  TestSink* first_sink = first.get();
+  const auto index = Start(std::move(first));
+  auto conn = Connect();
+  for (int i = 0; i < 30; ++i) Enqueue(conn.get(), "s" + std::to_string(i % 3));
+  ASSERT_TRUE(WaitFor([&] { return first_sink->delivered().size() == 30; }));
+  Stop(index);  // leaves the lease: the next relay takes the slot at once
+  for (int i = 30; i < 60; ++i) Enqueue(conn.get(), "s" + std::to_string(i % 3));
+  auto second = std::make_unique<TestSink>();
+  TestSink* second_sink = second.get();
+  Start(std::move(second));
+  ASSERT_TRUE(WaitFor([&] { return second_sink->delivered().size() >= 30; }));
+  std::vector<Envelope> all = first_sink->delivered();
+  for (const Envelope& envelope : second_sink->delivered()) all.push_back(envelope);
+  const auto seqs = FirstSeqs(all);
+  ExpectOneToN(seqs);
+  for (const auto& [stream, list] : seqs) EXPECT_EQ(list.size(), 20U) << stream;
+}
+
+TEST_F(WalRelayTest, AnOutageParksNothingAndRepublishesWithTheSameIdsAndSeqs) {
+  std::atomic<bool> down{true};
+  auto owned = std::make_unique<TestSink>([&](const Envelope&) -> std::optional<Failure> {
+    if (down) return Failure{FailureKind::kUnavailable, "broker down"};
+    return std::nullopt;
+  });
+  TestSink* sink = owned.get();
+  Start(std::move(owned));
+  auto conn = Connect();
+  std::set<std::string> committed;
+  for (int i = 0; i < 20; ++i) committed.insert(Enqueue(conn.get(), "s" + std::to_string(i % 2)));
+  ASSERT_TRUE(WaitFor([&] { return sink->calls() >= 3; })) << "it keeps trying";
+  EXPECT_EQ(Count("true"), "0") << "nothing is parked for an outage";
+  EXPECT_GT(relay(0).counters().errors.load(), 0U);
+  down = false;
+  ASSERT_TRUE(WaitFor([&] { return sink->delivered().size() >= 20; }));
+  std::set<std::string> delivered;
+  for (const Envelope& envelope : sink->delivered()) delivered.insert(envelope.id.ToString());
+  EXPECT_EQ(delivered, committed);
+  ExpectOneToN(FirstSeqs(sink->delivered()));
+}
+
+TEST_F(WalRelayTest, ARejectedMessageParksItsStreamOthersFlowAndTheTableRelayKeepsTheOrder) {
+  std::atomic<bool> reject{true};
+  std::string poison;
+  std::mutex mutex;
+  auto owned = std::make_unique<TestSink>([&](const Envelope& envelope) -> std::optional<Failure> {
+    std::lock_guard lock(mutex);
+    if (reject && envelope.id.ToString() == poison) {
+      return Failure{FailureKind::kRejected, "NOT_FOUND - no exchange"};
+    }
+    return std::nullopt;
+  });
+  TestSink* sink = owned.get();
+  auto conn = Connect();
+  // The poison is the first message of stream "bad"; its successors must wait for it. (Written
+  // before the relay runs, so the sink's verdict reads it unchanged.)
+  poison = Enqueue(conn.get(), "bad");
+  Start(std::move(owned));
+  // Messages of the poison's stream published in the same batch as it reach the broker before its
+  // rejection is known (they are "held back": parked and published again after it, as in table
+  // mode); the ones read after it is parked do not.
+  ASSERT_TRUE(WaitFor([&] { return Count("status = 'failed'") == "1"; }));
+  std::vector<std::string> bad_stream{poison};
+  for (int i = 0; i < 5; ++i) {
+    bad_stream.push_back(Enqueue(conn.get(), "bad"));
+    Enqueue(conn.get(), "good");
+  }
+  ASSERT_TRUE(WaitFor([&] { return Count("stream_key = 'bad'") == "6"; }))
+      << Count("stream_key = 'bad'");
+  EXPECT_EQ(Count("id = '" + poison +
+                  "' AND status = 'failed' AND stream_seq = 1 AND attempts = 1"
+                  " AND last_error LIKE '%NOT_FOUND%'"),
+            "1");
+  EXPECT_EQ(Count("stream_key = 'bad' AND status = 'pending' AND lease_epoch = 1"), "5");
+  EXPECT_EQ(Count("stream_key = 'good'"), "0");
+  std::vector<std::int64_t> good;
+  for (const Envelope& envelope : sink->delivered()) {
+    EXPECT_NE(envelope.stream_key, std::optional<std::string>{"bad"}) << "the bad stream waits";
+    if (envelope.stream_key == std::optional<std::string>{"good"}) {
+      good.push_back(*envelope.stream_seq);
+    }
+  }
+  EXPECT_EQ(good, (std::vector<std::int64_t>{1, 2, 3, 4, 5}));
+  // A later message of the bad stream, while its predecessors are parked, is parked too.
+  bad_stream.push_back(Enqueue(conn.get(), "bad"));
+  ASSERT_TRUE(WaitFor([&] { return Count("stream_key = 'bad'") == "7"; }));
+
+  // The destination is fixed: the table relay publishes the stream in order, seqs 1..7.
+  {
+    std::lock_guard lock(mutex);
+    reject = false;
+  }
+  auto table_owned = std::make_unique<TestSink>();
+  TestSink* table_sink = table_owned.get();
+  StartTableRelay(std::move(table_owned));
+  ASSERT_TRUE(WaitFor([&] { return table_sink->delivered().size() >= 7; }))
+      << table_sink->delivered().size();
+  std::vector<std::string> order;
+  std::vector<std::int64_t> seqs;
+  for (const Envelope& envelope : table_sink->delivered()) {
+    order.push_back(envelope.id.ToString());
+    seqs.push_back(*envelope.stream_seq);
+  }
+  EXPECT_EQ(order, bad_stream);
+  EXPECT_EQ(seqs, (std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7}));
+  // Once the table is empty, the stream flows from the WAL again, numbering on.
+  ASSERT_TRUE(WaitFor([&] { return Count("true") == "0"; }));
+  Enqueue(conn.get(), "bad");
+  ASSERT_TRUE(WaitFor([&] {
+    const auto delivered = sink->delivered();
+    return !delivered.empty() && delivered.back().stream_key == std::optional<std::string>{"bad"};
+  }));
+  EXPECT_EQ(sink->delivered().back().stream_seq, std::optional<std::int64_t>{8});
+}
+
+TEST_F(WalRelayTest, APermanentRejectionIsAbandonedAndHoldsNothingBack) {
+  std::string poison;
+  std::mutex mutex;
+  auto owned = std::make_unique<TestSink>([&](const Envelope& envelope) -> std::optional<Failure> {
+    std::lock_guard lock(mutex);
+    if (envelope.id.ToString() == poison) return Failure{FailureKind::kPermanent, "too large"};
+    return std::nullopt;
+  });
+  TestSink* sink = owned.get();
+  auto conn = Connect();
+  poison = Enqueue(conn.get(), "a");  // before the relay runs, which reads it
+  Enqueue(conn.get(), "a");
+  Start(std::move(owned));
+  ASSERT_TRUE(WaitFor([&] { return sink->delivered().size() == 1; }));
+  EXPECT_EQ(sink->delivered()[0].stream_seq, std::optional<std::int64_t>{2});
+  EXPECT_EQ(Count("id = '" + poison + "' AND status = 'abandoned' AND stream_seq = 1"), "1");
+}
+
+TEST_F(WalRelayTest, OneRelayReadsTheSlotTheOtherStandsByAndTakesOver) {
+  auto first = std::make_unique<TestSink>();
+  TestSink* first_sink = first.get();
+  const auto a = Start(std::move(first), {.instance = "a"});
+  ASSERT_TRUE(WaitFor([&] { return relay(a).counters().active.load(); }));
+  auto second = std::make_unique<TestSink>();
+  TestSink* second_sink = second.get();
+  const auto b = Start(std::move(second), {.instance = "b"});
+  auto conn = Connect();
+  for (int i = 0; i < 10; ++i) Enqueue(conn.get(), "s");
+  ASSERT_TRUE(WaitFor([&] { return first_sink->delivered().size() == 10; }));
+  EXPECT_FALSE(relay(b).counters().active.load());
+  EXPECT_TRUE(second_sink->delivered().empty());
+  Stop(a);
+  for (int i = 0; i < 10; ++i) Enqueue(conn.get(), "s");
+  ASSERT_TRUE(WaitFor([&] { return second_sink->delivered().size() == 10; }));
+  EXPECT_TRUE(relay(b).counters().active.load());
+  EXPECT_EQ(second_sink->delivered().front().stream_seq, std::optional<std::int64_t>{11});
+}
+
+TEST_F(WalRelayTest, BadOptionsAreRefusedByName) {
+  const auto make = [&](WalRelayOptions options) {
+    SinkMap sinks;
+    sinks.emplace("default", std::make_unique<TestSink>());
+    WalRelay relay(std::move(options), postgres::OpenWalSource(PgUrl(), S()),
+                   postgres::OpenWalLedger(PgUrl(), S()), std::move(sinks));
+  };
+  const auto key_of = [&](WalRelayOptions options) -> std::string {
+    try {
+      make(std::move(options));
+    } catch (const ConfigError& error) {
+      return error.key();
+    }
+    return "<accepted>";
+  };
+  EXPECT_EQ(key_of({.instance = ""}), "instance");
+  EXPECT_EQ(key_of({.instance = "x", .batch_size = 0}), "batch_size");
+  EXPECT_EQ(key_of({.instance = "x", .linger = milliseconds{-1}}), "linger");
+  EXPECT_EQ(key_of({.instance = "x", .lease = milliseconds{10}}), "lease");
+  EXPECT_EQ(key_of({.instance = "x", .publish_timeout = seconds{60}}), "publish_timeout");
+  EXPECT_EQ(key_of({.instance = "x"}), "<accepted>");
+}
+
+TEST_F(WalRelayTest, ASchemaWithoutASlotIsRefusedWithTheFix) {
+  TestSchema other;
+  try {
+    postgres::OpenWalSource(PgUrl(), other.name());
+    ADD_FAILURE() << "opened a WAL source without a slot";
+  } catch (const StoreError& error) {
+    EXPECT_EQ(error.kind(), FailureKind::kPermanent);
+    EXPECT_NE(std::string{error.what()}.find("outboxctl migrate --wal-slot"), std::string::npos)
+        << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace outbox::testing
