@@ -1581,6 +1581,10 @@ void Enqueue(Env& env, int messages, std::size_t payload) {
     int streams;  // 0: unkeyed
     bool sequenced;
     int targets = 0;  // > 0: one enqueue fans out to this many targets (NewMessage::targets)
+    // WAL mode (issue #20): the schema's delivery is 'wal', so each enqueue emits a logical
+    // message instead of a row; a slot is created for it (nobody reads it during the run; it is
+    // dropped afterwards).
+    bool wal = false;
   };
   const Case cases[] = {
       {"1 writer, unkeyed", 1, 0, false},
@@ -1590,9 +1594,32 @@ void Enqueue(Env& env, int messages, std::size_t payload) {
       {"8 writers, 1 stream, stream_seq", 8, 1, true},
       {"8 writers, 500 streams, stream_seq, one target named", 8, 500, true, 1},
       {"8 writers, 500 streams, stream_seq, 2 targets (msgs/s counts events)", 8, 500, true, 2},
+      {"WAL mode: 1 writer, unkeyed", 1, 0, false, 0, true},
+      {"WAL mode: 8 writers, unkeyed", 8, 0, false, 0, true},
+      {"WAL mode: 8 writers, 500 streams, stream_seq", 8, 500, true, 0, true},
   };
+  std::map<std::string, double> rate_of;
   for (const auto& c : cases) {
     Schema schema(env);
+    struct Slot {
+      Env& env;
+      std::string schema;
+      bool made = false;
+      ~Slot() {
+        if (!made) return;
+        try {
+          outbox::postgres::DropWalSlot(env.monitor.get(), schema);
+        } catch (const std::exception& error) {
+          std::fprintf(stderr, "dropping the WAL slot of %s failed: %s\n", schema.c_str(),
+                       error.what());
+        }
+      }
+    } slot{env, schema.name()};
+    if (c.wal) {
+      outbox::postgres::EnsureWalSlot(env.monitor.get(), schema.name());
+      slot.made = true;
+      Own(env.monitor.get(), "UPDATE " + schema.name() + ".settings SET delivery = 'wal'");
+    }
     std::atomic<int> next{0};
     std::atomic<bool> failed{false};
     const auto before = ReadWriteCounters(env, schema);
@@ -1622,12 +1649,19 @@ void Enqueue(Env& env, int messages, std::size_t payload) {
     const double seconds = Seconds(Clock::now() - start);
     const auto after = ReadWriteCounters(env, schema);
     if (failed) throw std::runtime_error("a writer failed");
+    rate_of[c.name] = messages / seconds;
     std::printf("| %s | %s | %.2f | %.0f |\n", c.name, Thousands(messages / seconds).c_str(),
                 (after.inserts - before.inserts + after.updates - before.updates) / messages,
                 (after.wal_bytes - before.wal_bytes) / messages);
     Flush();
   }
   std::printf("\n");
+  const double table = rate_of["8 writers, 500 streams, stream_seq"];
+  const double wal = rate_of["WAL mode: 8 writers, 500 streams, stream_seq"];
+  if (table > 0) {
+    Target("WAL-mode writers / table-mode writers (8 writers, 500 streams, stream_seq)",
+           wal / table, Bound::kAtLeast, 1.5, 2, "x");
+  }
 }
 
 // --- workload: the RabbitMQ sink alone --------------------------------------------------------
