@@ -278,11 +278,12 @@ inline ProcSample SampleProcess(pid_t pid) {
 // is the body of [sinks.default] (default: RabbitMQ, routing key = topic); `relay`, lines added to
 // [relay].
 inline std::string WriteConfig(Env& env, const std::string& schema, const std::string& sink,
-                               const std::string& relay, int http_port) {
+                               const std::string& relay, int http_port,
+                               const std::string& database = {}) {
   const auto path = env.dir / (schema + ".toml");
   std::ofstream out(path);
-  out << "[database]\nurl = \"" << env.bench_url << "\"\nschema = \"" << schema
-      << "\"\n\n[relay]\ninstance = \"bench\"\n"
+  out << "[database]\nurl = \"" << env.bench_url << "\"\nschema = \"" << schema << "\"\n"
+      << database << "\n[relay]\ninstance = \"bench\"\n"
       << relay << "\n[log]\nlevel = \"warn\"\n\n[http]\nlisten = \"127.0.0.1:" << http_port
       << "\"\n\n[sinks.default]\n"
       << (sink.empty()
@@ -293,10 +294,11 @@ inline std::string WriteConfig(Env& env, const std::string& schema, const std::s
 
 class Outboxd {
  public:
+  // `database`: lines added to its [database] table (e.g. mode = "wal").
   Outboxd(Env& env, const std::string& schema, const std::string& sink = {},
-          const std::string& relay = {})
+          const std::string& relay = {}, const std::string& database = {})
       : http_port_(FreePort()),
-        config_(WriteConfig(env, schema, sink, relay, http_port_)),
+        config_(WriteConfig(env, schema, sink, relay, http_port_, database)),
         process_({env.outboxd, "--config", config_}, config_ + ".log") {}
   ProcSample Sample() const { return SampleProcess(process_.pid()); }
   // Its HTTP listener (/metrics) on 127.0.0.1.

@@ -18,7 +18,9 @@
 //   outbox-bench backlog  [--rows 10000000] [--measure 200000]
 //   outbox-bench bloat    [--rate 2000] [--seconds 600]     (steady load, old snapshot held open)
 //   outbox-bench enqueue  [--messages 20000]                (writers: the store's enqueue rates)
-//   outbox-bench sink     [--messages 100000]               (the RabbitMQ sink, classic and quorum)
+//   outbox-bench wal-drain [--messages 100000] [--payload 256]  (burst drain in WAL mode, issue
+//   #20) outbox-bench sink     [--messages 100000]               (the RabbitMQ sink, classic and
+//   quorum)
 //
 // Servers: $OUTBOX_TEST_PG_URL and $OUTBOX_TEST_AMQP_URL (scripts/services); everything runs in
 // a database of its own (--database, default outbox_bench, created when missing), in schemas and
@@ -683,6 +685,105 @@ void Drain(Env& env, const std::vector<std::int64_t>& counts,
                  " B into a never-analyzed table, % of the analyzed table's rate",
              100.0 * fresh.rate / rates[count], Bound::kAtLeast, 90, 1, " %");
     }
+  }
+  std::printf("\n");
+}
+
+// --- workload: drain in WAL mode (issue #20) ---------------------------------------------------
+
+// The schema's slot for as long as this object lives (a slot left behind keeps WAL forever).
+class WalSlot {
+ public:
+  WalSlot(Env& env, const std::string& schema) : env_(env), schema_(schema) {
+    outbox::postgres::EnsureWalSlot(env_.monitor.get(), schema_);
+    Own(env_.monitor.get(), "UPDATE " + schema_ + ".settings SET delivery = 'wal'");
+  }
+  ~WalSlot() {
+    try {
+      outbox::postgres::DropWalSlot(env_.monitor.get(), schema_);
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "dropping the WAL slot of %s failed: %s\n", schema_.c_str(),
+                   error.what());
+    }
+  }
+  WalSlot(const WalSlot&) = delete;
+  WalSlot& operator=(const WalSlot&) = delete;
+
+ private:
+  Env& env_;
+  std::string schema_;
+};
+
+// `count` messages written in WAL mode (transactions of 100, over `streams` streams, sequenced)
+// while no relay runs, then outboxd with mode = "wal" starts: its rate to the consumer.
+DrainResult WalDrain(Env& env, std::int64_t count, std::size_t payload, int streams) {
+  Schema schema(env);
+  WalSlot slot(env, schema.name());
+  Queue queue(env);
+  const auto load_start = Clock::now();
+  {
+    auto conn = Connect(env.bench_url);
+    constexpr std::int64_t kPerTransaction = 100;
+    for (std::int64_t first = 0; first < count; first += kPerTransaction) {
+      const std::int64_t last = std::min(count, first + kPerTransaction) - 1;
+      // The payload as Payload() makes it: a JSON string starting with the 12-digit sequence.
+      Sql(conn.get(), "SELECT " + schema.name() + ".enqueue('" + queue.name() +
+                          "', to_jsonb(lpad(g::text, 12, '0') || repeat('x', " +
+                          std::to_string(payload - 14) + ")), stream_key => 's' || (g % " +
+                          std::to_string(streams) + ")) FROM generate_series(" +
+                          std::to_string(first) + ", " + std::to_string(last) + ") AS g");
+    }
+    Sql(conn.get(), "SET synchronous_commit = on");
+    Sql(conn.get(), "SELECT pg_logical_emit_message(true, 'bench-flush', '')");  // WAL flushed
+  }
+  const double load_seconds = Seconds(Clock::now() - load_start);
+  Receiver receiver(queue.name(), static_cast<std::size_t>(count));
+  StatementCounter statements(env);
+  statements.Reset();
+  const CpuUse cpu;
+  const auto start = Clock::now();
+  Outboxd relay(env, schema.name(), drain_settings.Sink(env), drain_settings.Relay(),
+                "mode = \"wal\"\n");
+  if (!receiver.WaitFor(static_cast<std::size_t>(count), std::chrono::seconds{1800})) {
+    throw std::runtime_error("WAL drain did not finish in 30 min");
+  }
+  DrainResult result;
+  result.wall = Seconds(Clock::now() - start);
+  result.process = relay.Sample();
+  result.statements = statements.Total();
+  const std::string cpu_use = cpu.Describe();
+  relay.Stop();
+  receiver.Stop();
+  result.rate = receiver.Rate(static_cast<std::size_t>(count));
+  std::printf(
+      "    (%s messages written in WAL mode in %.0f s; duplicates received: %zu, not ours: %zu; "
+      "CPU from outboxd start to the last receipt: %s)\n",
+      Thousands(static_cast<double>(count)).c_str(), load_seconds, receiver.duplicates(),
+      receiver.strays(), cpu_use.c_str());
+  return result;
+}
+
+void WalDrainBench(Env& env, const std::vector<std::int64_t>& counts, std::size_t payload,
+                   int streams, std::int64_t ceiling_messages) {
+  std::printf(
+      "== burst drain in WAL mode: messages written as logical messages (delivery = 'wal', "
+      "transactions of 100, %d streams, stream_seq) while no relay runs, then outboxd with "
+      "[database] mode = \"wal\" starts; rate = messages / (last receipt - first receipt)\n",
+      streams);
+  PrintRelayConditions(env);
+  const double broker = BrokerCeiling(env, ceiling_messages, payload);
+  std::printf("payload %zu B: RabbitMQ ceiling %s msgs/s\n", payload, Thousands(broker).c_str());
+  for (const std::int64_t count : counts) {
+    const auto r = WalDrain(env, count, payload, streams);
+    std::printf(
+        "  WAL drain %s x %zu B: %s msgs/s (%.1f s from outboxd start), %.0f %% of RabbitMQ; "
+        "outboxd CPU %.2f s per 100k messages, peak RSS %s, %.4f statements/message\n",
+        Thousands(static_cast<double>(count)).c_str(), payload, Thousands(r.rate).c_str(), r.wall,
+        100.0 * r.rate / broker, r.process.cpu_seconds / static_cast<double>(count) * 1e5,
+        Mib(r.process.hwm_kib).c_str(), r.statements / static_cast<double>(count));
+    Target("WAL drain " + Thousands(static_cast<double>(count)) + " x " + std::to_string(payload) +
+               " B, % of the RabbitMQ ceiling of this run",
+           100.0 * r.rate / broker, Bound::kAtLeast, 90, 1, " %");
   }
   std::printf("\n");
 }
@@ -1850,6 +1951,12 @@ int main(int argc, char** argv) {
   bloat->add_option("--seconds", bloat_options.seconds)->check(CLI::Range(1, 86400));
   bloat->add_option("--report-every", bloat_options.report_every)->check(CLI::Range(1, 3600));
 
+  auto* wal_drain = app.add_subcommand("wal-drain", "burst drain in WAL mode (issue #20)");
+  std::vector<std::int64_t> wal_counts{100000};
+  std::size_t wal_payload = 256;
+  wal_drain->add_option("--messages", wal_counts)->delimiter(',')->check(CLI::Range(1, 100000000));
+  wal_drain->add_option("--payload", wal_payload)->check(CLI::Range(14, 1048576));
+
   auto* backlog =
       app.add_subcommand("backlog", "claim latency and drain rate with a large backlog");
   std::int64_t backlog_rows = 10000000;
@@ -1910,6 +2017,7 @@ int main(int argc, char** argv) {
     } else if (drain->parsed()) {
       Drain(env, drain_counts, drain_payloads, drain_streams, ceiling_messages);
     }
+    if (wal_drain->parsed()) WalDrainBench(env, wal_counts, wal_payload, 1000, ceiling_messages);
     if (steady->parsed()) Steady(env, steady_options);
     if (bloat->parsed()) Steady(env, bloat_options);
     if (backlog->parsed()) {

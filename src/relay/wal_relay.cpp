@@ -124,7 +124,7 @@ class WalRelay::Engine {
         last_error_.clear();
       } catch (const StoreError& error) {
         if (error.kind() == FailureKind::kPermanent && !streaming_) throw;
-        Outage("the database failed: " + Describe(error));
+        Outage(Describe(error));
       }
     }
     source_->Close();  // before the lease goes, so that the next reader finds the slot free
@@ -232,6 +232,21 @@ class WalRelay::Engine {
   void StartStreaming() {
     const Lsn position = ledger_->Position();
     seqs_.clear();
+    // A reader still connected now is a relay whose lease expired (frozen, or cut off from the
+    // database): it can no longer commit, and the server lets one reader stream a slot, so it is
+    // ended instead of waited for (up to wal_sender_timeout).
+    try {
+      if (const auto ended = ledger_->EndOtherReader()) {
+        Log(LogLevel::kWarn, "ended the slot's previous reader (server process " +
+                                 std::to_string(*ended) + "), whose lease had expired");
+      }
+    } catch (const StoreError& error) {
+      if (error.kind() != FailureKind::kPermanent) throw;
+      Log(LogLevel::kWarn,
+          "could not end the slot's previous reader (the slot is free once the "
+          "server's wal_sender_timeout ends it): " +
+              Describe(error));
+    }
     source_->Start(position);
     streaming_ = true;
     counters_.position = position;
@@ -332,12 +347,23 @@ class WalRelay::Engine {
     const auto outcomes = Publish(items, to_publish);
     std::map<std::size_t, const PublishOutcome*> outcome_of;
     for (std::size_t k = 0; k < to_publish.size(); ++k) outcome_of[to_publish[k]] = &outcomes[k];
-    // Any outage: nothing is committed or parked; the batch is read and published again.
+    // An outage (something unconfirmed, nothing rejected): nothing is committed or parked; the
+    // batch is read and published again. When the broker did reject something, what it left
+    // unconfirmed beside it (a channel closed by the rejection: "not sent", "outcome unknown")
+    // is parked to wait as well: publishing the batch again would meet the same rejection forever.
+    const PublishOutcome* unconfirmed = nullptr;
+    bool rejected = false;
     for (const auto& outcome : outcomes) {
-      if (outcome.failure && !outcome.failure->treatment().spends_attempt) {
-        throw StoreError(FailureKind::kUnavailable,
-                         "a sink did not confirm: " + outcome.failure->Describe());
+      if (!outcome.failure) continue;
+      if (outcome.failure->treatment().spends_attempt) {
+        rejected = true;
+      } else if (unconfirmed == nullptr) {
+        unconfirmed = &outcome;
       }
+    }
+    if (unconfirmed != nullptr && !rejected) {
+      Outage("a sink did not confirm: " + unconfirmed->failure->Describe());
+      return;
     }
     std::uint64_t published = 0;
     for (std::size_t i = 0; i < items.size(); ++i) {
@@ -357,6 +383,15 @@ class WalRelay::Engine {
         continue;
       }
       const Failure& failure = *outcome->failure;
+      if (!failure.treatment().spends_attempt) {  // beside a rejection (see above)
+        commit.parked.push_back({.envelope = envelope,
+                                 .as = ParkAs::kWaiting,
+                                 .attempts = 0,
+                                 .available_in = milliseconds{0},
+                                 .error = failure.Describe()});
+        if (stream) broken.insert(*stream);
+        continue;
+      }
       const bool abandon = failure.treatment().abandon_now || options_.retry.Exhausted(1);
       Log(LogLevel::kWarn, "WAL message " + envelope.id.ToString() + " to " + envelope.target +
                                " failed and is parked" + (abandon ? " as abandoned" : "") + ": " +

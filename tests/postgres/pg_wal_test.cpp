@@ -3,10 +3,12 @@
 // slot with pgoutput, as the relay reads them), and the record decoder.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -597,6 +599,33 @@ TEST_F(PgWalTest, ARolledBackEnqueueEmitsNothing) {
   ASSERT_EQ(records.size(), 1U);
   EXPECT_EQ(records[0].envelope.id.ToString(), kept);
   EXPECT_EQ(records[0].envelope.payload, "{\"n\": 3}");
+}
+
+// Writers of one sequenced stream take turns until commit, so that a stream's ids follow its
+// commit order (the relay numbers it in commit order; the table relay publishes what is parked in
+// id order). Other streams and unsequenced messages do not wait.
+TEST_F(PgWalTest, AWalModeStreamsWritersTakeTurnsSoItsIdsFollowItsCommitOrder) {
+  EnableWal();
+  auto first = Connect();
+  Sql(first.get(), "BEGIN");
+  const std::string a =
+      Scalar(first.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'p')");
+  // Another stream, and the same key unsequenced, go on at once.
+  Enqueue("'t', '{}', stream_key => 'q'");
+  Enqueue("'t', '{}', stream_key => 'p', sequenced => false");
+  std::atomic<bool> done{false};
+  std::string b;
+  std::thread second([&] {
+    auto conn = Connect();
+    b = Scalar(conn.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'p')");
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds{300});
+  EXPECT_FALSE(done) << "the second writer of stream p did not wait for the first's commit";
+  Sql(first.get(), "COMMIT");
+  second.join();
+  EXPECT_TRUE(done);
+  EXPECT_LT(a, b) << "ids of one stream follow its commit order";
 }
 
 TEST_F(PgWalTest, DeliveryIsChosenPerTopic) {

@@ -143,6 +143,12 @@ class WalLedger {
   // The slot's state on the server.
   virtual WalSlotState SlotState() = 0;
 
+  // Ends the server process of another connection still streaming the slot (for a relay that
+  // has just taken the lease: the previous holder can no longer commit, and the server lets one
+  // reader stream a slot). Returns its process id, nullopt when there was none. Throws
+  // StoreError(kPermanent) when the role may not end it.
+  virtual std::optional<std::int64_t> EndOtherReader() = 0;
+
   // Makes `commit` durable if `owner` still holds the lease under `epoch`; returns false (and
   // writes nothing) when it does not.
   virtual bool Commit(const std::string& owner, std::int64_t epoch, const WalCommit& commit) = 0;

@@ -97,6 +97,9 @@ class PostgresWalLedger final : public WalLedger {
         " coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint,"
         " coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint"
         " FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()";
+    end_reader_sql_ =
+        "SELECT active_pid, pg_terminate_backend(active_pid) FROM pg_replication_slots"
+        " WHERE slot_name = $1 AND active_pid IS NOT NULL AND active_pid <> pg_backend_pid()";
     park_sql_ = "INSERT INTO " + s +
                 ".messages (id, topic, stream_key, stream_seq, partition, target, type, payload,"
                 " content_type, headers, event_id, created_at, status, attempts, available_at,"
@@ -183,6 +186,13 @@ class PostgresWalLedger final : public WalLedger {
     return state;
   }
 
+  std::optional<std::int64_t> EndOtherReader() override {
+    const auto result = Exec(connection_.Ready(), "end the slot's previous reader", end_reader_sql_,
+                             {Param{slot_}});
+    if (PQntuples(result.get()) == 0) return std::nullopt;
+    return ParseInt64(Column(result.get(), 0, 0), "slot reader pid");
+  }
+
   bool Commit(const std::string& owner, std::int64_t epoch, const WalCommit& commit) override {
     PGconn* conn = connection_.Ready();
     const bool transaction = !commit.parked.empty();
@@ -262,6 +272,7 @@ class PostgresWalLedger final : public WalLedger {
   std::string blocked_sql_;
   std::string commit_sql_;
   std::string slot_sql_;
+  std::string end_reader_sql_;
   std::string park_sql_;
 };
 

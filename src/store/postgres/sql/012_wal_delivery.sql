@@ -120,6 +120,7 @@ DECLARE
   event uuid;
   event_and_time bytea;
   record_tail bytea;
+  target_name text;
 BEGIN
   SELECT * INTO config FROM __SCHEMA__.settings;
   PERFORM __SCHEMA__.check_text('topic', topic, 255);
@@ -162,6 +163,18 @@ BEGIN
     -- commits; no row, no stream_seq (the relay assigns it in commit order), no wake-up (the
     -- relay streams). Whether the slot still exists is not checked here (a catalog read on every
     -- enqueue): the relay refuses to start without it, and says how to recover.
+    -- Writers of one sequenced stream take turns until commit, as in table mode: a
+    -- transaction-scoped advisory lock per (target, stream), taken in target order, before the
+    -- ids. So a stream's ids follow its commit order, which is the order the relay numbers it in
+    -- and the order the table relay publishes whatever of it is parked. (An advisory lock leaves
+    -- no row version for an old snapshot to keep; two streams whose hashes collide only take
+    -- turns.)
+    IF stream_key IS NOT NULL AND sequenced THEN
+      FOR target_name IN SELECT DISTINCT u.name FROM unnest(targets) AS u(name) ORDER BY 1 LOOP
+        PERFORM pg_advisory_xact_lock(hashtextextended(
+          __WAL_PREFIX__ || chr(1) || target_name || chr(1) || stream_key, 0));
+      END LOOP;
+    END IF;
     FOR i IN 1 .. copies LOOP
       ids[i] := __SCHEMA__.uuid_v7();
     END LOOP;
