@@ -196,6 +196,29 @@ class Schema {
   std::string name_;
 };
 
+// The schema's slot for as long as this object lives (a slot left behind keeps WAL forever).
+class WalSlot {
+ public:
+  WalSlot(Env& env, const std::string& schema) : env_(env), schema_(schema) {
+    outbox::postgres::EnsureWalSlot(env_.monitor.get(), schema_);
+    Own(env_.monitor.get(), "UPDATE " + schema_ + ".settings SET delivery = 'wal'");
+  }
+  ~WalSlot() {
+    try {
+      outbox::postgres::DropWalSlot(env_.monitor.get(), schema_);
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "dropping the WAL slot of %s failed: %s\n", schema_.c_str(),
+                   error.what());
+    }
+  }
+  WalSlot(const WalSlot&) = delete;
+  WalSlot& operator=(const WalSlot&) = delete;
+
+ private:
+  Env& env_;
+  std::string schema_;
+};
+
 // A payload of exactly `size` bytes (at least 14) that is a JSON string and starts with the
 // message's sequence number, so that the consumer can tell which message it received.
 inline std::string Payload(std::int64_t seq, std::size_t size) {

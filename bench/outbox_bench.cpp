@@ -391,15 +391,27 @@ std::string RateName(double rate) {
 
 // --- workload: idle ---------------------------------------------------------------------------
 
-void Idle(Env& env, int seconds, int latency_messages) {
+// outboxd's own account of its rounds, from its /metrics (below).
+std::string FetchMetrics(int port);
+double ShareAbove(const std::string& metrics, const std::string& histogram,
+                  const std::string& bound);
+std::string DescribeRounds(const std::string& metrics);
+double MetricValue(const std::string& metrics, const std::string& name);
+
+void Idle(Env& env, int seconds, int latency_messages, bool wal) {
   std::printf(
-      "== idle relay: statements/s to the database, then commit -> receipt one at a time\n");
+      "== idle relay%s: statements/s to the database, then commit -> receipt one at a time\n",
+      wal ? " in WAL mode (delivery = 'wal', [database] mode = \"wal\"; the writer commits with "
+            "synchronous_commit = on: logical decoding reads flushed WAL only)"
+          : "");
   PrintRelayConditions(env);
   Schema schema(env);
+  std::optional<WalSlot> slot;
+  if (wal) slot.emplace(env, schema.name());
   Queue queue(env);
   Receiver receiver(queue.name(), static_cast<std::size_t>(latency_messages));
   StatementCounter statements(env);
-  Outboxd relay(env, schema.name());
+  Outboxd relay(env, schema.name(), {}, {}, wal ? "mode = \"wal\"\n" : "");
   std::this_thread::sleep_for(std::chrono::seconds{3});  // connected, first sweep done, idle
   statements.Reset();
   const auto before = relay.Sample();
@@ -412,8 +424,9 @@ void Idle(Env& env, int seconds, int latency_messages) {
     for (const auto& [query, calls] : statements.Top(8)) {
       std::printf("    %6.0f  %s\n", calls, query.c_str());
     }
-    Target("idle relay statements/s (HTTP listener on, stats included)", per_second, Bound::kAtMost,
-           1, 2);
+    Target(std::string{wal ? "WAL mode: " : ""} +
+               "idle relay statements/s (HTTP listener on, stats included)",
+           per_second, Bound::kAtMost, 1, 2);
   } else {
     std::printf("idle: statements/s not measured (pg_stat_statements is not loaded)\n");
     TargetNotMeasured("idle relay statements/s (HTTP listener on, stats included)",
@@ -425,6 +438,7 @@ void Idle(Env& env, int seconds, int latency_messages) {
 
   // One message at a time, the relay idle before each: BEGIN; Writer::Enqueue; COMMIT.
   auto writer_conn = Connect(env.bench_url);
+  if (wal) Sql(writer_conn.get(), "SET synchronous_commit = on");
   const outbox::postgres::Writer writer{schema.name()};
   std::vector<std::int64_t> committed(static_cast<std::size_t>(latency_messages), 0);
   for (int i = 0; i < latency_messages; ++i) {
@@ -440,6 +454,26 @@ void Idle(Env& env, int seconds, int latency_messages) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds{10});  // idle again
   }
+  // Where the time goes, by outboxd's account: its rounds, and how many messages were confirmed
+  // by the broker more than 1, 2.5 and 5 ms after their transaction began (created_at, the
+  // database's now(): the writer's BEGIN..COMMIT included); the rest of the commit -> receipt
+  // latency is the delivery to the consumer.
+  const std::string metrics = FetchMetrics(relay.http_port());
+  std::string rounds = DescribeRounds(metrics);
+  if (wal) {
+    const double batches = MetricValue(metrics, "outbox_wal_batch_seconds_count");
+    const double sum = MetricValue(metrics, "outbox_wal_batch_seconds_sum");
+    char text[128];
+    std::snprintf(text, sizeof text, "WAL batches %.0f, mean %.1f ms (publish and commit)", batches,
+                  batches > 0 ? 1000 * sum / batches : std::nan(""));
+    rounds = text;
+  }
+  std::printf(
+      "idle stages: outboxd %s; created_at -> broker confirm over 1 / 2.5 / 5 ms: %.1f / "
+      "%.1f / %.1f %% of messages\n",
+      rounds.c_str(), 100 * ShareAbove(metrics, "outbox_publish_latency_seconds", "0.001"),
+      100 * ShareAbove(metrics, "outbox_publish_latency_seconds", "0.0025"),
+      100 * ShareAbove(metrics, "outbox_publish_latency_seconds", "0.005"));
   receiver.Stop();
   relay.Stop();
   std::vector<double> latencies;
@@ -451,7 +485,8 @@ void Idle(Env& env, int seconds, int latency_messages) {
       "idle latency, COMMIT returned -> consumer received, 256 B, %d single messages "
       "10 ms apart: %s\n",
       latency_messages, Describe(latency).c_str());
-  Target("idle commit -> consumer p99", latency.p99, Bound::kAtMost, 5, 2, " ms");
+  Target(std::string{wal ? "WAL mode: " : ""} + "idle commit -> consumer p99", latency.p99,
+         Bound::kAtMost, 5, 2, " ms");
   std::printf("\n");
   Flush();
 }
@@ -488,6 +523,16 @@ double MetricValue(const std::string& metrics, const std::string& name) {
     }
   }
   return std::nan("");
+}
+
+// Of a histogram's observations, the share above `bound` (one of its bucket bounds, as printed:
+// "0.005"); NaN when absent.
+double ShareAbove(const std::string& metrics, const std::string& histogram,
+                  const std::string& bound) {
+  const double count = MetricValue(metrics, histogram + "_count");
+  const double within = MetricValue(metrics, histogram + "_bucket{le=\"" + bound + "\"}");
+  if (std::isnan(count) || std::isnan(within) || count == 0) return std::nan("");
+  return (count - within) / count;
 }
 
 // "claims: 201, mean 6.1 ms; publishes: 200 batches, mean 24.3 ms" from outboxd's histograms
@@ -690,29 +735,6 @@ void Drain(Env& env, const std::vector<std::int64_t>& counts,
 }
 
 // --- workload: drain in WAL mode (issue #20) ---------------------------------------------------
-
-// The schema's slot for as long as this object lives (a slot left behind keeps WAL forever).
-class WalSlot {
- public:
-  WalSlot(Env& env, const std::string& schema) : env_(env), schema_(schema) {
-    outbox::postgres::EnsureWalSlot(env_.monitor.get(), schema_);
-    Own(env_.monitor.get(), "UPDATE " + schema_ + ".settings SET delivery = 'wal'");
-  }
-  ~WalSlot() {
-    try {
-      outbox::postgres::DropWalSlot(env_.monitor.get(), schema_);
-    } catch (const std::exception& error) {
-      std::fprintf(stderr, "dropping the WAL slot of %s failed: %s\n", schema_.c_str(),
-                   error.what());
-    }
-  }
-  WalSlot(const WalSlot&) = delete;
-  WalSlot& operator=(const WalSlot&) = delete;
-
- private:
-  Env& env_;
-  std::string schema_;
-};
 
 // `count` messages written in WAL mode (transactions of 100, over `streams` streams, sequenced)
 // while no relay runs, then outboxd with mode = "wal" starts: its rate to the consumer.
@@ -1294,6 +1316,9 @@ struct SteadyOptions {
   int per_transaction = 0;  // 0: rate / 1000 rounded up (at most 1,000 transactions/s)
   int report_every = 0;     // seconds; 0: no per-interval table
   bool hold_snapshot = false;
+  // WAL mode (issue #20): delivery = 'wal' and outboxd's mode = "wal"; the writers commit with
+  // synchronous_commit = on (logical decoding reads flushed WAL only).
+  bool wal = false;
 };
 
 // One row of the per-interval table, sampled at its end.
@@ -1321,13 +1346,17 @@ void Steady(Env& env, const SteadyOptions& o) {
       "streams with stream_seq\n"
       "latency: COMMIT returned -> the consumer received it (it includes the broker's confirm "
       "and the delivery); lag: committed - received, sampled every 100 ms\n",
-      o.hold_snapshot ? "bloat" : "steady", Thousands(o.rate).c_str(), o.seconds,
+      o.hold_snapshot ? (o.wal ? "bloat, WAL mode" : "bloat")
+                      : (o.wal ? "steady, WAL mode" : "steady"),
+      Thousands(o.rate).c_str(), o.seconds,
       o.hold_snapshot ? ", while another connection holds an old snapshot open (vacuum blocked)"
                       : "",
       o.writers, Thousands(tx_rate).c_str(), per_tx, per_tx == 1 ? "" : "s", o.payload, o.streams);
   PrintRelayConditions(env);
   Flush();
   Schema schema(env);
+  std::optional<WalSlot> slot;
+  if (o.wal) slot.emplace(env, schema.name());
   Queue queue(env);
   ConnPtr snapshot;
   if (o.hold_snapshot) {
@@ -1341,7 +1370,7 @@ void Steady(Env& env, const SteadyOptions& o) {
   }
   Receiver receiver(queue.name(), static_cast<std::size_t>(messages));
   StatementCounter statements(env);
-  Outboxd relay(env, schema.name());
+  Outboxd relay(env, schema.name(), {}, {}, o.wal ? "mode = \"wal\"\n" : "");
   std::this_thread::sleep_for(std::chrono::seconds{2});  // connected and idle
   statements.Reset();
   const auto before = relay.Sample();
@@ -1358,6 +1387,7 @@ void Steady(Env& env, const SteadyOptions& o) {
     writers.emplace_back([&, w] {
       try {
         auto conn = Connect(env.bench_url);
+        if (o.wal) Sql(conn.get(), "SET synchronous_commit = on");
         const outbox::postgres::Writer writer{schema.name()};
         std::vector<outbox::NewMessage> batch(static_cast<std::size_t>(per_tx));
         for (std::int64_t j = w; j < transactions && !failed; j += o.writers) {
@@ -1484,7 +1514,8 @@ void Steady(Env& env, const SteadyOptions& o) {
   // Issue #21: at most 0.05 statements/message at 1k msg/s, 0.01 at 5k msg/s (steady only).
   if (!o.hold_snapshot && o.rate >= 1000) {
     const double achieved = static_cast<double>(done) / write_seconds;
-    const std::string what = "steady " + RateName(o.rate) + " msg/s statements/message";
+    const std::string what = std::string{o.wal ? "WAL mode: " : ""} + "steady " + RateName(o.rate) +
+                             " msg/s statements/message";
     if (!statements.available()) {
       TargetNotMeasured(what, "pg_stat_statements is not loaded");
     } else if (done == 0) {
@@ -1565,9 +1596,10 @@ void Steady(Env& env, const SteadyOptions& o) {
             Target(what, 100.0 * (final_rate - first) / first, Bound::kAtLeast, -10, 1, " %", note);
           }
         };
-        change_target("bloat relay throughput (received/s) change, first -> last interval", rate(1),
-                      rate(last), "");
-        change_target("bloat writer throughput (committed/s) change, first -> last interval",
+        const std::string mode = o.wal ? "WAL mode: " : "";
+        change_target(mode + "bloat relay throughput (received/s) change, first -> last interval",
+                      rate(1), rate(last), "");
+        change_target(mode + "bloat writer throughput (committed/s) change, first -> last interval",
                       committed_rate(1), committed_rate(last),
                       std::string{"writers "} +
                           (on_schedule ? "kept their schedule" : "fell behind their schedule") +
@@ -1877,6 +1909,8 @@ int main(int argc, char** argv) {
   int latency_messages = 1000;
   idle->add_option("--seconds", idle_seconds)->check(CLI::Range(1, 3600));
   idle->add_option("--latency-messages", latency_messages)->check(CLI::Range(1, 1000000));
+  bool idle_wal = false;
+  idle->add_flag("--wal", idle_wal, "in WAL mode (issue #20)");
 
   auto* drain = app.add_subcommand("drain", "burst drain with the ceilings of its parts");
   std::vector<std::int64_t> drain_counts{100000, 1000000};
@@ -1943,6 +1977,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 10000));
   steady->add_option("--report-every", steady_options.report_every, "seconds per table row")
       ->check(CLI::Range(0, 3600));
+  steady->add_flag("--wal", steady_options.wal, "in WAL mode (issue #20)");
 
   SteadyOptions bloat_options{
       .rate = 2000, .seconds = 600, .report_every = 60, .hold_snapshot = true};
@@ -1950,6 +1985,7 @@ int main(int argc, char** argv) {
   bloat->add_option("--rate", bloat_options.rate)->check(CLI::Range(1.0, 1e6));
   bloat->add_option("--seconds", bloat_options.seconds)->check(CLI::Range(1, 86400));
   bloat->add_option("--report-every", bloat_options.report_every)->check(CLI::Range(1, 3600));
+  bloat->add_flag("--wal", bloat_options.wal, "in WAL mode (issue #20)");
 
   auto* wal_drain = app.add_subcommand("wal-drain", "burst drain in WAL mode (issue #20)");
   std::vector<std::int64_t> wal_counts{100000};
@@ -1998,7 +2034,7 @@ int main(int argc, char** argv) {
   try {
     OpenEnv(env);
     PrintConditions(env);
-    if (idle->parsed()) Idle(env, idle_seconds, latency_messages);
+    if (idle->parsed()) Idle(env, idle_seconds, latency_messages, idle_wal);
     if (drain->parsed() && drain_sink == "kafka") {
       KafkaDrainBench(env, kafka, drain_counts, drain_payloads, drain_streams, ceiling_messages);
     } else if (drain->parsed() && (drain_sink == "nats" || drain_sink == "redis")) {

@@ -277,14 +277,16 @@ class WalRelay::Engine {
     return std::clamp(left, milliseconds{0}, kLongestRead);
   }
 
-  // Whole transactions, until batch_size messages or `linger` after the first.
+  // Whole transactions, until batch_size messages or `linger` after the first. As the table
+  // relay's linger: only while transactions come faster than batches go (the last batch held more
+  // than one); a lone transaction after a quiet spell goes at once with whatever is already read.
   std::vector<WalTransaction> Gather() {
     std::vector<WalTransaction> batch;
     auto first = source_->Next(UntilRenewal());
     if (!first) return batch;
     std::size_t messages = first->messages.size();
     batch.push_back(std::move(*first));
-    const auto until = SteadyClock::now() + options_.linger;
+    const auto until = SteadyClock::now() + (busy_ ? options_.linger : milliseconds{0});
     while (messages < static_cast<std::size_t>(options_.batch_size)) {
       const auto left = std::chrono::duration_cast<milliseconds>(until - SteadyClock::now());
       auto next = source_->Next(std::max(left, milliseconds{0}));
@@ -292,6 +294,7 @@ class WalRelay::Engine {
       messages += next->messages.size();
       batch.push_back(std::move(*next));
     }
+    busy_ = batch.size() > 1;
     return batch;
   }
 
@@ -508,6 +511,7 @@ class WalRelay::Engine {
   std::optional<std::int64_t> epoch_;  // set while the lease is held
   SteadyClock::time_point renew_at_{};
   bool streaming_ = false;
+  bool busy_ = false;  // the last batch held more than one transaction: linger for the next
   std::map<WalStream, std::int64_t> seqs_;  // the latest stream_seq given, per stream
 
   SteadyClock::time_point next_slot_check_{};

@@ -38,7 +38,9 @@ struct WalRelayOptions {
   // Messages per publish: whole transactions are gathered until this many (a larger transaction
   // goes alone).
   int batch_size = 500;
-  // After the first transaction of a batch, how long to wait for more before publishing.
+  // After the first transaction of a batch, how long to wait for more before publishing, while
+  // transactions arrive faster than batches go (the last batch held more than one); a lone
+  // transaction after a quiet spell does not wait.
   std::chrono::milliseconds linger{5};
   std::chrono::milliseconds lease{std::chrono::seconds{30}};
   std::chrono::milliseconds publish_timeout{std::chrono::seconds{10}};
