@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -298,6 +299,28 @@ TEST(OperationsTest, ReadinessNamesEachPausedTarget) {
   paused.clear();
   readiness = operations.CheckReadiness();
   EXPECT_NE(readiness.report.find("relay: a target is paused"), std::string::npos)
+      << readiness.report;
+}
+
+// WAL mode: /readyz fails while the slot's check reports a problem (no relay reads it), and names
+// it; it passes when a relay reads it.
+TEST(OperationsTest, ReadinessFailsWhileNoRelayReadsTheWalSlot) {
+  Config config;
+  config.database = std::make_shared<const postgres::StoreSettings>("postgresql://127.0.0.1:1/none",
+                                                                    "outbox", /*wal=*/true);
+  observe::Registry registry;
+  RelayCounters counters;
+  Operations operations(config, registry, counters, LogFn{});
+  std::optional<std::string> problem = "no relay is reading the replication slot";
+  operations.SetWalCheck([&problem] { return problem; });
+  Operations::Readiness readiness = operations.CheckReadiness();
+  EXPECT_FALSE(readiness.ready);
+  EXPECT_NE(readiness.report.find("WAL slot: no relay is reading the replication slot"),
+            std::string::npos)
+      << readiness.report;
+  problem.reset();
+  readiness = operations.CheckReadiness();
+  EXPECT_NE(readiness.report.find("WAL slot: read by a relay"), std::string::npos)
       << readiness.report;
 }
 
