@@ -9,14 +9,10 @@
 #include "outbox/core/error.h"
 
 namespace outbox::postgres {
-namespace {
-
 std::string Trim(std::string text) {
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   return text;
 }
-
-}  // namespace
 
 FailureKind KindOfSqlState(std::string_view sqlstate) {
   // 08: connection exception; 57P01-03: server shutting down or not accepting connections;

@@ -27,6 +27,9 @@ std::string DescribeConninfo(const std::string& conninfo);
 // QuoteSchema's check as the Open* functions report it: ConfigError naming "schema".
 void CheckSchemaOption(const std::string& name);
 
+// `text` without its trailing newlines and spaces (libpq's messages end in a newline).
+std::string Trim(std::string text);
+
 // `text` with every occurrence of `from` replaced by `to`.
 std::string ReplaceAll(std::string text, std::string_view from, std::string_view to);
 

@@ -90,11 +90,6 @@ void CheckName(std::string_view what, const std::string& name) {
   }
 }
 
-std::string Trim(std::string text) {
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  return text;
-}
-
 std::string ErrorField(const PGresult* result, int field) {
   const char* value = result != nullptr ? PQresultErrorField(result, field) : nullptr;
   return value != nullptr ? value : "";
