@@ -22,6 +22,8 @@ using std::chrono::milliseconds;
 constexpr milliseconds kStandbyLook{1000};
 // How often the slot's state is read (for readiness and the outbox_wal_slot_* gauges).
 constexpr milliseconds kSlotCheck{5000};
+// How often what later commits superseded is removed from the ledger (WalLedger::Purge).
+constexpr milliseconds kPurgeEvery{5000};
 // The longest a read of the slot waits, so that the lease is renewed and Stop is seen in time.
 constexpr milliseconds kLongestRead{500};
 
@@ -114,6 +116,7 @@ class WalRelay::Engine {
           continue;
         }
         if (!streaming_) StartStreaming();
+        Purge();
         auto batch = Gather();
         if (batch.empty()) {
           Idle();
@@ -198,6 +201,14 @@ class WalRelay::Engine {
     }
     std::lock_guard lock(slot_mutex_);
     slot_problem_ = std::move(problem);
+  }
+
+  // Every few seconds while this relay holds the slot: the ledger's superseded records go.
+  void Purge() {
+    const auto now = SteadyClock::now();
+    if (now < next_purge_) return;
+    next_purge_ = now + kPurgeEvery;
+    ledger_->Purge();
   }
 
   // Takes or renews the lease every third of it; false while another relay holds it.
@@ -515,6 +526,7 @@ class WalRelay::Engine {
   std::map<WalStream, std::int64_t> seqs_;  // the latest stream_seq given, per stream
 
   SteadyClock::time_point next_slot_check_{};
+  SteadyClock::time_point next_purge_{};
   std::string last_error_;  // of the last outage, until a batch succeeds
   mutable std::mutex slot_mutex_;
   std::optional<std::string> slot_problem_;  // guarded by slot_mutex_

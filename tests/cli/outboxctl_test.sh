@@ -34,8 +34,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-expect 0 "migrated from version 0 to 12" --db "$db" --schema "$schema" migrate
-expect 0 "is up to date \(version 12\)" --db "$db" --schema "$schema" migrate
+expect 0 "migrated from version 0 to 13" --db "$db" --schema "$schema" migrate
+expect 0 "is up to date \(version 13\)" --db "$db" --schema "$schema" migrate
 # WAL mode's slot: made once, then found (the cleanup above drops it).
 for _ in 1 2; do
   expect 0 "WAL slot outbox_$schema ready \(set $schema\.settings\.delivery = 'wal' to use it\)" \
@@ -59,7 +59,7 @@ expect 1 "cannot connect to PostgreSQL \(host=127.0.0.1 port=1" \
   --db "postgresql://u:pw@127.0.0.1:1/x" status
 expect 2 "A subcommand is required"
 expect 2 "The following argument was not expected: --frobnicate" --frobnicate status
-expect 0 "^outboxctl 0\.[0-9]+\.[0-9]+ \(PostgreSQL schema version 12\)$" --version
+expect 0 "^outboxctl 0\.[0-9]+\.[0-9]+ \(PostgreSQL schema version 13\)$" --version
 OUTBOX_DATABASE_URL=$db OUTBOX_SCHEMA=$schema expect 0 "pending     3" status
 
 # ---- list, show, replay, abandon, purge ----
@@ -195,38 +195,38 @@ dump() {
     grep -Ev '^--|^\\(un)?restrict '
 }
 ref=${schema}_ref
-expect 0 "migrated from version 0 to 12" --db "$db" --schema "$ref" migrate
+expect 0 "migrated from version 0 to 13" --db "$db" --schema "$ref" migrate
 "$ctl" --schema "${schema}_sql" migrate --print-sql >"$sql_dir/full.sql"
 same "--print-sql needs no database" "$?" "0"
 out=$(apply "$sql_dir/full.sql")
 same "the full script applied by psql" "$?:$out" "0:"
-expect 0 "is up to date \(version 12\)" --db "$db" --schema "${schema}_sql" migrate
+expect 0 "is up to date \(version 13\)" --db "$db" --schema "${schema}_sql" migrate
 same "pg_dump shows the tables" "$(dump "$ref" | grep -c 'CREATE TABLE SCHEMA\.')" "$(q "SELECT count(*) FROM pg_tables WHERE schemaname = '$ref'")"
 same "the script's schema equals migrate's" "$(diff <(dump "$ref") <(dump "${schema}_sql") | head -20)" ""
 before=$(q "SELECT count(*) FROM ${schema}_sql.schema_version")
 out=$(apply "$sql_dir/full.sql")
 same "the script refuses a second run" "$?" "3"
-[[ $out =~ "schema ${schema}_sql is at version 12, this script upgrades version 0" &&
-  $out =~ "outboxctl migrate --print-sql --from 12" ]] ||
+[[ $out =~ "schema ${schema}_sql is at version 13, this script upgrades version 0" &&
+  $out =~ "outboxctl migrate --print-sql --from 13" ]] ||
   { echo "FAIL: the guard's message: $out"; failures=$((failures + 1)); }
 same "a refused run changes nothing" "$(q "SELECT count(*) FROM ${schema}_sql.schema_version")" "$before"
-# An upgrade: version 11 from the full script cut before version 12, then --from 11.
-"$ctl" --schema "${schema}_up" migrate --print-sql | sed '/^-- version 12:/,$d' >"$sql_dir/to11.sql"
-out=$(apply "$sql_dir/to11.sql")
-same "the script cut at version 11" "$?:$(q "SELECT max(version) FROM ${schema}_up.schema_version")" "0:11"
-"$ctl" --schema "${schema}_up" migrate --print-sql --from 11 >"$sql_dir/from11.sql"
-grep -q '^-- version 12: wal_delivery$' "$sql_dir/from11.sql" && ! grep -q '^-- version 11:' "$sql_dir/from11.sql" ||
-  { echo "FAIL: --from 11 should hold version 12 only"; failures=$((failures + 1)); }
-out=$(apply "$sql_dir/from11.sql")
-same "--from 11 applied to version 11" "$?:$out" "0:"
+# An upgrade: version 12 from the full script cut before version 13, then --from 12.
+"$ctl" --schema "${schema}_up" migrate --print-sql | sed '/^-- version 13:/,$d' >"$sql_dir/to12.sql"
+out=$(apply "$sql_dir/to12.sql")
+same "the script cut at version 12" "$?:$(q "SELECT max(version) FROM ${schema}_up.schema_version")" "0:12"
+"$ctl" --schema "${schema}_up" migrate --print-sql --from 12 >"$sql_dir/from12.sql"
+grep -q '^-- version 13: wal_ledger_log$' "$sql_dir/from12.sql" && ! grep -q '^-- version 12:' "$sql_dir/from12.sql" ||
+  { echo "FAIL: --from 12 should hold version 13 only"; failures=$((failures + 1)); }
+out=$(apply "$sql_dir/from12.sql")
+same "--from 12 applied to version 12" "$?:$out" "0:"
 same "the upgraded schema equals migrate's" "$(diff <(dump "$ref") <(dump "${schema}_up") | head -20)" ""
 "$ctl" --schema "${schema}_empty" migrate --print-sql --from 10 >"$sql_dir/empty.sql"
 out=$(apply "$sql_dir/empty.sql")
 [[ $out =~ "schema ${schema}_empty is at version 0, this script upgrades version 10" ]] ||
   { echo "FAIL: --from 10 on a new database: $out"; failures=$((failures + 1)); }
 same "a refused script leaves nothing" "$(q "SELECT count(*) FROM pg_namespace WHERE nspname = '${schema}_empty'")" "0"
-expect 2 "--from must be between 0 \(an empty database\) and 12, got 13" migrate --print-sql --from 13
-expect 2 "--from must be between 0 \(an empty database\) and 12, got -1" migrate --print-sql --from -1
+expect 2 "--from must be between 0 \(an empty database\) and 13, got 14" migrate --print-sql --from 14
+expect 2 "--from must be between 0 \(an empty database\) and 13, got -1" migrate --print-sql --from -1
 expect 2 "Could not convert: --from = x" migrate --print-sql --from x
 expect 2 "migrate: --from is for --print-sql" "${c[@]}" migrate --from 9
 expect 2 "not a plain lower-case identifier" --schema "Bad" migrate --print-sql

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -18,6 +19,7 @@
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_wal.h"
 #include "support/pg_test_support.h"
+#include "support/wait.h"
 #include "wal_record.h"
 
 namespace outbox::testing {
@@ -409,8 +411,8 @@ TEST_F(PgWalTest, WalDeliveryIsRefusedUntilTheSlotExists) {
   EXPECT_EQ(slot, postgres::WalSlotName(S()));
   EXPECT_EQ(postgres::EnsureWalSlot(conn(), S()), slot);
   EXPECT_EQ(Scalar(conn(), "SELECT wal_slot FROM " + S() + ".settings"), slot);
-  EXPECT_EQ(Scalar(conn(),
-                   "SELECT string_agg(slot || ' ' || position, ',') FROM " + S() + ".wal_progress"),
+  EXPECT_EQ(Scalar(conn(), "SELECT string_agg(slot || ' ' || " + S() +
+                               ".wal_position(slot), ',') FROM " + S() + ".wal_progress"),
             slot + " 0/0");
   EXPECT_EQ(Scalar(conn(),
                    "SELECT string_agg(slot_type || ' ' || plugin || ' ' || database, ',') "
@@ -734,44 +736,222 @@ TEST_F(PgWalTest, EveryTruncationOfARealRecordIsRefused) {
 }
 
 // Version 12 applies to a version 11 schema holding data.
-TEST(PgWalUpgradeTest, Version12AppliesToAVersion11SchemaWithData) {
-  const auto conn = Connect();
-  std::random_device random;
-  const std::string name = "t_up_" + std::to_string(random() % 1000000000U);
-  struct Dropper {
-    PGconn* conn;
-    std::string name;
-    ~Dropper() {
-      const PgResult dropped{PQexec(conn, ("DROP SCHEMA IF EXISTS " + name + " CASCADE").c_str())};
-    }
-  } dropper{conn.get(), name};
-  std::string script = postgres::MigrationScript(name, 0);
-  const auto cut = script.find("\n-- version 12:");
-  ASSERT_NE(cut, std::string::npos);
-  script.resize(cut);
-  Sql(conn.get(), "BEGIN");
-  Sql(conn.get(), script);
-  Sql(conn.get(), "COMMIT");
-  ASSERT_EQ(Scalar(conn.get(), "SELECT max(version) FROM " + name + ".schema_version"), "11");
-  Sql(conn.get(), "INSERT INTO " + name + ".topic_settings (topic, sequenced) VALUES ('t', false)");
-  Scalar(conn.get(), "SELECT " + name + ".enqueue('orders', '{}', 'k')");
-  Scalar(conn.get(), "SELECT " + name + ".enqueue('t', '{}', 'k')");
+// A schema of its own migrated up to `version` only (dropped at the end), for upgrade tests.
+class SchemaAtVersion {
+ public:
+  explicit SchemaAtVersion(int version) : conn_(Connect()) {
+    std::random_device random;
+    name_ = "t_up_" + std::to_string(random() % 1000000000U);
+    std::string script = postgres::MigrationScript(name_, 0);
+    const auto cut = script.find("\n-- version " + std::to_string(version + 1) + ":");
+    if (cut == std::string::npos) throw std::runtime_error("no migration after the version");
+    script.resize(cut);
+    Sql(conn_.get(), "BEGIN");
+    Sql(conn_.get(), script);
+    Sql(conn_.get(), "COMMIT");
+  }
+  ~SchemaAtVersion() {
+    const PgResult dropped{
+        PQexec(conn_.get(), ("DROP SCHEMA IF EXISTS " + name_ + " CASCADE").c_str())};
+  }
+  SchemaAtVersion(const SchemaAtVersion&) = delete;
+  SchemaAtVersion& operator=(const SchemaAtVersion&) = delete;
 
-  EXPECT_EQ(postgres::Migrate(conn.get(), name), 11);
-  EXPECT_EQ(Scalar(conn.get(), "SELECT max(version) FROM " + name + ".schema_version"), "12");
-  EXPECT_EQ(Scalar(conn.get(),
+  PGconn* conn() const { return conn_.get(); }
+  const std::string& name() const { return name_; }
+
+ private:
+  PgConn conn_;
+  std::string name_;
+};
+
+TEST(PgWalUpgradeTest, Version12AppliesToAVersion11SchemaWithData) {
+  const SchemaAtVersion schema(11);
+  const std::string& name = schema.name();
+  ASSERT_EQ(Scalar(schema.conn(), "SELECT max(version) FROM " + name + ".schema_version"), "11");
+  Sql(schema.conn(),
+      "INSERT INTO " + name + ".topic_settings (topic, sequenced) VALUES ('t', false)");
+  Scalar(schema.conn(), "SELECT " + name + ".enqueue('orders', '{}', 'k')");
+  Scalar(schema.conn(), "SELECT " + name + ".enqueue('t', '{}', 'k')");
+
+  EXPECT_EQ(postgres::Migrate(schema.conn(), name), 11);
+  EXPECT_EQ(Scalar(schema.conn(), "SELECT max(version) FROM " + name + ".schema_version"),
+            std::to_string(postgres::LatestSchemaVersion()));
+  EXPECT_EQ(Scalar(schema.conn(),
                    "SELECT delivery || ' ' || coalesce(wal_slot, '-') FROM " + name + ".settings"),
             "table -");
-  EXPECT_EQ(Scalar(conn.get(), "SELECT coalesce(delivery, '-') || ' ' || sequenced FROM " + name +
-                                   ".topic_settings"),
+  EXPECT_EQ(Scalar(schema.conn(), "SELECT coalesce(delivery, '-') || ' ' || sequenced FROM " +
+                                      name + ".topic_settings"),
             "- false");
-  Scalar(conn.get(), "SELECT " + name + ".enqueue('orders', '{}', 'k')");
-  EXPECT_EQ(Scalar(conn.get(),
+  Scalar(schema.conn(), "SELECT " + name + ".enqueue('orders', '{}', 'k')");
+  EXPECT_EQ(Scalar(schema.conn(),
                    "SELECT string_agg(topic || coalesce(stream_seq::text, '-'), ',' "
                    "ORDER BY id) FROM " +
                        name + ".messages"),
             "orders1,t-,orders2");
-  EXPECT_EQ(Scalar(conn.get(), "SELECT count(*) FROM " + name + ".wal_progress"), "0");
+  EXPECT_EQ(Scalar(schema.conn(), "SELECT count(*) FROM " + name + ".wal_progress"), "0");
+}
+
+// ---- the ledger (sql/013_wal_ledger_log.sql) ----
+
+constexpr std::chrono::milliseconds kLease{30000};
+
+WalCommit Reached(Lsn position, std::vector<std::pair<WalStream, std::int64_t>> seqs = {}) {
+  return WalCommit{.position = position, .seqs = std::move(seqs), .parked = {}};
+}
+
+const WalStream kOne{"default", "one"};
+const WalStream kTwo{"default", "two"};
+
+TEST_F(PgWalTest, TheLedgerCommitsPositionsAndNumbersAndReadsBackTheLatest) {
+  EnableWal();
+  auto ledger = postgres::OpenWalLedger(PgUrl(), S());
+  const auto epoch = ledger->Acquire("a", kLease);
+  ASSERT_TRUE(epoch.has_value());
+  EXPECT_EQ(ledger->Position(), 0U);
+  EXPECT_EQ(ledger->Seqs({kOne, kTwo}), (std::vector<std::int64_t>{0, 0}));
+  ASSERT_TRUE(ledger->Commit("a", *epoch, Reached(0x100, {{kOne, 3}, {kTwo, 1}})));
+  ASSERT_TRUE(ledger->Commit("a", *epoch, Reached(0x200, {{kOne, 5}})));
+  EXPECT_EQ(ledger->Position(), 0x200U);
+  EXPECT_EQ(ledger->Seqs({kTwo, kOne}), (std::vector<std::int64_t>{1, 5}));
+  // As another relay (after a restart) reads them, and as people see them.
+  auto other = postgres::OpenWalLedger(PgUrl(), S());
+  EXPECT_EQ(other->Position(), 0x200U);
+  EXPECT_EQ(other->Seqs({kOne, kTwo}), (std::vector<std::int64_t>{5, 1}));
+  EXPECT_EQ(Scalar(conn(),
+                   "SELECT string_agg(stream_key || ' ' || seq, ',' ORDER BY stream_key) "
+                   "FROM " +
+                       S() + ".wal_stream_seqs"),
+            "one 5,two 1");
+  EXPECT_EQ(Scalar(conn(), "SELECT " + S() + ".wal_position(wal_slot) FROM " + S() + ".settings"),
+            "0/200");
+}
+
+TEST_F(PgWalTest, ACommitWithoutTheLeaseWritesNothing) {
+  EnableWal();
+  auto a = postgres::OpenWalLedger(PgUrl(), S());
+  auto b = postgres::OpenWalLedger(PgUrl(), S());
+  const auto epoch = a->Acquire("a", kLease);
+  ASSERT_TRUE(epoch.has_value());
+  ASSERT_TRUE(a->Commit("a", *epoch, Reached(0x100, {{kOne, 1}})));
+  EXPECT_FALSE(b->Acquire("b", kLease).has_value()) << "a's lease is live";
+  EXPECT_FALSE(b->Commit("b", *epoch, Reached(0x200, {{kOne, 2}})));
+  EXPECT_FALSE(a->Commit("a", *epoch + 1, Reached(0x200, {{kOne, 2}})));
+  // a's lease runs out: a may no longer commit, b takes it over under a new epoch.
+  Sql(conn(), "UPDATE " + S() + ".wal_progress SET lease_until = now() - interval '1 second'");
+  EXPECT_FALSE(a->Commit("a", *epoch, Reached(0x200, {{kOne, 2}})));
+  const auto taken = b->Acquire("b", kLease);
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(*taken, *epoch + 1);
+  EXPECT_FALSE(a->Commit("a", *epoch, Reached(0x200, {{kOne, 2}})));
+  EXPECT_EQ(b->Position(), 0x100U);
+  EXPECT_EQ(b->Seqs({kOne}), std::vector<std::int64_t>{1});
+  EXPECT_EQ(Scalar(conn(), "SELECT count(*) FROM " + S() + ".wal_seqs"), "1");
+}
+
+// The fence holds while a takeover is in flight: a commit that meets the new owner's uncommitted
+// update of the lease waits for it, then sees the lease gone and writes nothing.
+TEST_F(PgWalTest, ACommitRacingATakeoverWaitsForItAndIsRefused) {
+  EnableWal();
+  auto a = postgres::OpenWalLedger(PgUrl(), S());
+  const auto epoch = a->Acquire("a", kLease);
+  ASSERT_TRUE(epoch.has_value());
+  const auto taker = Connect();
+  Sql(taker.get(), "BEGIN");
+  Sql(taker.get(), "UPDATE " + S() + ".wal_progress SET owner = 'b', epoch = epoch + 1");
+  std::atomic<int> committed{-1};
+  std::thread commit([&] {
+    committed = a->Commit("a", *epoch, Reached(0x300, {{kOne, 7}})) ? 1 : 0;
+  });
+  const bool waiting = WaitUntil(
+      [&] {
+        return Scalar(conn(),
+                      "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity s USING (pid) "
+                      "WHERE NOT l.granted AND s.datname = current_database() AND s.query LIKE "
+                      "'%wal_positions%'") != "0";
+      },
+      std::chrono::milliseconds{10000});
+  EXPECT_TRUE(waiting) << "the commit did not wait for the takeover";
+  EXPECT_EQ(committed.load(), -1);
+  Sql(taker.get(), "COMMIT");
+  commit.join();
+  EXPECT_EQ(committed.load(), 0);
+  EXPECT_EQ(Scalar(conn(), "SELECT count(*) FROM " + S() + ".wal_positions"), "0");
+  EXPECT_EQ(Scalar(conn(), "SELECT count(*) FROM " + S() + ".wal_seqs"), "0");
+}
+
+// What later commits superseded goes; the latest of each stays, so reads do not change. A relay
+// that stopped before its purge leaves numbers behind: the next ledger's first purge takes them.
+TEST_F(PgWalTest, PurgeKeepsTheLatestOfEachAndSweepsWhatAStoppedRelayLeft) {
+  EnableWal();
+  const auto count = [&](const std::string& table) {
+    return std::stoll(Scalar(conn(), "SELECT count(*) FROM " + S() + "." + table));
+  };
+  {
+    auto ledger = postgres::OpenWalLedger(PgUrl(), S());
+    const auto epoch = ledger->Acquire("a", kLease);
+    ASSERT_TRUE(epoch.has_value());
+    EXPECT_EQ(ledger->Seqs({kOne, kTwo}), (std::vector<std::int64_t>{0, 0}));
+    for (int i = 1; i <= 40; ++i) {
+      const WalStream& stream = i % 2 == 0 ? kTwo : kOne;
+      ASSERT_TRUE(ledger->Commit("a", *epoch,
+                                 Reached(0x1000 + static_cast<Lsn>(i), {{stream, (i + 1) / 2}})));
+    }
+    EXPECT_EQ(count("wal_positions"), 40);
+    EXPECT_EQ(count("wal_seqs"), 40);
+    EXPECT_EQ(ledger->Purge(), 39 + 38);
+    EXPECT_EQ(count("wal_positions"), 1);
+    EXPECT_EQ(count("wal_seqs"), 2);
+    EXPECT_EQ(ledger->Purge(), 0);
+    EXPECT_EQ(ledger->Position(), 0x1000U + 40);
+    EXPECT_EQ(ledger->Seqs({kOne, kTwo}), (std::vector<std::int64_t>{20, 20}));
+    // Three more, and the relay stops before purging them.
+    for (int i = 41; i <= 43; ++i) {
+      ASSERT_TRUE(ledger->Commit("a", *epoch, Reached(0x1000 + static_cast<Lsn>(i), {{kOne, i}})));
+    }
+  }
+  auto next = postgres::OpenWalLedger(PgUrl(), S());
+  const auto epoch = next->Acquire("a", kLease);
+  ASSERT_TRUE(epoch.has_value());
+  EXPECT_EQ(next->Seqs({kOne}), std::vector<std::int64_t>{43});
+  ASSERT_TRUE(next->Commit("a", *epoch, Reached(0x2000, {{kOne, 44}})));
+  EXPECT_EQ(next->Purge(), 4 + 4);  // positions 40 to 43; numbers 20, 41, 42, 43 of 'one'
+  EXPECT_EQ(count("wal_positions"), 1);
+  EXPECT_EQ(Scalar(conn(),
+                   "SELECT string_agg(stream_key || ' ' || seq, ',' ORDER BY stream_key) "
+                   "FROM " +
+                       S() + ".wal_seqs"),
+            "one 44,two 20");
+}
+
+// Version 13 keeps what a version 12 relay recorded: its position and its counters.
+TEST(PgWalUpgradeTest, Version13KeepsTheRecordedPositionAndCounters) {
+  const SchemaAtVersion schema(12);
+  const std::string& name = schema.name();
+  ASSERT_EQ(Scalar(schema.conn(), "SELECT max(version) FROM " + name + ".schema_version"), "12");
+  Sql(schema.conn(), "INSERT INTO " + name +
+                         ".wal_progress (slot, position, owner, epoch) VALUES "
+                         "('s1', '0/1234', 'relay', 3), ('s2', '0/0', NULL, 0)");
+  Sql(schema.conn(), "INSERT INTO " + name +
+                         ".wal_stream_seqs (target, stream_key, seq) VALUES "
+                         "('default', 'a', 7), ('default', 'b', 1), ('kafka', 'a', 2)");
+
+  EXPECT_EQ(postgres::Migrate(schema.conn(), name), 12);
+  EXPECT_EQ(Scalar(schema.conn(), "SELECT max(version) FROM " + name + ".schema_version"),
+            std::to_string(postgres::LatestSchemaVersion()));
+  EXPECT_EQ(
+      Scalar(schema.conn(), "SELECT " + name + ".wal_position('s1') || ' ' || " + name +
+                                ".wal_position('s2') || ' ' || " + name + ".wal_position('none')"),
+      "0/1234 0/0 0/0");
+  EXPECT_EQ(
+      Scalar(schema.conn(), "SELECT string_agg(slot || ' ' || owner || ' ' || epoch, ',') FROM " +
+                                name + ".wal_progress WHERE owner IS NOT NULL"),
+      "s1 relay 3");
+  EXPECT_EQ(Scalar(schema.conn(),
+                   "SELECT string_agg(target || ' ' || stream_key || ' ' || seq, ',' "
+                   "ORDER BY target, stream_key) FROM " +
+                       name + ".wal_stream_seqs"),
+            "default a 7,default b 1,kafka a 2");
 }
 
 }  // namespace

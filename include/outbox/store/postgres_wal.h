@@ -32,7 +32,7 @@ struct WalStatus {
   std::int64_t wal_topics = 0;       // topics whose delivery is 'wal' (topic_settings)
   std::optional<std::string> slot;   // settings.wal_slot
   WalSlotState state;                // the slot on the server (exists false when there is none)
-  Lsn position = 0;                  // wal_progress.position: handled up to here
+  Lsn position = 0;                  // the latest of wal_positions: handled up to here
   std::optional<std::string> owner;  // the relay holding the slot's lease, while it is live
 };
 WalStatus ReadWalStatus(pg_conn* conn, const std::string& schema);

@@ -62,7 +62,8 @@ class WalSource {
   virtual void Start(Lsn after) = 0;
 
   // The next committed transaction with at least one outbox message (or undecodable record),
-  // waiting at most `timeout`; nullopt when none came in time. Sends the standby status updates
+  // waiting at most `timeout` (a zero timeout still returns one that has already arrived);
+  // nullopt when none came in time. Sends the standby status updates
   // that are due meanwhile (and the ones the server asks for). Throws StoreError(kUnavailable)
   // when the connection is lost: call Start again.
   virtual std::optional<WalTransaction> Next(std::chrono::milliseconds timeout) = 0;
@@ -152,6 +153,11 @@ class WalLedger {
   // Makes `commit` durable if `owner` still holds the lease under `epoch`; returns false (and
   // writes nothing) when it does not.
   virtual bool Commit(const std::string& owner, std::int64_t epoch, const WalCommit& commit) = 0;
+
+  // Removes what later commits superseded (earlier positions and stream_seq counters) and
+  // returns how many records went; the relay calls it every few seconds. Removing is never
+  // needed for correctness, only to keep the ledger small.
+  virtual std::int64_t Purge() = 0;
 };
 
 }  // namespace outbox

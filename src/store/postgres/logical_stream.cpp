@@ -17,6 +17,10 @@ namespace {
 using std::chrono::steady_clock;
 
 constexpr std::chrono::milliseconds kCloseWait{1000};
+// Past its timeout, Next still reads what has already arrived, up to this many protocol
+// messages: a zero timeout then returns a transaction already on the socket (the relay gathers a
+// batch that way), while one longer than that resumes in the next call.
+constexpr int kMostMessagesPastTimeout = 1024;
 // Microseconds from the Unix epoch to PostgreSQL's (2000-01-01 UTC).
 constexpr std::int64_t kPostgresEpochMicros = 946684800LL * 1000000LL;
 
@@ -341,8 +345,9 @@ Lsn LogicalStream::Reportable() const {
 std::optional<DecodedCommit> LogicalStream::Next(std::chrono::milliseconds timeout) {
   if (!conn_) FailFromConnection("cannot read the replication stream");
   const Deadline until = steady_clock::now() + timeout;
-  bool looked_after_deadline = false;
-  // Bounded by `until`: every path either returns or checks it.
+  int past_timeout = 0;
+  // Bounded: before `until` every wait ends by it; after it, only what is already readable is
+  // taken, and at most kMostMessagesPastTimeout messages of it.
   for (;;) {
     SendStatus(false);
     char* raw = nullptr;
@@ -359,14 +364,17 @@ std::optional<DecodedCommit> LogicalStream::Next(std::chrono::milliseconds timeo
              "malformed pgoutput data from " + description_ + ": " + error.what());
       }
       if (commit) return commit;
-      if (steady_clock::now() >= until) return std::nullopt;
+      if (steady_clock::now() >= until && ++past_timeout >= kMostMessagesPastTimeout) {
+        return std::nullopt;
+      }
       continue;
     }
     if (length == 0) {
-      if (looked_after_deadline) return std::nullopt;
-      // Past the deadline, still take in what has already arrived once (a zero timeout polls).
-      looked_after_deadline = steady_clock::now() >= until;
       const bool heard = Wait(until);
+      if (!heard && steady_clock::now() >= until) {
+        CheckSilence();
+        return std::nullopt;
+      }
       if (PQconsumeInput(conn_.get()) == 0) {
         FailFromConnection("lost the replication stream");
       }

@@ -89,6 +89,8 @@ class LogicalStream {
 
   // The next transaction with at least one of our messages, waiting at most `timeout` overall;
   // nullopt when none came in time (a transaction half received is kept for the next call).
+  // What has already arrived is read even past the timeout (up to 1024 protocol messages), so a
+  // zero timeout returns a transaction that is already on the socket.
   std::optional<DecodedCommit> Next(std::chrono::milliseconds timeout);
 
   // Everything up to `lsn` is durable elsewhere; never moves back. Reported to the server by the

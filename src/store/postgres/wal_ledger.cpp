@@ -1,8 +1,11 @@
-// WalLedger on PostgreSQL (outbox/store/wal.h): the slot's row in wal_progress (position and
-// lease), the relay's stream_seq counters in wal_stream_seqs, and parked messages as rows of
+// WalLedger on PostgreSQL (outbox/store/wal.h): the slot's lease (its row in wal_progress), the
+// positions reached (wal_positions) and the relay's stream_seq counters (wal_seqs), both
+// insert-only logs read backwards (sql/013_wal_ledger_log.sql), and parked messages as rows of
 // messages (sql/012_wal_delivery.sql). A commit is one statement when nothing is parked, else
 // one transaction.
 
+#include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -58,13 +61,18 @@ class PostgresWalLedger final : public WalLedger {
     leave_sql_ = "UPDATE " + s +
                  ".wal_progress SET owner = NULL, lease_until = NULL"
                  " WHERE slot = $1 AND owner = $2 AND epoch = $3::bigint";
-    position_sql_ = "SELECT position::text FROM " + s + ".wal_progress WHERE slot = $1";
-    seqs_sql_ =
-        "SELECT coalesce(q.seq, 0) FROM unnest($1::text[], $2::text[]) WITH ORDINALITY"
-        " AS u(target, stream_key, n) LEFT JOIN " +
-        s +
-        ".wal_stream_seqs q ON q.target = u.target AND q.stream_key = u.stream_key"
-        " ORDER BY u.n";
+    // One row while the slot has its lease row (EnsureWalSlot made it); NULL before any commit.
+    position_sql_ = "SELECT (SELECT p.position::text FROM " + s +
+                    ".wal_positions p WHERE p.slot = $1 ORDER BY p.position DESC LIMIT 1)"
+                    " FROM " +
+                    s + ".wal_progress WHERE slot = $1";
+    // The latest number of each pair: a backward scan of its key, which stops at the newest entry
+    // however many dead ones an old snapshot keeps below it.
+    seqs_sql_ = "SELECT coalesce((SELECT q.seq FROM " + s +
+                ".wal_seqs q WHERE q.target = u.target AND q.stream_key = u.stream_key"
+                " ORDER BY q.seq DESC LIMIT 1), 0)"
+                " FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(target, stream_key, n)"
+                " ORDER BY u.n";
     // A stream waits while a message of it is leased or failed (messages_in_flight) or pending
     // after a claim: parked rows carry lease_epoch 1, so they are in the small index of returned
     // messages, not walked among fresh ones. An abandoned message holds back nothing (as in
@@ -79,19 +87,43 @@ class PostgresWalLedger final : public WalLedger {
         s +
         ".messages m WHERE m.status = 'pending' AND m.lease_epoch > 0"
         " AND m.stream_key = u.stream_key AND m.target = u.target)";
-    commit_sql_ = "WITH lease AS (UPDATE " + s +
-                  ".wal_progress SET position = $4::pg_lsn"
-                  " WHERE slot = $1 AND owner = $2 AND epoch = $3::bigint AND lease_until > now()"
-                  " RETURNING 1),"
+    // Fenced by a share lock on the lease row: a relay taking the lease over waits for this
+    // commit (and this one sees the takeover once it committed). A lock writes no row version.
+    commit_sql_ = "WITH lease AS (SELECT 1 FROM " + s +
+                  ".wal_progress WHERE slot = $1 AND owner = $2 AND epoch = $3::bigint"
+                  " AND lease_until > now() FOR SHARE),"
+                  " reached AS (INSERT INTO " +
+                  s +
+                  ".wal_positions (slot, position, epoch)"
+                  " SELECT $1, $4::pg_lsn, $3::bigint WHERE EXISTS (SELECT 1 FROM lease)"
+                  " ON CONFLICT DO NOTHING RETURNING 1),"
                   " seqs AS (INSERT INTO " +
                   s +
-                  ".wal_stream_seqs (target, stream_key, seq)"
+                  ".wal_seqs (target, stream_key, seq)"
                   " SELECT u.target, u.stream_key, u.seq"
                   " FROM unnest($5::text[], $6::text[], $7::bigint[]) AS u(target, stream_key, seq)"
-                  " WHERE EXISTS (SELECT 1 FROM lease)"
-                  " ON CONFLICT (target, stream_key) DO UPDATE SET seq = excluded.seq"
-                  " RETURNING 1)"
-                  " SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM seqs)";
+                  " WHERE EXISTS (SELECT 1 FROM lease) RETURNING 1)"
+                  " SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM reached),"
+                  " (SELECT count(*) FROM seqs)";
+    // What this ledger's commits superseded, from where its last purge ended: the walk does not
+    // pass again over what earlier purges removed (dead entries an old snapshot keeps).
+    purge_positions_sql_ = "DELETE FROM " + s +
+                           ".wal_positions WHERE slot = $1 AND position >= $2::pg_lsn"
+                           " AND position < $3::pg_lsn";
+    // One index range per pair (OFFSET 0 keeps the planner from joining the whole table instead,
+    // which under an old snapshot means walking every dead row).
+    purge_seqs_sql_ = "DELETE FROM " + s +
+                      ".wal_seqs WHERE ctid = ANY (ARRAY(SELECT q.ctid"
+                      " FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])"
+                      " AS u(target, stream_key, low, high) CROSS JOIN LATERAL"
+                      " (SELECT x.ctid FROM " +
+                      s +
+                      ".wal_seqs x WHERE x.target = u.target AND x.stream_key = u.stream_key"
+                      " AND x.seq >= u.low AND x.seq < u.high OFFSET 0) q))";
+    // Once per ledger: numbers a relay that stopped before its purge left behind.
+    sweep_seqs_sql_ = "DELETE FROM " + s + ".wal_seqs q WHERE EXISTS (SELECT 1 FROM " + s +
+                      ".wal_seqs n WHERE n.target = q.target AND n.stream_key = q.stream_key"
+                      " AND n.seq > q.seq)";
     slot_sql_ =
         "SELECT active, coalesce(wal_status, ''),"
         " coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint,"
@@ -138,8 +170,9 @@ class PostgresWalLedger final : public WalLedger {
           "the WAL slot " + slot_ + " has no row in wal_progress: run outboxctl migrate --wal-slot",
           "");
     }
+    if (PQgetisnull(result.get(), 0, 0) != 0) return 0;
     const auto lsn = ParseLsn(Column(result.get(), 0, 0));
-    if (!lsn) throw PgError(FailureKind::kPermanent, "wal_progress.position: not an LSN", "");
+    if (!lsn) throw PgError(FailureKind::kPermanent, "wal_positions.position: not an LSN", "");
     return *lsn;
   }
 
@@ -156,6 +189,9 @@ class PostgresWalLedger final : public WalLedger {
     if (seqs.size() != streams.size()) {
       throw PgError(FailureKind::kPermanent, "stream_seq counters: one row per stream expected",
                     "");
+    }
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      ranges_.try_emplace(streams[i], SeqRange{.low = seqs[i], .high = seqs[i]});
     }
     return seqs;
   }
@@ -204,6 +240,7 @@ class PostgresWalLedger final : public WalLedger {
       }
       for (const ParkedMessage& parked : commit.parked) Park(conn, parked);
       if (transaction) Exec(conn, "commit the WAL commit", "COMMIT");
+      Committed(commit);
       return true;
     } catch (...) {
       // A lost connection has no transaction left; otherwise end this one.
@@ -215,7 +252,64 @@ class PostgresWalLedger final : public WalLedger {
     }
   }
 
+  std::int64_t Purge() override {
+    PGconn* conn = connection_.Ready();
+    std::int64_t removed = 0;
+    if (!swept_) {
+      removed += Affected(Exec(conn, "sweep stream_seq counters", sweep_seqs_sql_));
+      swept_ = true;
+    }
+    if (committed_ > purged_) {
+      const std::string low = FormatLsn(purged_);
+      const std::string high = FormatLsn(committed_);
+      removed += Affected(Exec(conn, "purge WAL positions", purge_positions_sql_,
+                               {Param{slot_}, Param{low}, Param{high}}));
+      purged_ = committed_;
+    }
+    std::vector<std::string> targets;
+    std::vector<std::string> keys;
+    std::vector<std::int64_t> lows;
+    std::vector<std::int64_t> highs;
+    for (const auto& [stream, range] : ranges_) {
+      if (range.high <= range.low) continue;
+      targets.push_back(stream.first);
+      keys.push_back(stream.second);
+      lows.push_back(range.low);
+      highs.push_back(range.high);
+    }
+    if (!targets.empty()) {
+      const std::string target_array = TextArray(targets);
+      const std::string key_array = TextArray(keys);
+      const std::string low_array = NumberArray(lows);
+      const std::string high_array = NumberArray(highs);
+      removed += Affected(
+          Exec(conn, "purge stream_seq counters", purge_seqs_sql_,
+               {Param{target_array}, Param{key_array}, Param{low_array}, Param{high_array}}));
+      for (auto& [stream, range] : ranges_) range.low = range.high;
+    }
+    return removed;
+  }
+
  private:
+  // Of one (target, stream) pair in wal_seqs: numbers below `high` (this ledger's latest) and
+  // from `low` on are superseded and not yet purged.
+  struct SeqRange {
+    std::int64_t low = 0;
+    std::int64_t high = 0;
+  };
+
+  static std::int64_t Affected(const ResultPtr& result) {
+    return ParseInt64(PQcmdTuples(result.get()), "rows removed");
+  }
+
+  void Committed(const WalCommit& commit) {
+    committed_ = std::max(committed_, commit.position);
+    for (const auto& [stream, seq] : commit.seqs) {
+      auto& range = ranges_.try_emplace(stream, SeqRange{}).first->second;
+      range.high = std::max(range.high, seq);
+    }
+  }
+
   bool WritePosition(PGconn* conn, const std::string& owner, std::int64_t epoch,
                      const WalCommit& commit) {
     std::vector<std::string> targets;
@@ -271,9 +365,17 @@ class PostgresWalLedger final : public WalLedger {
   std::string seqs_sql_;
   std::string blocked_sql_;
   std::string commit_sql_;
+  std::string purge_positions_sql_;
+  std::string purge_seqs_sql_;
+  std::string sweep_seqs_sql_;
   std::string slot_sql_;
   std::string end_reader_sql_;
   std::string park_sql_;
+
+  Lsn committed_ = 0;  // the position of this ledger's last commit
+  Lsn purged_ = 0;     // positions below it are purged
+  std::map<WalStream, SeqRange> ranges_;
+  bool swept_ = false;
 };
 
 }  // namespace

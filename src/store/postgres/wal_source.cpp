@@ -81,7 +81,9 @@ WalStatus ReadWalStatus(pg_conn* conn, const std::string& schema) {
                " coalesce(r.active, false), coalesce(r.wal_status, ''),"
                " coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), r.restart_lsn), 0)::bigint,"
                " coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), r.confirmed_flush_lsn), 0)::bigint,"
-               " coalesce(p.position, '0/0')::text,"
+               " " +
+               s +
+               ".wal_position(st.wal_slot)::text,"
                " CASE WHEN p.lease_until > now() THEN p.owner END"
                " FROM " +
                s +
