@@ -361,23 +361,25 @@ class WalRelay::Engine {
     const auto outcomes = Publish(items, to_publish);
     std::map<std::size_t, const PublishOutcome*> outcome_of;
     for (std::size_t k = 0; k < to_publish.size(); ++k) outcome_of[to_publish[k]] = &outcomes[k];
-    // An outage (something unconfirmed, nothing rejected): nothing is committed or parked; the
-    // batch is read and published again. When the broker did reject something, what it left
-    // unconfirmed beside it (a channel closed by the rejection: "not sent", "outcome unknown")
-    // is parked to wait as well: publishing the batch again would meet the same rejection forever.
-    const PublishOutcome* unconfirmed = nullptr;
-    bool rejected = false;
-    for (const auto& outcome : outcomes) {
-      if (!outcome.failure) continue;
-      if (outcome.failure->treatment().spends_attempt) {
-        rejected = true;
-      } else if (unconfirmed == nullptr) {
-        unconfirmed = &outcome;
+    // An outage (something unconfirmed by a target that rejected nothing in this batch): nothing
+    // is committed or parked; the batch is read and published again. When a target did reject
+    // something, what it left unconfirmed beside it (a channel closed by the rejection: "not
+    // sent", "outcome unknown") is parked to wait as well: publishing the batch again would meet
+    // the same rejection forever. Another target's outage is never parked.
+    std::set<std::string, std::less<>> rejecting;
+    for (std::size_t k = 0; k < outcomes.size(); ++k) {
+      const auto& failure = outcomes[k].failure;
+      if (failure && failure->treatment().spends_attempt) {
+        rejecting.insert(items[to_publish[k]].envelope.target);
       }
     }
-    if (unconfirmed != nullptr && !rejected) {
-      Outage("a sink did not confirm: " + unconfirmed->failure->Describe());
-      return;
+    for (std::size_t k = 0; k < outcomes.size(); ++k) {
+      const auto& failure = outcomes[k].failure;
+      if (failure && !failure->treatment().spends_attempt &&
+          !rejecting.contains(items[to_publish[k]].envelope.target)) {
+        Outage("a sink did not confirm: " + failure->Describe());
+        return;
+      }
     }
     std::uint64_t published = 0;
     for (std::size_t i = 0; i < items.size(); ++i) {

@@ -63,7 +63,8 @@ class WalRelayTest : public ::testing::Test {
   };
 
   // Starts a WAL relay over `sink` on its own thread; returns its index in relays_.
-  std::size_t Start(std::unique_ptr<Sink> sink, WalRelayOptions options = {}) {
+  std::size_t Start(std::unique_ptr<Sink> sink, WalRelayOptions options = {},
+                    SinkMap more_sinks = {}) {
     if (options.instance.empty()) options.instance = "wal-test";
     options.lease = milliseconds{2000};
     options.publish_timeout = milliseconds{1000};
@@ -71,7 +72,7 @@ class WalRelayTest : public ::testing::Test {
     options.max_backoff = milliseconds{100};
     options.retry.initial_delay = milliseconds{100};
     options.retry.max_delay = milliseconds{200};
-    SinkMap sinks;
+    SinkMap sinks = std::move(more_sinks);
     sinks.emplace("default", std::move(sink));
     auto running = std::make_unique<Running>();
     running->relay =
@@ -329,6 +330,51 @@ TEST_F(WalRelayTest, ARejectedMessageParksItsStreamOthersFlowAndTheTableRelayKee
     return !delivered.empty() && delivered.back().stream_key == std::optional<std::string>{"bad"};
   }));
   EXPECT_EQ(sink->delivered().back().stream_seq, std::optional<std::int64_t>{8});
+}
+
+// A batch where one target rejects a message while another target's broker is down: the outage
+// parks nothing (the batch is published again once the broker is back); only the rejection is
+// parked, once.
+TEST_F(WalRelayTest, AnOutageOfOneTargetParksNothingEvenBesideARejectionByAnother) {
+  std::string poison;
+  std::atomic<bool> down{true};
+  auto rejecting = std::make_unique<TestSink>([&](const Envelope& envelope) {
+    return envelope.id.ToString() == poison
+               ? std::optional<Failure>{Failure{FailureKind::kRejected, "NOT_FOUND - no exchange"}}
+               : std::nullopt;
+  });
+  auto flaky = std::make_unique<TestSink>([&](const Envelope&) -> std::optional<Failure> {
+    if (down) return Failure{FailureKind::kUnavailable, "broker down"};
+    return std::nullopt;
+  });
+  TestSink* other = flaky.get();
+  auto conn = Connect();
+  // One transaction, so one batch holds them all (written before the relay runs, so the sink's
+  // verdict reads `poison` unchanged).
+  std::set<std::string> to_other;
+  Sql(conn.get(), "BEGIN");
+  Sql(conn.get(), "SET LOCAL synchronous_commit = on");
+  poison = Scalar(conn.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'bad')");
+  for (int i = 0; i < 4; ++i) {
+    // With `targets`, enqueue returns the ids of its copies: one here.
+    to_other.insert(Scalar(conn.get(), "SELECT (" + S() +
+                                           ".enqueue('t', '{}', stream_key => 's', targets => "
+                                           "ARRAY['other']))[1]"));
+  }
+  Sql(conn.get(), "COMMIT");
+  SinkMap more;
+  more.emplace("other", std::move(flaky));
+  Start(std::move(rejecting), {}, std::move(more));
+  ASSERT_TRUE(WaitFor([&] { return other->calls() >= 3; })) << "it keeps trying";
+  EXPECT_EQ(Count("true"), "0") << "nothing is parked while a target is down";
+  EXPECT_GT(relay(0).counters().errors.load(), 0U);
+  down = false;
+  ASSERT_TRUE(WaitFor([&] { return other->delivered().size() >= 4; }));
+  std::set<std::string> delivered;
+  for (const Envelope& envelope : other->delivered()) delivered.insert(envelope.id.ToString());
+  EXPECT_EQ(delivered, to_other);
+  ASSERT_TRUE(WaitFor([&] { return Count("true") == "1"; })) << Count("true");
+  EXPECT_EQ(Count("id = '" + poison + "' AND status = 'failed' AND target = 'default'"), "1");
 }
 
 TEST_F(WalRelayTest, APermanentRejectionIsAbandonedAndHoldsNothingBack) {
