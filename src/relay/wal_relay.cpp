@@ -350,7 +350,7 @@ class WalRelay::Engine {
 
     WalCommit commit{.position = position, .seqs = {}, .parked = {}};
     AssignSeqs(items, commit);
-    std::set<WalStream> broken = Blocked(items);
+    std::set<WalStream> broken = ReadStreamStates(items);
     // Messages of streams waiting in the table are parked at once; the rest is published.
     std::vector<std::size_t> to_publish;
     for (std::size_t i = 0; i < items.size(); ++i) {
@@ -418,8 +418,11 @@ class WalRelay::Engine {
                                .attempts = 1,
                                .available_in = abandon ? milliseconds{0} : delay,
                                .error = failure.Describe()});
-      // An abandoned message holds nothing back (as in table mode); a failed one its stream.
-      if (stream && !abandon) broken.insert(*stream);
+      // Its followers in this batch reached the broker before the verdict, without
+      // stream_prev_seq: they are parked too, and published again by the table relay, whose
+      // claim sets it after an abandoned one (as table mode holds them back). In later batches an
+      // abandoned message holds nothing back: the stream's next message carries stream_prev_seq.
+      if (stream) broken.insert(*stream);
     }
     if (!ledger_->Commit(owner_, *epoch_, commit)) {
       ++counters_.lease_lost;
@@ -465,13 +468,31 @@ class WalRelay::Engine {
     commit.seqs.assign(changed.begin(), changed.end());
   }
 
-  std::set<WalStream> Blocked(const std::vector<Item>& items) {
-    std::set<WalStream> keyed;
-    for (const Item& item : items) {
-      if (auto stream = StreamOf(item.envelope)) keyed.insert(std::move(*stream));
+  // The streams of the batch that wait in the table (their messages here are parked behind);
+  // and, where the message before a stream's first one here was abandoned, that first message's
+  // stream_prev_seq.
+  std::set<WalStream> ReadStreamStates(std::vector<Item>& items) {
+    std::vector<std::pair<WalStream, std::int64_t>> streams;
+    std::vector<std::size_t> first_item;
+    std::map<WalStream, std::size_t> seen;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      auto stream = StreamOf(items[i].envelope);
+      if (!stream || !seen.try_emplace(*stream, streams.size()).second) continue;
+      streams.emplace_back(std::move(*stream), items[i].envelope.stream_seq.value_or(0));
+      first_item.push_back(i);
     }
-    const auto blocked = ledger_->Blocked({keyed.begin(), keyed.end()});
-    return {blocked.begin(), blocked.end()};
+    const auto states = ledger_->StreamStates(streams);
+    if (states.size() != streams.size()) {
+      throw StoreError(FailureKind::kUnavailable,
+                       "the ledger returned " + std::to_string(states.size()) +
+                           " stream states for " + std::to_string(streams.size()) + " streams");
+    }
+    std::set<WalStream> blocked;
+    for (std::size_t k = 0; k < streams.size(); ++k) {
+      if (states[k].blocked) blocked.insert(streams[k].first);
+      if (states[k].prev_seq) items[first_item[k]].envelope.stream_prev_seq = states[k].prev_seq;
+    }
+    return blocked;
   }
 
   // Each target's messages through its sink, in batch order; one outcome per index.

@@ -148,6 +148,17 @@ class WalRelayTest : public ::testing::Test {
   std::thread table_thread_;
 };
 
+// A sink that refuses the message whose id is `poison` (read under `mutex`) with `kind`.
+std::unique_ptr<TestSink> Refusing(const std::string& poison, std::mutex& mutex, FailureKind kind,
+                                   const std::string& why) {
+  return std::make_unique<TestSink>(
+      [&poison, &mutex, kind, why](const Envelope& envelope) -> std::optional<Failure> {
+        std::lock_guard lock(mutex);
+        if (envelope.id.ToString() == poison) return Failure{kind, why};
+        return std::nullopt;
+      });
+}
+
 // Per stream, the stream_seqs of `delivered` in delivery order (first deliveries only).
 std::map<std::string, std::vector<std::int64_t>> FirstSeqs(const std::vector<Envelope>& delivered) {
   std::map<std::string, std::vector<std::int64_t>> seqs;
@@ -377,26 +388,74 @@ TEST_F(WalRelayTest, AnOutageOfOneTargetParksNothingEvenBesideARejectionByAnothe
   EXPECT_EQ(Count("id = '" + poison + "' AND status = 'failed' AND target = 'default'"), "1");
 }
 
-TEST_F(WalRelayTest, APermanentRejectionIsAbandonedAndHoldsNothingBack) {
+// A permanent rejection is parked as abandoned and holds nothing back; the stream's next message
+// carries stream_prev_seq (the seq below the abandoned run: 0 here), as after a claim in table
+// mode, so that a consumer's inbox knows seq 1 will not come; the one after it carries none.
+TEST_F(WalRelayTest, AMessageAfterAnAbandonedOneCarriesStreamPrevSeq) {
   std::string poison;
   std::mutex mutex;
-  auto owned = std::make_unique<TestSink>([&](const Envelope& envelope) -> std::optional<Failure> {
-    std::lock_guard lock(mutex);
-    if (envelope.id.ToString() == poison) return Failure{FailureKind::kPermanent, "too large"};
-    return std::nullopt;
-  });
+  auto owned = Refusing(poison, mutex, FailureKind::kPermanent, "too large");
   TestSink* sink = owned.get();
   auto conn = Connect();
   poison = Enqueue(conn.get(), "a");  // before the relay runs, which reads it
-  Enqueue(conn.get(), "a");
   Start(std::move(owned));
-  ASSERT_TRUE(WaitFor([&] { return sink->delivered().size() == 1; }));
-  EXPECT_EQ(sink->delivered()[0].stream_seq, std::optional<std::int64_t>{2});
-  // Parked by the batch's commit, a moment after the sink saw the other message (when both came
-  // in one batch).
-  EXPECT_TRUE(WaitFor([&] {
+  ASSERT_TRUE(WaitFor([&] {
     return Count("id = '" + poison + "' AND status = 'abandoned' AND stream_seq = 1") == "1";
   }));
+  const std::string next = Enqueue(conn.get(), "a");
+  const std::string after = Enqueue(conn.get(), "a");
+  ASSERT_TRUE(WaitFor([&] { return sink->delivered().size() == 2; }));
+  const auto delivered = sink->delivered();
+  EXPECT_EQ(delivered[0].id.ToString(), next);
+  EXPECT_EQ(delivered[0].stream_seq, std::optional<std::int64_t>{2});
+  EXPECT_EQ(delivered[0].stream_prev_seq, std::optional<std::int64_t>{0});
+  EXPECT_EQ(delivered[1].id.ToString(), after);
+  EXPECT_EQ(delivered[1].stream_seq, std::optional<std::int64_t>{3});
+  EXPECT_EQ(delivered[1].stream_prev_seq, std::nullopt);
+  EXPECT_EQ(Count("true"), "1") << "only the abandoned message is in the table";
+}
+
+// Followers sent in the same batch as a message that gets abandoned reached the broker without
+// stream_prev_seq: they are parked and published again by the table relay, whose claim sets it
+// (as table mode holds them back). Other streams are not touched.
+TEST_F(WalRelayTest, FollowersInTheBatchOfAnAbandonedMessageAreRepublishedWithStreamPrevSeq) {
+  std::string poison;
+  std::mutex mutex;
+  auto owned = Refusing(poison, mutex, FailureKind::kPermanent, "too large");
+  TestSink* sink = owned.get();
+  auto conn = Connect();
+  // One transaction, so one batch holds them all (written before the relay runs).
+  Sql(conn.get(), "BEGIN");
+  Sql(conn.get(), "SET LOCAL synchronous_commit = on");
+  const auto enqueue = [&](const std::string& stream) {
+    return Scalar(conn.get(),
+                  "SELECT " + S() + ".enqueue('t', '{}', stream_key => '" + stream + "')");
+  };
+  {
+    std::lock_guard lock(mutex);
+    poison = enqueue("a");
+  }
+  const std::string follower = enqueue("a");
+  const std::string other = enqueue("b");
+  Sql(conn.get(), "COMMIT");
+  Start(std::move(owned));
+  ASSERT_TRUE(WaitFor([&] { return Count("true") == "2"; })) << Count("true");
+  EXPECT_EQ(Count("id = '" + poison + "' AND status = 'abandoned' AND stream_seq = 1"), "1");
+  EXPECT_EQ(Count("id = '" + follower + "' AND status = 'pending' AND stream_seq = 2"), "1");
+  EXPECT_EQ(Count("stream_key = 'b'"), "0");
+  auto table_owned = std::make_unique<TestSink>();
+  TestSink* table_sink = table_owned.get();
+  StartTableRelay(std::move(table_owned));
+  ASSERT_TRUE(WaitFor([&] { return table_sink->delivered().size() == 1; }));
+  const Envelope republished = table_sink->delivered()[0];
+  EXPECT_EQ(republished.id.ToString(), follower);
+  EXPECT_EQ(republished.stream_seq, std::optional<std::int64_t>{2});
+  EXPECT_EQ(republished.stream_prev_seq, std::optional<std::int64_t>{0});
+  bool other_seen = false;
+  for (const Envelope& envelope : sink->delivered()) {
+    other_seen = other_seen || envelope.id.ToString() == other;
+  }
+  EXPECT_TRUE(other_seen);
 }
 
 TEST_F(WalRelayTest, OneRelayReadsTheSlotTheOtherStandsByAndTakesOver) {

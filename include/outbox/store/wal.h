@@ -109,6 +109,17 @@ struct WalCommit {
   std::vector<ParkedMessage> parked;
 };
 
+// A stream of a WAL batch as outbox.messages sees it (WalLedger::StreamStates).
+struct WalStreamState {
+  // A message of the stream waits there (parked, leased or failed): this batch's messages of
+  // the stream are parked behind it.
+  bool blocked = false;
+  // Set when the message just before the stream's first one in the batch was abandoned: the
+  // seq below that run of abandoned messages (0 when it starts the stream), for the first
+  // message's Envelope::stream_prev_seq, as a claim in table mode sets it.
+  std::optional<std::int64_t> prev_seq;
+};
+
 // The slot as the server sees it (pg_replication_slots).
 struct WalSlotState {
   bool exists = false;
@@ -137,9 +148,10 @@ class WalLedger {
   // The latest stream_seq of each stream (0 for a stream never seen).
   virtual std::vector<std::int64_t> Seqs(const std::vector<WalStream>& streams) = 0;
 
-  // Which of `streams` have a message in outbox.messages not yet published (parked, or written
-  // in table mode): a later WAL message of such a stream is parked behind it.
-  virtual std::vector<WalStream> Blocked(const std::vector<WalStream>& streams) = 0;
+  // What outbox.messages says about each stream of a batch, given with the stream_seq of its
+  // first message in the batch (0 when not sequenced); one state per stream, in order.
+  virtual std::vector<WalStreamState> StreamStates(
+      const std::vector<std::pair<WalStream, std::int64_t>>& streams) = 0;
 
   // The slot's state on the server.
   virtual WalSlotState SlotState() = 0;

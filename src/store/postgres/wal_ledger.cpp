@@ -75,18 +75,34 @@ class PostgresWalLedger final : public WalLedger {
                 " ORDER BY u.n";
     // A stream waits while a message of it is leased or failed (messages_in_flight) or pending
     // after a claim: parked rows carry lease_epoch 1, so they are in the small index of returned
-    // messages, not walked among fresh ones. An abandoned message holds back nothing (as in
-    // table mode: see Envelope::stream_prev_seq).
-    blocked_sql_ =
-        "SELECT u.target, u.stream_key FROM unnest($1::text[], $2::text[])"
-        " AS u(target, stream_key) WHERE EXISTS (SELECT 1 FROM " +
+    // messages, not walked among fresh ones. An abandoned message holds nothing back (as in
+    // table mode: see Envelope::stream_prev_seq); when the one just before the stream's first
+    // message here is abandoned, prev is the seq below that run, as the claim's (statements.cpp,
+    // kPrevSeq) computes it. Only the streams with something to say come back.
+    states_sql_ =
+        "SELECT n, blocked, prev FROM (SELECT u.n,"
+        " EXISTS (SELECT 1 FROM " +
         s +
         ".messages m WHERE m.stream_key = u.stream_key AND m.target = u.target"
         " AND m.status IN ('processing', 'failed'))"
         " OR EXISTS (SELECT 1 FROM " +
         s +
         ".messages m WHERE m.status = 'pending' AND m.lease_epoch > 0"
-        " AND m.stream_key = u.stream_key AND m.target = u.target)";
+        " AND m.stream_key = u.stream_key AND m.target = u.target) AS blocked,"
+        " CASE WHEN u.seq > 1 AND EXISTS (SELECT 1 FROM " +
+        s +
+        ".messages a WHERE a.status = 'abandoned' AND a.stream_key = u.stream_key"
+        " AND a.target = u.target AND a.stream_seq = u.seq - 1 OFFSET 0)"
+        " THEN (SELECT a.stream_seq - 1 FROM " +
+        s +
+        ".messages a WHERE a.status = 'abandoned' AND a.stream_key = u.stream_key"
+        " AND a.target = u.target AND a.stream_seq < u.seq AND NOT EXISTS (SELECT 1 FROM " +
+        s +
+        ".messages b WHERE b.status = 'abandoned' AND b.stream_key = a.stream_key"
+        " AND b.target = a.target AND b.stream_seq = a.stream_seq - 1 OFFSET 0)"
+        " ORDER BY a.stream_seq DESC LIMIT 1) END AS prev"
+        " FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY"
+        " AS u(target, stream_key, seq, n)) states WHERE blocked OR prev IS NOT NULL";
     // Fenced by a share lock on the lease row: a relay taking the lease over waits for this
     // commit (and this one sees the takeover once it committed). A lock writes no row version.
     commit_sql_ = "WITH lease AS (SELECT 1 FROM " + s +
@@ -196,17 +212,36 @@ class PostgresWalLedger final : public WalLedger {
     return seqs;
   }
 
-  std::vector<WalStream> Blocked(const std::vector<WalStream>& streams) override {
-    if (streams.empty()) return {};
-    const auto [targets, keys] = StreamArrays(streams);
-    const auto result = Exec(connection_.Ready(), "find streams waiting in the table", blocked_sql_,
-                             {Param{targets}, Param{keys}});
-    std::vector<WalStream> blocked;
-    for (int row = 0; row < PQntuples(result.get()); ++row) {
-      blocked.emplace_back(std::string{Column(result.get(), row, 0)},
-                           std::string{Column(result.get(), row, 1)});
+  std::vector<WalStreamState> StreamStates(
+      const std::vector<std::pair<WalStream, std::int64_t>>& streams) override {
+    std::vector<WalStreamState> states(streams.size());
+    if (streams.empty()) return states;
+    std::vector<std::string> targets;
+    std::vector<std::string> keys;
+    std::vector<std::int64_t> seqs;
+    for (const auto& [stream, seq] : streams) {
+      targets.push_back(stream.first);
+      keys.push_back(stream.second);
+      seqs.push_back(seq);
     }
-    return blocked;
+    const std::string target_array = TextArray(targets);
+    const std::string key_array = TextArray(keys);
+    const std::string seq_array = NumberArray(seqs);
+    const auto result =
+        Exec(connection_.Ready(), "read the streams' state in the table", states_sql_,
+             {Param{target_array}, Param{key_array}, Param{seq_array}});
+    for (int row = 0; row < PQntuples(result.get()); ++row) {
+      const auto n = ParseInt64(Column(result.get(), row, 0), "stream index");
+      if (n < 1 || n > static_cast<std::int64_t>(states.size())) {
+        throw PgError(FailureKind::kPermanent, "stream states: an index out of range", "");
+      }
+      WalStreamState& state = states[static_cast<std::size_t>(n - 1)];
+      state.blocked = Column(result.get(), row, 1) == "t";
+      if (PQgetisnull(result.get(), row, 2) == 0) {
+        state.prev_seq = ParseInt64(Column(result.get(), row, 2), "stream_prev_seq");
+      }
+    }
+    return states;
   }
 
   WalSlotState SlotState() override {
@@ -363,7 +398,7 @@ class PostgresWalLedger final : public WalLedger {
   std::string leave_sql_;
   std::string position_sql_;
   std::string seqs_sql_;
-  std::string blocked_sql_;
+  std::string states_sql_;
   std::string commit_sql_;
   std::string purge_positions_sql_;
   std::string purge_seqs_sql_;
