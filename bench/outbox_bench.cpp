@@ -18,9 +18,11 @@
 //   outbox-bench backlog  [--rows 10000000] [--measure 200000]
 //   outbox-bench bloat    [--rate 2000] [--seconds 600]     (steady load, old snapshot held open)
 //   outbox-bench enqueue  [--messages 20000]                (writers: the store's enqueue rates)
-//   outbox-bench wal-drain [--messages 100000] [--payload 256]  (burst drain in WAL mode, issue
-//   #20) outbox-bench sink     [--messages 100000]               (the RabbitMQ sink, classic and
-//   quorum)
+//   outbox-bench wal-drain [--messages 100000] [--payload 256]  (burst drain in WAL mode, #20)
+//   outbox-bench wal-drain --sink kafka [--kafka BROKERS] [--partitions 6]
+//                         (the same into Kafka, next to a raw librdkafka producer, as drain --sink
+//                         kafka does)
+//   outbox-bench sink     [--messages 100000]               (the RabbitMQ sink, classic, quorum)
 //
 // Servers: $OUTBOX_TEST_PG_URL and $OUTBOX_TEST_AMQP_URL (scripts/services); everything runs in
 // a database of its own (--database, default outbox_bench, created when missing), in schemas and
@@ -33,7 +35,8 @@
 // `NOT MET`, or `: not measured (why)`), where their numbers are computed: idle (statements/s,
 // commit -> consumer p99), drain with the RabbitMQ sink (% of the ceiling, 1M vs 100k), steady at
 // 1k msg/s and more (statements/message) and bloat (relay and writer throughput, first -> last
-// interval). bench/run gathers them at the end of its report.
+// interval); of issue #20 the WAL-mode ones and the WAL drain into Kafka (msgs/s, aim 50,000).
+// bench/run gathers them at the end of its report.
 
 #include <curl/curl.h>
 #include <fcntl.h>
@@ -736,45 +739,67 @@ void Drain(Env& env, const std::vector<std::int64_t>& counts,
 
 // --- workload: drain in WAL mode (issue #20) ---------------------------------------------------
 
-// `count` messages written in WAL mode (transactions of 100, over `streams` streams, sequenced)
-// while no relay runs, then outboxd with mode = "wal" starts: its rate to the consumer.
-DrainResult WalDrain(Env& env, std::int64_t count, std::size_t payload, int streams) {
-  Schema schema(env);
-  WalSlot slot(env, schema.name());
-  Queue queue(env);
-  const auto load_start = Clock::now();
-  {
-    auto conn = Connect(env.bench_url);
-    constexpr std::int64_t kPerTransaction = 100;
-    for (std::int64_t first = 0; first < count; first += kPerTransaction) {
-      const std::int64_t last = std::min(count, first + kPerTransaction) - 1;
-      // The payload as Payload() makes it: a JSON string starting with the 12-digit sequence.
-      Sql(conn.get(), "SELECT " + schema.name() + ".enqueue('" + queue.name() +
-                          "', to_jsonb(lpad(g::text, 12, '0') || repeat('x', " +
-                          std::to_string(payload - 14) + ")), stream_key => 's' || (g % " +
-                          std::to_string(streams) + ")) FROM generate_series(" +
-                          std::to_string(first) + ", " + std::to_string(last) + ") AS g");
-    }
-    Sql(conn.get(), "SET synchronous_commit = on");
-    Sql(conn.get(), "SELECT pg_logical_emit_message(true, 'bench-flush', '')");  // WAL flushed
+// Messages 0..count-1 for `topic` written in WAL mode (transactions of 100, over `streams`
+// streams, sequenced) while no relay runs, their WAL flushed: the seconds it took.
+double WriteWalMessages(Env& env, const Schema& schema, const std::string& topic,
+                        std::int64_t count, std::size_t payload, int streams) {
+  const auto start = Clock::now();
+  auto conn = Connect(env.bench_url);
+  constexpr std::int64_t kPerTransaction = 100;
+  for (std::int64_t first = 0; first < count; first += kPerTransaction) {
+    const std::int64_t last = std::min(count, first + kPerTransaction) - 1;
+    // The payload as Payload() makes it: a JSON string starting with the 12-digit sequence.
+    Sql(conn.get(), "SELECT " + schema.name() + ".enqueue('" + topic +
+                        "', to_jsonb(lpad(g::text, 12, '0') || repeat('x', " +
+                        std::to_string(payload - 14) + ")), stream_key => 's' || (g % " +
+                        std::to_string(streams) + ")) FROM generate_series(" +
+                        std::to_string(first) + ", " + std::to_string(last) + ") AS g");
   }
-  const double load_seconds = Seconds(Clock::now() - load_start);
-  Receiver receiver(queue.name(), static_cast<std::size_t>(count));
+  Sql(conn.get(), "SET synchronous_commit = on");
+  Sql(conn.get(), "SELECT pg_logical_emit_message(true, 'bench-flush', '')");  // WAL flushed
+  return Seconds(Clock::now() - start);
+}
+
+// outboxd with mode = "wal" on `schema`, [sinks.default] `sink` and [relay] lines `relay`, until
+// `arrived(limit)` reports every message at the destination (false: not within `limit`): outboxd
+// start -> then, its CPU, peak RSS and statements (the rate is the caller's); `cpu_use` gets the
+// machine's CPU over the same time.
+DrainResult RunWalOutboxd(Env& env, const Schema& schema, const std::string& sink,
+                          const std::string& relay,
+                          const std::function<bool(std::chrono::seconds)>& arrived,
+                          std::string& cpu_use) {
   StatementCounter statements(env);
   statements.Reset();
   const CpuUse cpu;
   const auto start = Clock::now();
-  Outboxd relay(env, schema.name(), drain_settings.Sink(env), drain_settings.Relay(),
-                "mode = \"wal\"\n");
-  if (!receiver.WaitFor(static_cast<std::size_t>(count), std::chrono::seconds{1800})) {
+  Outboxd outboxd(env, schema.name(), sink, relay, "mode = \"wal\"\n");
+  if (!arrived(std::chrono::seconds{1800})) {
     throw std::runtime_error("WAL drain did not finish in 30 min");
   }
   DrainResult result;
   result.wall = Seconds(Clock::now() - start);
-  result.process = relay.Sample();
+  result.process = outboxd.Sample();
   result.statements = statements.Total();
-  const std::string cpu_use = cpu.Describe();
-  relay.Stop();
+  cpu_use = cpu.Describe();
+  outboxd.Stop();
+  return result;
+}
+
+// `count` messages written in WAL mode while no relay runs, then outboxd with mode = "wal" starts:
+// its rate to the consumer.
+DrainResult WalDrain(Env& env, std::int64_t count, std::size_t payload, int streams) {
+  Schema schema(env);
+  WalSlot slot(env, schema.name());
+  Queue queue(env);
+  const double load_seconds = WriteWalMessages(env, schema, queue.name(), count, payload, streams);
+  Receiver receiver(queue.name(), static_cast<std::size_t>(count));
+  std::string cpu_use;
+  DrainResult result = RunWalOutboxd(
+      env, schema, drain_settings.Sink(env), drain_settings.Relay(),
+      [&](std::chrono::seconds limit) {
+        return receiver.WaitFor(static_cast<std::size_t>(count), limit);
+      },
+      cpu_use);
   receiver.Stop();
   result.rate = receiver.Rate(static_cast<std::size_t>(count));
   std::printf(
@@ -948,6 +973,8 @@ class KafkaCluster {
   const std::string& brokers() const { return brokers_; }
   // The mock's resident memory (its log is there); 0 for a cluster given with --kafka.
   double mock_rss_kib() const { return mock_ ? SampleProcess(mock_->pid()).rss_kib : 0; }
+  // The mock's CPU time so far (utime + stime); 0 for a cluster given with --kafka.
+  double mock_cpu_seconds() const { return mock_ ? SampleProcess(mock_->pid()).cpu_seconds : 0; }
 
   // A topic of `options.partitions` partitions: the mock's `topic` command, or the admin API on
   // a real cluster (a broker that refuses it auto-creates the topic with its own default).
@@ -1208,6 +1235,12 @@ struct KafkaDrainResult : OutboxdDrain {
   std::int64_t extra_records = 0;  // records in the topic beyond `count`: duplicates
 };
 
+// outboxd's [sinks.default] for `cluster`: the sink's defaults, topic = the message's, `linger`.
+std::string KafkaSinkConfig(const KafkaCluster& cluster, const KafkaOptions& options) {
+  return "type = \"kafka\"\nbrokers = \"" + cluster.brokers() +
+         "\"\ntopic = \"{topic}\"\nlinger = \"" + std::to_string(options.linger_ms) + "ms\"\n";
+}
+
 // `count` pending messages for topic `topic` (Preinsert), then outboxd with a Kafka sink.
 KafkaDrainResult KafkaDrain(Env& env, KafkaCluster& cluster, const KafkaOptions& options,
                             const std::string& topic, std::int64_t count, std::size_t payload,
@@ -1215,27 +1248,17 @@ KafkaDrainResult KafkaDrain(Env& env, KafkaCluster& cluster, const KafkaOptions&
   Schema schema(env);
   Preinsert(env, schema, topic, 0, count, payload, streams);
   TopicFill fill(cluster.brokers(), topic, options.partitions, count);
-  const std::string sink = "type = \"kafka\"\nbrokers = \"" + cluster.brokers() +
-                           "\"\ntopic = \"{topic}\"\nlinger = \"" +
-                           std::to_string(options.linger_ms) + "ms\"\n";
   KafkaDrainResult result;
-  static_cast<OutboxdDrain&>(result) =
-      RunOutboxdDrain(env, schema, sink, options.batch_size, fill, "kafka drain");
+  static_cast<OutboxdDrain&>(result) = RunOutboxdDrain(
+      env, schema, KafkaSinkConfig(cluster, options), options.batch_size, fill, "kafka drain");
   const std::int64_t written = fill.Written();
   if (written < 0) throw std::runtime_error("kafka drain: cannot read the topic's watermarks");
   result.extra_records = written - count;
   return result;
 }
 
-void KafkaDrainBench(Env& env, const KafkaOptions& options, const std::vector<std::int64_t>& counts,
-                     const std::vector<std::size_t>& payloads, int streams,
-                     std::int64_t store_messages) {
-  std::printf(
-      "== burst drain into Kafka: pre-inserted pending messages over %d streams, then outboxd "
-      "starts;\n   next to the ceiling, a plain librdkafka idempotent producer writing the same "
-      "messages to the same cluster just before\n",
-      streams);
-  PrintRelayConditions(env);
+// The sink's settings, the ceiling's producer and the cluster, for the Kafka drains.
+void PrintKafkaConditions(const KafkaOptions& options, int streams) {
   std::printf(
       "relay.batch_size %d; sink: kafka, topic = {topic}, the sink's defaults (enable.idempotence, "
       "acks=all, compression none, max_in_flight 5, partitioner murmur2_random) and linger %d ms\n",
@@ -1256,6 +1279,18 @@ void KafkaDrainBench(Env& env, const KafkaOptions& options, const std::vector<st
     std::printf("cluster: %s (--kafka), each run a new topic of %d partitions\n",
                 options.brokers.c_str(), options.partitions);
   }
+}
+
+void KafkaDrainBench(Env& env, const KafkaOptions& options, const std::vector<std::int64_t>& counts,
+                     const std::vector<std::size_t>& payloads, int streams,
+                     std::int64_t store_messages) {
+  std::printf(
+      "== burst drain into Kafka: pre-inserted pending messages over %d streams, then outboxd "
+      "starts;\n   next to the ceiling, a plain librdkafka idempotent producer writing the same "
+      "messages to the same cluster just before\n",
+      streams);
+  PrintRelayConditions(env);
+  PrintKafkaConditions(options, streams);
   std::printf(
       "rate (both): records in the topic, the sum of its high watermarks read every ~2 ms, from "
       "the first reading above 0 to the first at N; also: ceiling first produce -> last delivery "
@@ -1301,6 +1336,108 @@ void KafkaDrainBench(Env& env, const KafkaOptions& options, const std::vector<st
         Flush();
       }
     }
+  }
+  std::printf("\n");
+}
+
+// --- workload: drain in WAL mode into Kafka (issue #20) ---------------------------------------
+
+struct WalKafkaDrainResult : DrainResult {
+  std::int64_t extra_records = 0;  // records in the topic beyond `count`: duplicates
+};
+
+// `count` messages for topic `topic` written in WAL mode while no relay runs, then outboxd with
+// mode = "wal" and a Kafka sink: the rate into the topic as TopicFill measures it.
+WalKafkaDrainResult WalKafkaDrain(Env& env, KafkaCluster& cluster, const KafkaOptions& options,
+                                  const std::string& topic, std::int64_t count, std::size_t payload,
+                                  int streams) {
+  Schema schema(env);
+  WalSlot slot(env, schema.name());
+  const double load_seconds = WriteWalMessages(env, schema, topic, count, payload, streams);
+  TopicFill fill(cluster.brokers(), topic, options.partitions, count);
+  std::string cpu_use;
+  WalKafkaDrainResult result;
+  static_cast<DrainResult&>(result) = RunWalOutboxd(
+      env, schema, KafkaSinkConfig(cluster, options),
+      "batch_size = " + std::to_string(options.batch_size) + "\n",
+      [&fill](std::chrono::seconds limit) { return fill.Wait(limit); }, cpu_use);
+  result.rate = fill.Rate();
+  const std::int64_t written = fill.Written();
+  if (written < 0) throw std::runtime_error("WAL kafka drain: cannot read the topic's watermarks");
+  result.extra_records = written - count;
+  std::printf(
+      "    (%s messages written in WAL mode in %.0f s; CPU from outboxd start to all in the "
+      "topic: %s)\n",
+      Thousands(static_cast<double>(count)).c_str(), load_seconds, cpu_use.c_str());
+  return result;
+}
+
+// Each case on a fresh cluster: the raw librdkafka ceiling (KafkaCeiling), then the WAL drain,
+// with the CPU each side used: the producer (this process) or outboxd, and the mock.
+void WalKafkaDrainBench(Env& env, const KafkaOptions& options,
+                        const std::vector<std::int64_t>& counts, std::size_t payload, int streams) {
+  std::printf(
+      "== burst drain in WAL mode into Kafka: messages written as logical messages (delivery = "
+      "'wal', transactions of 100, %d streams, stream_seq) while no relay runs, then outboxd with "
+      "[database] mode = \"wal\" starts;\n   next to the ceiling, a plain librdkafka idempotent "
+      "producer writing the same messages to the same cluster just before\n",
+      streams);
+  PrintRelayConditions(env);
+  PrintKafkaConditions(options, streams);
+  std::printf(
+      "rate (both): records in the topic, the sum of its high watermarks read every ~2 ms, from "
+      "the first reading above 0 to the first at N; also: ceiling first produce -> last delivery "
+      "report, drain outboxd start -> N in the topic; CPU (utime+stime, /proc) per 100k "
+      "messages: the ceiling's producer (this process, with its watermark reader) or outboxd, "
+      "and the mock over the same case\n\n");
+  Flush();
+  for (const std::int64_t count : counts) {
+    KafkaCluster cluster(options);
+    const std::string ceiling_topic = "outbox-bench-" + env.NewName("ceiling");
+    const std::string drain_topic = "outbox-bench-" + env.NewName("drain");
+    cluster.CreateTopic(ceiling_topic);
+    cluster.CreateTopic(drain_topic);
+    const double per_100k = 1e5 / static_cast<double>(count);
+    const double producer_cpu = SampleProcess(getpid()).cpu_seconds;
+    const double mock_cpu = cluster.mock_cpu_seconds();
+    const CpuUse ceiling_cpu;
+    const auto ceiling = KafkaCeiling(cluster, options, ceiling_topic, count, payload, streams);
+    const std::string ceiling_cpu_use = ceiling_cpu.Describe();
+    const double producer_cpu_used = SampleProcess(getpid()).cpu_seconds - producer_cpu;
+    const double ceiling_mock_cpu = cluster.mock_cpu_seconds();
+    const auto drain = WalKafkaDrain(env, cluster, options, drain_topic, count, payload, streams);
+    const double drain_mock_cpu = cluster.mock_cpu_seconds() - ceiling_mock_cpu;
+    const std::string what =
+        Thousands(static_cast<double>(count)) + " x " + std::to_string(payload) + " B";
+    std::printf(
+        "  WAL drain %s into Kafka: %s msgs/s (all in the topic %.2f s after outboxd started) = "
+        "%.0f %% of the ceiling %s msgs/s (last delivery report after %.2f s: %s msgs/s); "
+        "records beyond N: %lld; outboxd CPU %.2f s per 100k messages, peak RSS %s, %.4f "
+        "statements/message\n",
+        what.c_str(), Thousands(drain.rate).c_str(), drain.wall, 100.0 * drain.rate / ceiling.rate,
+        Thousands(ceiling.rate).c_str(), static_cast<double>(count) / ceiling.reports,
+        Thousands(ceiling.reports).c_str(), static_cast<long long>(drain.extra_records),
+        drain.process.cpu_seconds * per_100k, Mib(drain.process.hwm_kib).c_str(),
+        drain.statements / static_cast<double>(count));
+    if (options.own_mock()) {
+      std::printf(
+          "    bound: CPU per 100k messages, ceiling: producer %.2f s, mock %.2f s; drain: "
+          "outboxd %.2f s, mock %.2f s; ceiling's CPU: %s; mock RSS %s\n",
+          producer_cpu_used * per_100k, (ceiling_mock_cpu - mock_cpu) * per_100k,
+          drain.process.cpu_seconds * per_100k, drain_mock_cpu * per_100k, ceiling_cpu_use.c_str(),
+          Mib(cluster.mock_rss_kib()).c_str());
+    } else {
+      std::printf(
+          "    bound: CPU per 100k messages, ceiling: producer %.2f s; drain: outboxd %.2f s "
+          "(cluster CPU not measured); ceiling's CPU: %s\n",
+          producer_cpu_used * per_100k, drain.process.cpu_seconds * per_100k,
+          ceiling_cpu_use.c_str());
+    }
+    Target(
+        "WAL drain into Kafka " + what + ", rate", drain.rate, Bound::kAtLeast, 50000, 0, " msgs/s",
+        "the raw librdkafka ceiling into the same cluster in this run: " + Thousands(ceiling.rate) +
+            " msgs/s");
+    Flush();
   }
   std::printf("\n");
 }
@@ -1992,6 +2129,14 @@ int main(int argc, char** argv) {
   std::size_t wal_payload = 256;
   wal_drain->add_option("--messages", wal_counts)->delimiter(',')->check(CLI::Range(1, 100000000));
   wal_drain->add_option("--payload", wal_payload)->check(CLI::Range(14, 1048576));
+  std::string wal_sink = "rabbitmq";
+  wal_drain->add_option("--sink", wal_sink, "where outboxd publishes")
+      ->check(CLI::IsMember({"rabbitmq", "kafka"}));
+  wal_drain->add_option("--kafka", kafka.brokers,
+                        "with --sink kafka: bootstrap servers (default: outbox-kafka-mock, "
+                        "started here, a fresh one per case)");
+  wal_drain->add_option("--partitions", kafka.partitions, "partitions of each Kafka topic")
+      ->check(CLI::Range(1, 1000));
 
   auto* backlog =
       app.add_subcommand("backlog", "claim latency and drain rate with a large backlog");
@@ -2053,7 +2198,11 @@ int main(int argc, char** argv) {
     } else if (drain->parsed()) {
       Drain(env, drain_counts, drain_payloads, drain_streams, ceiling_messages);
     }
-    if (wal_drain->parsed()) WalDrainBench(env, wal_counts, wal_payload, 1000, ceiling_messages);
+    if (wal_drain->parsed() && wal_sink == "kafka") {
+      WalKafkaDrainBench(env, kafka, wal_counts, wal_payload, 1000);
+    } else if (wal_drain->parsed()) {
+      WalDrainBench(env, wal_counts, wal_payload, 1000, ceiling_messages);
+    }
     if (steady->parsed()) Steady(env, steady_options);
     if (bloat->parsed()) Steady(env, bloat_options);
     if (backlog->parsed()) {
