@@ -240,6 +240,7 @@ int main(int argc, char** argv) {
       outbox::WalRelayOptions wal_options;
       wal_options.instance = config.instance;
       wal_options.batch_size = config.batch_size;
+      wal_options.linger = config.linger;
       wal_options.lease = config.lease;
       wal_options.publish_timeout = config.publish_timeout;
       wal_options.min_backoff = config.min_backoff;
