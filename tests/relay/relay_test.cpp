@@ -237,10 +237,14 @@ TEST_F(RelayTest, UnderSteadyLoadTheRelayClaimsOncePerLingerAndSettlesInTheClaim
   const auto started = std::chrono::steady_clock::now();
   auto conn = Connect();
   int written = 0;
+  // Two messages per transaction: every claim that finds something finds two or more, so the
+  // linger applies even when a loaded machine lets the writer commit only between claims (with
+  // one per transaction the claims then found one at a time and never lingered: 281 statements).
   while (std::chrono::steady_clock::now() - started < seconds{3}) {
-    Scalar(conn.get(), "SELECT " + schema_.name() + ".enqueue('t', '{}')");
-    ++written;
-    std::this_thread::sleep_for(milliseconds{2});
+    Scalar(conn.get(), "SELECT " + schema_.name() + ".enqueue('t', '{}'), " + schema_.name() +
+                           ".enqueue('t', '{}')");
+    written += 2;
+    std::this_thread::sleep_for(milliseconds{4});
   }
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
