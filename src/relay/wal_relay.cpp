@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
@@ -26,6 +28,12 @@ constexpr milliseconds kSlotCheck{5000};
 constexpr milliseconds kPurgeEvery{5000};
 // The longest a read of the slot waits, so that the lease is renewed and Stop is seen in time.
 constexpr milliseconds kLongestRead{500};
+// How long a commit's word that outbox.messages holds nothing that could hold a stream back is
+// taken for it (renewed by every commit; a bound, in case a row comes by some other way).
+constexpr milliseconds kTrustClearTable{1000};
+// While a batch publishes, how long one read ahead waits before it looks whether the publish is
+// done.
+constexpr milliseconds kReadAheadWait{1};
 
 std::string Describe(const std::exception& error) { return error.what(); }
 
@@ -117,19 +125,25 @@ class WalRelay::Engine {
         }
         if (!streaming_) StartStreaming();
         Purge();
-        auto batch = Gather();
-        if (batch.empty()) {
-          Idle();
-          continue;
-        }
-        Handle(batch);
-        backoff_ = options_.min_backoff;
-        last_error_.clear();
+        Step(true);
       } catch (const StoreError& error) {
         if (error.kind() == FailureKind::kPermanent && !streaming_) throw;
         Outage(Describe(error));
       }
     }
+    // A batch published while the last one was committed: settled, so that a restart does not
+    // publish it again.
+    if (in_flight_ && epoch_) {
+      try {
+        Step(false);
+      } catch (const StoreError& error) {
+        Log(LogLevel::kWarn,
+            "settling the last WAL batch at stop failed (it is read and "
+            "published again by the next relay): " +
+                Describe(error));
+      }
+    }
+    in_flight_.reset();
     source_->Close();  // before the lease goes, so that the next reader finds the slot free
     if (epoch_) {
       try {
@@ -233,6 +247,7 @@ class WalRelay::Engine {
 
   void LostLease(const std::string& why) {
     Log(LogLevel::kWarn, why + "; standing by");
+    DropPipeline();
     epoch_.reset();
     streaming_ = false;
     source_->Close();  // the server lets one reader stream a slot: the new owner
@@ -274,6 +289,7 @@ class WalRelay::Engine {
     metrics_.registry.RecordError("wal", what);
     Log(LogLevel::kWarn, what + "; reading the slot again from the committed position in " +
                              std::to_string(backoff_.count()) + " ms");
+    DropPipeline();
     streaming_ = false;
     seqs_.clear();
     // Not read during the pause, the stream would hold its walsender: a server shutting down
@@ -288,24 +304,81 @@ class WalRelay::Engine {
     return std::clamp(left, milliseconds{0}, kLongestRead);
   }
 
+  struct Item {
+    Envelope envelope;
+    bool sequenced = false;
+  };
+
+  // A batch from its reading to its commit. While it publishes (on a thread of its own) the next
+  // batch is read and prepared, and while that one publishes, this one is committed: the broker
+  // is kept busy through the database's round trips.
+  struct Batch {
+    std::vector<Item> items;
+    std::size_t transactions = 0;
+    WalCommit commit;  // the position and seqs at once; what is parked once the outcomes are in
+    // Streams whose messages here are parked, not published: waiting in the table when the batch
+    // was read, or left broken by the batch before it (whose commit was not yet made).
+    std::set<WalStream> broken;
+    std::vector<std::size_t> to_publish;  // indexes into items
+    std::future<std::vector<PublishOutcome>> outcomes;
+    SteadyClock::time_point started;
+    std::uint64_t published = 0;
+    // Destroying a batch waits for its publish (std::async's future), so a sink is never used by
+    // two threads at once and nothing it reads goes away under it.
+  };
+
+  // One transaction: what was read ahead first, then the slot.
+  std::optional<WalTransaction> NextTransaction(milliseconds timeout) {
+    if (read_ahead_.empty()) return source_->Next(timeout);
+    WalTransaction transaction = std::move(read_ahead_.front());
+    read_ahead_.pop_front();
+    return transaction;
+  }
+
   // Whole transactions, until batch_size messages or `linger` after the first. As the table
   // relay's linger: only while transactions come faster than batches go (the last batch held more
   // than one); a lone transaction after a quiet spell goes at once with whatever is already read.
   std::vector<WalTransaction> Gather() {
     std::vector<WalTransaction> batch;
-    auto first = source_->Next(UntilRenewal());
+    auto first = NextTransaction(UntilRenewal());
     if (!first) return batch;
     std::size_t messages = first->messages.size();
     batch.push_back(std::move(*first));
     const auto until = SteadyClock::now() + (busy_ ? options_.linger : milliseconds{0});
     while (messages < static_cast<std::size_t>(options_.batch_size)) {
       const auto left = std::chrono::duration_cast<milliseconds>(until - SteadyClock::now());
-      auto next = source_->Next(std::max(left, milliseconds{0}));
+      auto next = NextTransaction(std::max(left, milliseconds{0}));
       if (!next) break;
       messages += next->messages.size();
       batch.push_back(std::move(*next));
     }
     busy_ = batch.size() > 1;
+    return batch;
+  }
+
+  // While `publishing` publishes: the next batch, if a whole one arrives meanwhile (a backlog).
+  // Otherwise what was read stays for Gather, which lingers as usual: the pipeline is for a
+  // backlog, and a steady trickle keeps its few statements per message.
+  std::vector<WalTransaction> ReadAhead(const Batch& publishing) {
+    std::size_t messages = 0;
+    for (const WalTransaction& transaction : read_ahead_) messages += transaction.messages.size();
+    const auto wanted = static_cast<std::size_t>(options_.batch_size);
+    while (messages < wanted) {
+      const bool published =
+          publishing.outcomes.wait_for(milliseconds{0}) == std::future_status::ready;
+      auto next = source_->Next(published ? milliseconds{0} : kReadAheadWait);
+      if (!next) {
+        if (published) break;
+        continue;
+      }
+      messages += next->messages.size();
+      read_ahead_.push_back(std::move(*next));
+    }
+    if (messages < wanted) return {};
+    busy_ = true;
+    std::vector<WalTransaction> batch(std::make_move_iterator(read_ahead_.begin()),
+                                      std::make_move_iterator(read_ahead_.end()));
+    read_ahead_.clear();
     return batch;
   }
 
@@ -318,15 +391,71 @@ class WalRelay::Engine {
     metrics_.lag_seconds.Set(0);
   }
 
-  struct Item {
-    Envelope envelope;
-    bool sequenced = false;
-  };
+  // One step: read a batch unless one is publishing; read the next while it publishes (when
+  // `read_ahead`); settle it, start the next one's publish, commit it.
+  void Step(bool read_ahead) {
+    if (!in_flight_) {
+      auto transactions = Gather();
+      if (transactions.empty()) {
+        Idle();
+        return;
+      }
+      in_flight_ = Prepare(std::move(transactions));
+      Launch(*in_flight_, {});
+    }
+    std::unique_ptr<Batch> next;
+    if (read_ahead) {
+      if (auto transactions = ReadAhead(*in_flight_); !transactions.empty()) {
+        next = Prepare(std::move(transactions));
+      }
+    }
+    std::unique_ptr<Batch> batch = std::move(in_flight_);
+    if (!Decide(*batch, batch->outcomes.get())) return;
+    // The next batch goes now, without what this one leaves broken: a stream this batch parks or
+    // abandons a message of waits for the table, and the next batch's read of the table predates
+    // this commit.
+    if (next) {
+      Launch(*next, batch->broken);
+      in_flight_ = std::move(next);
+    }
+    const WalCommitted written = ledger_->Commit(owner_, *epoch_, batch->commit);
+    if (!written) {
+      ++counters_.lease_lost;
+      LostLease("committing the WAL position was refused: the slot's lease was lost");
+      return;
+    }
+    table_clear_until_ = written.table_clear && batch->commit.parked.empty()
+                             ? SteadyClock::now() + kTrustClearTable
+                             : SteadyClock::time_point{};
+    const Lsn position = batch->commit.position;
+    source_->Confirm(position);
+    counters_.position = position;
+    counters_.transactions += batch->transactions;
+    counters_.published += batch->published;
+    counters_.parked += batch->commit.parked.size();
+    metrics_.transactions.Increment(batch->transactions);
+    metrics_.published.Increment(batch->published);
+    metrics_.parked.Increment(batch->commit.parked.size());
+    metrics_.batch_seconds.Observe(
+        std::chrono::duration<double>(SteadyClock::now() - batch->started).count());
+    backoff_ = options_.min_backoff;
+    last_error_.clear();
+  }
 
-  void Handle(std::vector<WalTransaction>& batch) {
-    const auto started = SteadyClock::now();
-    std::vector<Item> items;
-    for (WalTransaction& transaction : batch) {
+  // After an outage or a lost lease: what is publishing is waited for and dropped with what was
+  // read ahead; the slot is read again from the ledger's position.
+  void DropPipeline() {
+    in_flight_.reset();
+    read_ahead_.clear();
+    table_clear_until_ = {};
+  }
+
+  // Decoded messages with their stream_seq and what the table says about their streams.
+  std::unique_ptr<Batch> Prepare(std::vector<WalTransaction> transactions) {
+    auto batch = std::make_unique<Batch>();
+    batch->started = SteadyClock::now();
+    batch->transactions = transactions.size();
+    for (WalTransaction& transaction : transactions) {
       for (const std::string& problem : transaction.undecodable) {
         ++counters_.undecodable;
         metrics_.undecodable.Increment();
@@ -337,28 +466,43 @@ class WalRelay::Engine {
                 problem);
       }
       for (WalMessage& message : transaction.messages) {
-        items.push_back({std::move(message.envelope), message.sequenced});
+        batch->items.push_back({std::move(message.envelope), message.sequenced});
       }
     }
-    const Lsn position = batch.back().end_lsn;
+    batch->commit.position = transactions.back().end_lsn;
     const std::chrono::duration<double> age =
-        std::chrono::system_clock::now() - batch.front().commit_time;
+        std::chrono::system_clock::now() - transactions.front().commit_time;
     metrics_.lag_seconds.Set(std::max(age.count(), 0.0));
     const Lsn received = source_->Received();
     metrics_.lag_bytes.Set(
         received > counters_.position ? static_cast<double>(received - counters_.position) : 0.0);
+    AssignSeqs(batch->items, batch->commit);
+    // With the table clear as of a recent commit, nothing there can hold a stream of this batch
+    // back (what later batches parked is carried in memory: Launch): one round trip fewer.
+    if (SteadyClock::now() >= table_clear_until_) batch->broken = ReadStreamStates(batch->items);
+    return batch;
+  }
 
-    WalCommit commit{.position = position, .seqs = {}, .parked = {}};
-    AssignSeqs(items, commit);
-    std::set<WalStream> broken = ReadStreamStates(items);
-    // Messages of streams waiting in the table are parked at once; the rest is published.
-    std::vector<std::size_t> to_publish;
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      const auto stream = StreamOf(items[i].envelope);
-      if (stream && broken.contains(*stream)) continue;
-      to_publish.push_back(i);
+  // Starts publishing what of `batch` is not parked at once (its streams wait in the table, or
+  // in `broken_before`).
+  void Launch(Batch& batch, const std::set<WalStream>& broken_before) {
+    batch.broken.insert(broken_before.begin(), broken_before.end());
+    for (std::size_t i = 0; i < batch.items.size(); ++i) {
+      const auto stream = StreamOf(batch.items[i].envelope);
+      if (stream && batch.broken.contains(*stream)) continue;
+      batch.to_publish.push_back(i);
     }
-    const auto outcomes = Publish(items, to_publish);
+    batch.outcomes = std::async(std::launch::async,
+                                [this, &batch] { return Publish(batch.items, batch.to_publish); });
+  }
+
+  // What becomes of each message once the sinks have answered: fills batch.commit.parked and
+  // batch.broken. False (after Outage) when the batch must be read and published again.
+  bool Decide(Batch& batch, const std::vector<PublishOutcome>& outcomes) {
+    const std::vector<Item>& items = batch.items;
+    const std::vector<std::size_t>& to_publish = batch.to_publish;
+    std::set<WalStream>& broken = batch.broken;
+    WalCommit& commit = batch.commit;
     std::map<std::size_t, const PublishOutcome*> outcome_of;
     for (std::size_t k = 0; k < to_publish.size(); ++k) outcome_of[to_publish[k]] = &outcomes[k];
     // An outage (something unconfirmed by a target that rejected nothing in this batch): nothing
@@ -378,10 +522,9 @@ class WalRelay::Engine {
       if (failure && !failure->treatment().spends_attempt &&
           !rejecting.contains(items[to_publish[k]].envelope.target)) {
         Outage("a sink did not confirm: " + failure->Describe());
-        return;
+        return false;
       }
     }
-    std::uint64_t published = 0;
     for (std::size_t i = 0; i < items.size(); ++i) {
       const Envelope& envelope = items[i].envelope;
       const auto stream = StreamOf(envelope);
@@ -395,7 +538,7 @@ class WalRelay::Engine {
       }
       const PublishOutcome* outcome = outcome_of.at(i);
       if (outcome->published()) {
-        ++published;
+        ++batch.published;
         continue;
       }
       const Failure& failure = *outcome->failure;
@@ -420,25 +563,12 @@ class WalRelay::Engine {
                                .error = failure.Describe()});
       // Its followers in this batch reached the broker before the verdict, without
       // stream_prev_seq: they are parked too, and published again by the table relay, whose
-      // claim sets it after an abandoned one (as table mode holds them back). In later batches an
-      // abandoned message holds nothing back: the stream's next message carries stream_prev_seq.
+      // claim sets it after an abandoned one (as table mode holds them back); so are those of the
+      // batch read ahead (Launch). In batches read after this commit an abandoned message holds
+      // nothing back: the stream's next message carries stream_prev_seq.
       if (stream) broken.insert(*stream);
     }
-    if (!ledger_->Commit(owner_, *epoch_, commit)) {
-      ++counters_.lease_lost;
-      LostLease("committing the WAL position was refused: the slot's lease was lost");
-      return;
-    }
-    source_->Confirm(position);
-    counters_.position = position;
-    counters_.transactions += batch.size();
-    counters_.published += published;
-    counters_.parked += commit.parked.size();
-    metrics_.transactions.Increment(batch.size());
-    metrics_.published.Increment(published);
-    metrics_.parked.Increment(commit.parked.size());
-    metrics_.batch_seconds.Observe(
-        std::chrono::duration<double>(SteadyClock::now() - started).count());
+    return true;
   }
 
   // stream_seq in commit order, from the counters as of the last commit (read once per stream
@@ -546,6 +676,10 @@ class WalRelay::Engine {
   SteadyClock::time_point renew_at_{};
   bool streaming_ = false;
   bool busy_ = false;  // the last batch held more than one transaction: linger for the next
+  std::deque<WalTransaction> read_ahead_;  // read while a batch published; not yet in a batch
+  std::unique_ptr<Batch> in_flight_;       // publishing; its outcomes not yet taken
+  // Until when the table is taken as clear (WalCommitted::table_clear): StreamStates is skipped.
+  SteadyClock::time_point table_clear_until_{};
   std::map<WalStream, std::int64_t> seqs_;  // the latest stream_seq given, per stream
 
   SteadyClock::time_point next_slot_check_{};

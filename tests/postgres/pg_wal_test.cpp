@@ -827,6 +827,39 @@ TEST_F(PgWalTest, TheLedgerCommitsPositionsAndNumbersAndReadsBackTheLatest) {
             "0/200");
 }
 
+// A commit says whether the table holds anything that could hold a stream back (the relay then
+// skips StreamStates): a leased, failed or abandoned message, or one pending after a claim; a
+// fresh pending message (table mode) does not count.
+TEST_F(PgWalTest, ACommitSaysWhetherTheTableHoldsAnythingThatCanHoldAStreamBack) {
+  EnableWal();
+  auto ledger = postgres::OpenWalLedger(PgUrl(), S());
+  const auto epoch = ledger->Acquire("a", kLease);
+  ASSERT_TRUE(epoch.has_value());
+  Lsn position = 0x100;
+  const auto clear = [&] {
+    const WalCommitted written = ledger->Commit("a", *epoch, Reached(position++, {}));
+    EXPECT_TRUE(written.committed);
+    return written.table_clear;
+  };
+  EXPECT_TRUE(clear());
+  Sql(conn(), "INSERT INTO " + S() + ".topic_settings (topic, delivery) VALUES ('t', 'table')");
+  const std::string id = Scalar(conn(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'k')");
+  EXPECT_TRUE(clear()) << "a fresh table-mode message";
+  const std::string row = S() + ".messages SET ";
+  const std::string where = " WHERE id = '" + id + "'";
+  for (const std::string& set :
+       {std::string{"status = 'processing', lease_epoch = 1"}, std::string{"status = 'failed'"},
+        std::string{"status = 'abandoned', abandoned_at = now()"},
+        std::string{"status = 'pending', abandoned_at = NULL"}}) {
+    Sql(conn(), "UPDATE " + row + set + where);
+    EXPECT_FALSE(clear()) << set;
+  }
+  Sql(conn(), "DELETE FROM " + S() + ".messages");
+  EXPECT_TRUE(clear());
+  // Refused for want of the lease: not committed, whatever the table holds.
+  EXPECT_FALSE(ledger->Commit("b", *epoch, Reached(position++, {})).committed);
+}
+
 TEST_F(PgWalTest, ACommitWithoutTheLeaseWritesNothing) {
   EnableWal();
   auto a = postgres::OpenWalLedger(PgUrl(), S());

@@ -3,6 +3,7 @@
 // brokers are tested in their own tiers and end to end; this one lets a test script failures.
 
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -24,6 +25,7 @@ class TestSink final : public Sink {
     std::vector<PublishOutcome> outcomes;
     ++calls_;
     for (const auto& envelope : batch) {
+      first_call_.try_emplace(envelope.id, calls_);
       std::optional<Failure> failure = verdict_ ? verdict_(envelope) : std::nullopt;
       if (!failure) {  // what a consumer would have received
         delivered_.push_back(envelope);
@@ -49,12 +51,20 @@ class TestSink final : public Sink {
     std::lock_guard lock(mutex_);
     return calls_;
   }
+  // The first Publish call (1, 2, ...) that was given message `id`, whatever its verdict.
+  std::optional<int> FirstCall(const MessageId& id) const {
+    std::lock_guard lock(mutex_);
+    const auto found = first_call_.find(id);
+    if (found == first_call_.end()) return std::nullopt;
+    return found->second;
+  }
 
  private:
   Verdict verdict_;
   mutable std::mutex mutex_;
   std::vector<Envelope> delivered_;
   std::vector<int> batch_of_;
+  std::map<MessageId, int> first_call_;
   int calls_ = 0;
 };
 

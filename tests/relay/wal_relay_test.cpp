@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <set>
 #include <thread>
 
@@ -75,9 +76,10 @@ class WalRelayTest : public ::testing::Test {
     SinkMap sinks = std::move(more_sinks);
     sinks.emplace("default", std::move(sink));
     auto running = std::make_unique<Running>();
-    running->relay =
-        std::make_unique<WalRelay>(options, postgres::OpenWalSource(PgUrl(), S()),
-                                   postgres::OpenWalLedger(PgUrl(), S()), std::move(sinks));
+    auto ledger = postgres::OpenWalLedger(PgUrl(), S());
+    if (wrap_ledger_) ledger = wrap_ledger_(std::move(ledger));
+    running->relay = std::make_unique<WalRelay>(options, postgres::OpenWalSource(PgUrl(), S()),
+                                                std::move(ledger), std::move(sinks));
     Running* raw = running.get();
     raw->thread = std::thread([raw] {
       try {
@@ -142,6 +144,8 @@ class WalRelayTest : public ::testing::Test {
   }
 
   TestSchema schema_;
+  // Set before Start: what the relay gets instead of the real ledger (a wrapper around it).
+  std::function<std::unique_ptr<WalLedger>(std::unique_ptr<WalLedger>)> wrap_ledger_;
   bool slot_ready_ = false;
   std::vector<std::unique_ptr<Running>> relays_;
   std::unique_ptr<Relay> table_relay_;
@@ -456,6 +460,183 @@ TEST_F(WalRelayTest, FollowersInTheBatchOfAnAbandonedMessageAreRepublishedWithSt
     other_seen = other_seen || envelope.id.ToString() == other;
   }
   EXPECT_TRUE(other_seen);
+}
+
+// The real ledger, with hooks run before each Commit and each StreamStates (on the relay's
+// thread).
+class HookedLedger final : public WalLedger {
+ public:
+  HookedLedger(std::unique_ptr<WalLedger> real, std::function<void(const WalCommit&)> before,
+               std::function<void()> before_states = {})
+      : real_(std::move(real)),
+        before_(std::move(before)),
+        before_states_(std::move(before_states)) {}
+  std::optional<std::int64_t> Acquire(const std::string& owner, milliseconds duration) override {
+    return real_->Acquire(owner, duration);
+  }
+  void Leave(const std::string& owner, std::int64_t epoch) override { real_->Leave(owner, epoch); }
+  Lsn Position() override { return real_->Position(); }
+  std::vector<std::int64_t> Seqs(const std::vector<WalStream>& streams) override {
+    return real_->Seqs(streams);
+  }
+  std::vector<WalStreamState> StreamStates(
+      const std::vector<std::pair<WalStream, std::int64_t>>& streams) override {
+    if (before_states_) before_states_();
+    return real_->StreamStates(streams);
+  }
+  WalSlotState SlotState() override { return real_->SlotState(); }
+  std::optional<std::int64_t> EndOtherReader() override { return real_->EndOtherReader(); }
+  WalCommitted Commit(const std::string& owner, std::int64_t epoch,
+                      const WalCommit& commit) override {
+    before_(commit);
+    return real_->Commit(owner, epoch, commit);
+  }
+  std::int64_t Purge() override { return real_->Purge(); }
+
+ private:
+  std::unique_ptr<WalLedger> real_;
+  std::function<void(const WalCommit&)> before_;
+  std::function<void()> before_states_;
+};
+
+// A backlog (written before the relay starts) goes in a pipeline: the next batch is read while
+// one publishes, and published while the one before is committed, so the broker does not wait
+// for the database's round trips. Seen here as a fact, not a timing: the first commit waits
+// (up to 10 s) for the second batch's publish to begin, which it would never see if the relay
+// committed before publishing on.
+TEST_F(WalRelayTest, ABacklogIsPublishedWhileTheBatchBeforeIsCommitted) {
+  std::atomic<bool> first{true};
+  // Slow on its first message, as a broker is slower than the slot: the next batch arrives
+  // meanwhile.
+  auto owned = std::make_unique<TestSink>([&](const Envelope&) -> std::optional<Failure> {
+    if (first.exchange(false)) std::this_thread::sleep_for(milliseconds{300});
+    return std::nullopt;
+  });
+  TestSink* sink = owned.get();
+  std::atomic<int> commits{0};
+  std::atomic<int> calls_at_first_commit{0};
+  wrap_ledger_ = [&](std::unique_ptr<WalLedger> real) -> std::unique_ptr<WalLedger> {
+    return std::make_unique<HookedLedger>(std::move(real), [&](const WalCommit&) {
+      if (commits++ != 0) return;
+      WaitFor([&] { return sink->calls() >= 2; }, milliseconds{10000});
+      calls_at_first_commit = sink->calls();
+    });
+  };
+  auto conn = Connect();
+  std::set<std::string> committed;
+  for (int i = 0; i < 60; ++i) committed.insert(Enqueue(conn.get(), "s" + std::to_string(i % 7)));
+  Start(std::move(owned), {.instance = "wal-test", .batch_size = 10});
+  ASSERT_TRUE(WaitFor([&] { return relay(0).counters().published.load() == 60; }))
+      << relay(0).counters().published.load();
+  EXPECT_GE(calls_at_first_commit.load(), 2) << "the first commit came before the next publish";
+  std::set<std::string> delivered;
+  for (const Envelope& envelope : sink->delivered()) delivered.insert(envelope.id.ToString());
+  EXPECT_EQ(delivered, committed);
+  EXPECT_EQ(sink->delivered().size(), 60U) << "nothing published twice";
+  ExpectOneToN(FirstSeqs(sink->delivered()));
+}
+
+// A poison inside a backlog: the batch after it was read (and its stream's state in the table
+// looked up) before the poison's verdict and the poison's commit. Its messages of the poison's
+// stream must still not reach the broker: they are parked behind it, the rest flows.
+TEST_F(WalRelayTest, APoisonInABacklogHoldsItsStreamInTheBatchReadAheadOfItsVerdict) {
+  std::string poison;
+  std::mutex mutex;
+  auto owned = std::make_unique<TestSink>([&](const Envelope& envelope) -> std::optional<Failure> {
+    std::lock_guard lock(mutex);
+    if (envelope.id.ToString() != poison) return std::nullopt;
+    // Slow on the poison, so that the next batch is surely read ahead meanwhile.
+    std::this_thread::sleep_for(milliseconds{300});
+    return Failure{FailureKind::kRejected, "NOT_FOUND - no exchange"};
+  });
+  TestSink* sink = owned.get();
+  auto conn = Connect();
+  std::vector<std::string> bad;
+  std::vector<std::string> good;
+  for (int i = 0; i < 30; ++i) {
+    bad.push_back(Enqueue(conn.get(), "bad"));
+    good.push_back(Enqueue(conn.get(), "good"));
+  }
+  {
+    std::lock_guard lock(mutex);
+    poison = bad[2];  // in the first batch of 10, two bad ones after it
+  }
+  Start(std::move(owned), {.instance = "wal-test", .batch_size = 10});
+  ASSERT_TRUE(WaitFor([&] { return relay(0).counters().transactions.load() == 60; }))
+      << relay(0).counters().transactions.load();
+  // The poison's batch: its followers there reached the broker before the verdict (held back:
+  // parked, published again after it, as in table mode). None of a later batch did.
+  const auto poison_call = sink->FirstCall(MessageId::Parse(bad[2]).value());
+  ASSERT_TRUE(poison_call.has_value());
+  std::map<std::string, int> call_of;
+  const auto delivered = sink->delivered();
+  const auto calls = sink->batches();
+  for (std::size_t i = 0; i < delivered.size(); ++i) {
+    call_of.emplace(delivered[i].id.ToString(), calls[i]);
+  }
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    if (i < 2) {
+      EXPECT_TRUE(call_of.contains(bad[i])) << "bad " << i << " is before the poison";
+    } else if (i > 2 && call_of.contains(bad[i])) {
+      EXPECT_EQ(call_of[bad[i]], *poison_call)
+          << "bad " << i << " reached the broker after the poison's batch";
+    }
+  }
+  EXPECT_FALSE(call_of.contains(bad[2]));
+  EXPECT_EQ(Count("stream_key = 'bad'"), "28");
+  EXPECT_EQ(Count("id = '" + bad[2] + "' AND status = 'failed' AND stream_seq = 3"), "1");
+  EXPECT_EQ(Count("stream_key = 'bad' AND status = 'pending'"), "27");
+  std::vector<std::int64_t> good_seqs;
+  for (const Envelope& envelope : delivered) {
+    if (envelope.stream_key == std::optional<std::string>{"good"}) {
+      good_seqs.push_back(*envelope.stream_seq);
+    }
+  }
+  std::vector<std::int64_t> expected(30);
+  std::iota(expected.begin(), expected.end(), 1);
+  EXPECT_EQ(good_seqs, expected) << "the other stream flows, once each, in order";
+  EXPECT_GE(sink->calls(), 6);
+}
+
+// The table is looked at for a batch's streams (WalLedger::StreamStates) only when the last
+// commit did not find it clear: most of the time it holds nothing, and the look is a round trip.
+// An abandoned message in it brings the look back for every batch.
+TEST_F(WalRelayTest, StreamStatesAreReadOnlyWhileTheTableHoldsSomething) {
+  auto owned = std::make_unique<TestSink>([](const Envelope& envelope) -> std::optional<Failure> {
+    if (envelope.topic == "bad") return Failure{FailureKind::kPermanent, "too large"};
+    return std::nullopt;
+  });
+  TestSink* sink = owned.get();
+  std::atomic<int> looks{0};
+  wrap_ledger_ = [&](std::unique_ptr<WalLedger> real) -> std::unique_ptr<WalLedger> {
+    return std::make_unique<HookedLedger>(
+        std::move(real), [](const WalCommit&) {}, [&] { ++looks; });
+  };
+  Start(std::move(owned));
+  auto conn = Connect();
+  // One batch after another, each well within a second of the commit before.
+  for (std::size_t i = 1; i <= 5; ++i) {
+    Enqueue(conn.get(), "a");
+    ASSERT_TRUE(WaitFor([&] { return relay(0).counters().published.load() == i; }));
+  }
+  EXPECT_EQ(looks.load(), 1) << "only the first batch, before any commit said the table is clear";
+  Sql(conn.get(), "BEGIN");
+  Sql(conn.get(), "SET LOCAL synchronous_commit = on");
+  Scalar(conn.get(), "SELECT " + S() + ".enqueue('bad', '{}', stream_key => 'b')");
+  Sql(conn.get(), "COMMIT");
+  ASSERT_TRUE(WaitFor([&] { return Count("status = 'abandoned'") == "1"; }));
+  const int before = looks.load();
+  for (std::size_t i = 6; i <= 8; ++i) {
+    Enqueue(conn.get(), "b");
+    ASSERT_TRUE(WaitFor([&] { return relay(0).counters().published.load() == i; }));
+  }
+  EXPECT_EQ(looks.load(), before + 3) << "one look per batch while a message is abandoned";
+  // And what the look is for: the stream's next message says its predecessor was abandoned.
+  const auto delivered = sink->delivered();
+  ASSERT_EQ(delivered.size(), 8U);
+  EXPECT_EQ(delivered[5].stream_seq, std::optional<std::int64_t>{2});
+  EXPECT_EQ(delivered[5].stream_prev_seq, std::optional<std::int64_t>{0});
+  EXPECT_EQ(delivered[6].stream_prev_seq, std::nullopt);
 }
 
 TEST_F(WalRelayTest, OneRelayReadsTheSlotTheOtherStandsByAndTakesOver) {

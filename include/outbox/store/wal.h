@@ -109,6 +109,19 @@ struct WalCommit {
   std::vector<ParkedMessage> parked;
 };
 
+// What WalLedger::Commit did.
+struct WalCommitted {
+  bool committed = false;  // false: the lease was lost and nothing was written
+  // When committed: outbox.messages then held no message that can hold a stream back or give a
+  // stream_prev_seq (none leased, failed, abandoned, or pending after a claim), besides those
+  // this commit parked. Messages only come there from WAL parks, which the relay knows, and from
+  // table-mode writers (whose order against WAL mode's is not kept: README, WAL mode), so the
+  // relay may skip StreamStates for a while.
+  bool table_clear = false;
+
+  explicit operator bool() const { return committed; }
+};
+
 // A stream of a WAL batch as outbox.messages sees it (WalLedger::StreamStates).
 struct WalStreamState {
   // A message of the stream waits there (parked, leased or failed): this batch's messages of
@@ -162,9 +175,10 @@ class WalLedger {
   // StoreError(kPermanent) when the role may not end it.
   virtual std::optional<std::int64_t> EndOtherReader() = 0;
 
-  // Makes `commit` durable if `owner` still holds the lease under `epoch`; returns false (and
-  // writes nothing) when it does not.
-  virtual bool Commit(const std::string& owner, std::int64_t epoch, const WalCommit& commit) = 0;
+  // Makes `commit` durable if `owner` still holds the lease under `epoch`; not committed (and
+  // nothing written) when it does not.
+  virtual WalCommitted Commit(const std::string& owner, std::int64_t epoch,
+                              const WalCommit& commit) = 0;
 
   // Removes what later commits superseded (earlier positions and stream_seq counters) and
   // returns how many records went; the relay calls it every few seconds. Removing is never

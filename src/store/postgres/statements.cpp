@@ -249,6 +249,10 @@ SELECT
 
 }  // namespace
 
+std::string PrevSeqSql(const std::string& table) {
+  return ReplaceAll(kPrevSeq, "__TABLE__", table);
+}
+
 Statements::Statements(const std::string& schema, bool keep_published) {
   const std::string quoted = QuoteSchema(schema);
   const std::string table = quoted + ".messages";

@@ -24,4 +24,10 @@ struct Statements {
   Statements(const std::string& schema, bool keep_published);
 };
 
+// The expression giving a message's stream_prev_seq (statements.cpp, kPrevSeq): NULL unless the
+// message just before it in its stream is abandoned, else the seq below that run of abandoned
+// messages. It reads the message as `c` (columns target, stream_key, stream_seq) from `table`
+// (the quoted messages table). The claim and the WAL ledger's stream states both use it.
+std::string PrevSeqSql(const std::string& table);
+
 }  // namespace outbox::postgres

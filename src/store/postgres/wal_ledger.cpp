@@ -12,6 +12,7 @@
 #include "connection.h"
 #include "migrations.h"
 #include "outbox/store/postgres_wal.h"
+#include "statements.h"
 
 namespace outbox::postgres {
 namespace {
@@ -77,32 +78,22 @@ class PostgresWalLedger final : public WalLedger {
     // after a claim: parked rows carry lease_epoch 1, so they are in the small index of returned
     // messages, not walked among fresh ones. An abandoned message holds nothing back (as in
     // table mode: see Envelope::stream_prev_seq); when the one just before the stream's first
-    // message here is abandoned, prev is the seq below that run, as the claim's (statements.cpp,
-    // kPrevSeq) computes it. Only the streams with something to say come back.
+    // message here is abandoned, prev is the seq below that run, by the claim's own expression
+    // (PrevSeqSql), its "no abandoned row at all" guard included. Only the streams with something
+    // to say come back.
     states_sql_ =
-        "SELECT n, blocked, prev FROM (SELECT u.n,"
+        "SELECT n, blocked, prev FROM (SELECT c.n,"
         " EXISTS (SELECT 1 FROM " +
         s +
-        ".messages m WHERE m.stream_key = u.stream_key AND m.target = u.target"
+        ".messages m WHERE m.stream_key = c.stream_key AND m.target = c.target"
         " AND m.status IN ('processing', 'failed'))"
         " OR EXISTS (SELECT 1 FROM " +
         s +
         ".messages m WHERE m.status = 'pending' AND m.lease_epoch > 0"
-        " AND m.stream_key = u.stream_key AND m.target = u.target) AS blocked,"
-        " CASE WHEN u.seq > 1 AND EXISTS (SELECT 1 FROM " +
-        s +
-        ".messages a WHERE a.status = 'abandoned' AND a.stream_key = u.stream_key"
-        " AND a.target = u.target AND a.stream_seq = u.seq - 1 OFFSET 0)"
-        " THEN (SELECT a.stream_seq - 1 FROM " +
-        s +
-        ".messages a WHERE a.status = 'abandoned' AND a.stream_key = u.stream_key"
-        " AND a.target = u.target AND a.stream_seq < u.seq AND NOT EXISTS (SELECT 1 FROM " +
-        s +
-        ".messages b WHERE b.status = 'abandoned' AND b.stream_key = a.stream_key"
-        " AND b.target = a.target AND b.stream_seq = a.stream_seq - 1 OFFSET 0)"
-        " ORDER BY a.stream_seq DESC LIMIT 1) END AS prev"
-        " FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY"
-        " AS u(target, stream_key, seq, n)) states WHERE blocked OR prev IS NOT NULL";
+        " AND m.stream_key = c.stream_key AND m.target = c.target) AS blocked, " +
+        PrevSeqSql(s + ".messages") +
+        " AS prev FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY"
+        " AS c(target, stream_key, stream_seq, n)) states WHERE blocked OR prev IS NOT NULL";
     // Fenced by a share lock on the lease row: a relay taking the lease over waits for this
     // commit (and this one sees the takeover once it committed). A lock writes no row version.
     commit_sql_ = "WITH lease AS (SELECT 1 FROM " + s +
@@ -120,7 +111,17 @@ class PostgresWalLedger final : public WalLedger {
                   " FROM unnest($5::text[], $6::text[], $7::bigint[]) AS u(target, stream_key, seq)"
                   " WHERE EXISTS (SELECT 1 FROM lease) RETURNING 1)"
                   " SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM reached),"
-                  " (SELECT count(*) FROM seqs)";
+                  " (SELECT count(*) FROM seqs),"
+                  // Whether StreamStates would find anything (three probes of small indexes:
+                  // messages_in_flight, messages_abandoned, messages_returned).
+                  " NOT (EXISTS (SELECT 1 FROM " +
+                  s +
+                  ".messages WHERE status IN ('processing', 'failed'))"
+                  " OR EXISTS (SELECT 1 FROM " +
+                  s +
+                  ".messages WHERE status = 'abandoned')"
+                  " OR EXISTS (SELECT 1 FROM " +
+                  s + ".messages WHERE status = 'pending' AND lease_epoch > 0))";
     // What this ledger's commits superseded, from where its last purge ended: the walk does not
     // pass again over what earlier purges removed (dead entries an old snapshot keeps).
     purge_positions_sql_ = "DELETE FROM " + s +
@@ -264,19 +265,21 @@ class PostgresWalLedger final : public WalLedger {
     return ParseInt64(Column(result.get(), 0, 0), "slot reader pid");
   }
 
-  bool Commit(const std::string& owner, std::int64_t epoch, const WalCommit& commit) override {
+  WalCommitted Commit(const std::string& owner, std::int64_t epoch,
+                      const WalCommit& commit) override {
     PGconn* conn = connection_.Ready();
     const bool transaction = !commit.parked.empty();
     if (transaction) Exec(conn, "begin the WAL commit", "BEGIN");
     try {
-      if (!WritePosition(conn, owner, epoch, commit)) {
+      const WalCommitted written = WritePosition(conn, owner, epoch, commit);
+      if (!written) {
         if (transaction) Exec(conn, "roll back the WAL commit", "ROLLBACK");
-        return false;
+        return written;
       }
       for (const ParkedMessage& parked : commit.parked) Park(conn, parked);
       if (transaction) Exec(conn, "commit the WAL commit", "COMMIT");
       Committed(commit);
-      return true;
+      return written;
     } catch (...) {
       // A lost connection has no transaction left; otherwise end this one.
       if (transaction && PQstatus(conn) == CONNECTION_OK &&
@@ -345,8 +348,8 @@ class PostgresWalLedger final : public WalLedger {
     }
   }
 
-  bool WritePosition(PGconn* conn, const std::string& owner, std::int64_t epoch,
-                     const WalCommit& commit) {
+  WalCommitted WritePosition(PGconn* conn, const std::string& owner, std::int64_t epoch,
+                             const WalCommit& commit) {
     std::vector<std::string> targets;
     std::vector<std::string> keys;
     std::vector<std::int64_t> seqs;
@@ -363,7 +366,8 @@ class PostgresWalLedger final : public WalLedger {
     const auto result = Exec(conn, "record the WAL position", commit_sql_,
                              {Param{slot_}, Param{owner}, Param{epoch_text}, Param{position},
                               Param{target_array}, Param{key_array}, Param{seq_array}});
-    return ParseInt64(Column(result.get(), 0, 0), "WAL commit") == 1;
+    if (ParseInt64(Column(result.get(), 0, 0), "WAL commit") != 1) return {};
+    return {.committed = true, .table_clear = Column(result.get(), 0, 3) == "t"};
   }
 
   void Park(PGconn* conn, const ParkedMessage& parked) {
