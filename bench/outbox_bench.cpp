@@ -578,6 +578,10 @@ struct DrainSettings {
     return "type = \"rabbitmq\"\nurl = \"" + env.amqp_url + "\"\nrouting_key = \"{topic}\"\n" +
            Join(sink);
   }
+  void Print() const {
+    for (const auto& line : relay) std::printf("  changed: [relay] %s\n", line.c_str());
+    for (const auto& line : sink) std::printf("  changed: [sinks.default] %s\n", line.c_str());
+  }
   static std::string Join(const std::vector<std::string>& lines) {
     std::string text;
     for (const auto& line : lines) text += line + "\n";
@@ -671,11 +675,7 @@ void Drain(Env& env, const std::vector<std::int64_t>& counts,
       "   rate = messages / (last receipt - first receipt) at a consumer on the same queue\n",
       streams);
   PrintRelayConditions(env);
-  for (const auto& line : drain_settings.relay)
-    std::printf("  changed: [relay] %s\n", line.c_str());
-  for (const auto& line : drain_settings.sink) {
-    std::printf("  changed: [sinks.default] %s\n", line.c_str());
-  }
+  drain_settings.Print();
   std::printf(
       "ceilings, same run, same payload sizes, %s messages each:\n"
       "  RabbitMQ: a rabbitmq-c loop, window 1000, persistent + mandatory, the sink's headers, the "
@@ -818,6 +818,7 @@ void WalDrainBench(Env& env, const std::vector<std::int64_t>& counts, std::size_
       "[database] mode = \"wal\" starts; rate = messages / (last receipt - first receipt)\n",
       streams);
   PrintRelayConditions(env);
+  drain_settings.Print();
   const double broker = BrokerCeiling(env, ceiling_messages, payload);
   std::printf("payload %zu B: RabbitMQ ceiling %s msgs/s\n", payload, Thousands(broker).c_str());
   for (const std::int64_t count : counts) {
@@ -2146,16 +2147,18 @@ int main(int argc, char** argv) {
   backlog->add_option("--measure", backlog_measure, "messages drained for the rate")
       ->check(CLI::Range(100, 100000000));
 
-  drain
-      ->add_option(
-          "--relay-setting", drain_settings.relay,
-          "with --sink rabbitmq: a line added to outboxd's [relay], e.g. 'batch_size = 1000'")
-      ->take_all();
-  drain
-      ->add_option(
-          "--sink-setting", drain_settings.sink,
-          "with --sink rabbitmq: a line added to [sinks.default], e.g. 'confirm_window = 2000'")
-      ->take_all();
+  for (auto* command : {drain, wal_drain}) {
+    command
+        ->add_option(
+            "--relay-setting", drain_settings.relay,
+            "with --sink rabbitmq: a line added to outboxd's [relay], e.g. 'batch_size = 1000'")
+        ->take_all();
+    command
+        ->add_option(
+            "--sink-setting", drain_settings.sink,
+            "with --sink rabbitmq: a line added to [sinks.default], e.g. 'confirm_window = 2000'")
+        ->take_all();
+  }
 
   bool no_fresh_table = false;
   drain->add_flag("--no-fresh-table", no_fresh_table,
