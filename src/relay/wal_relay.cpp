@@ -521,7 +521,9 @@ class WalRelay::Engine {
       const auto& failure = outcomes[k].failure;
       if (failure && !failure->treatment().spends_attempt &&
           !rejecting.contains(items[to_publish[k]].envelope.target)) {
-        Outage("a sink did not confirm: " + failure->Describe());
+        // Worded as the table relay words it, so that an operator greps one line for both.
+        Outage("sink '" + items[to_publish[k]].envelope.target +
+               "' is unavailable: " + failure->Describe());
         return false;
       }
     }

@@ -56,6 +56,7 @@
 #include "support/free_port.h"
 #include "support/pg_test_support.h"
 #include "support/wait.h"
+#include "support/wal_slot.h"
 
 namespace outbox::testing {
 namespace {
@@ -129,57 +130,6 @@ void Bind(const std::string& queue, const std::string& exchange, const std::stri
                   amqp_empty_table);
   CheckReply(amqp_get_rpc_reply(conn.get()), "queue.bind");
 }
-
-// ---- the schema's slot ----
-
-// Makes `schema` deliver by WAL: its slot (EnsureWalSlot) and settings.delivery = 'wal'. Drops the
-// slot when it dies, retrying for a while (a killed relay's walsender may hold it a moment; the
-// server may be restarting), on a connection of its own (the test's may be broken).
-class WalSlot {
- public:
-  explicit WalSlot(const std::string& schema) : schema_(schema) {
-    try {
-      auto conn = Connect();
-      // Creating a slot waits for every running write transaction of the server to end.
-      Sql(conn.get(), "SET statement_timeout = '90s'");
-      slot_ = postgres::EnsureWalSlot(conn.get(), schema_);
-      Sql(conn.get(), "UPDATE " + schema_ + ".settings SET delivery = 'wal'");
-    } catch (...) {
-      Drop();
-      throw;
-    }
-  }
-  ~WalSlot() { Drop(); }
-  WalSlot(const WalSlot&) = delete;
-  WalSlot& operator=(const WalSlot&) = delete;
-
-  [[nodiscard]] const std::string& name() const { return slot_; }
-
-  // True once the slot is gone.
-  bool Drop() noexcept {
-    if (dropped_) return true;
-    std::string last;
-    for (const auto until = Clock::now() + seconds{60}; Clock::now() < until;) {
-      try {
-        auto conn = Connect();
-        postgres::DropWalSlot(conn.get(), schema_);
-        dropped_ = true;
-        return true;
-      } catch (const std::exception& error) {
-        last = error.what();
-      }
-      std::this_thread::sleep_for(milliseconds{250});
-    }
-    std::fprintf(stderr, "[ wal ] COULD NOT DROP the replication slot of schema %s: %s\n",
-                 schema_.c_str(), last.c_str());
-    return false;
-  }
-
- private:
-  std::string schema_;
-  std::string slot_;
-  bool dropped_ = false;
-};
 
 // ---- outboxd ----
 

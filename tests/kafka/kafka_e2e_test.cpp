@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -24,6 +25,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -35,6 +37,7 @@
 #include "support/child_process.h"
 #include "support/pg_test_support.h"
 #include "support/wait.h"
+#include "support/wal_slot.h"
 
 namespace outbox::testing {
 namespace {
@@ -101,6 +104,15 @@ listen = ""
   void TearDown() override {
     std::remove(config_.c_str());
     std::remove((config_ + ".log").c_str());
+  }
+
+  // WAL mode (issue #20): the schema delivers by WAL, and outboxd reads its slot.
+  void UseWal() {
+    slot_.emplace(schema_.name());
+    std::ifstream in(config_);
+    std::string text{std::istreambuf_iterator<char>(in), {}};
+    text.replace(text.find("[relay]"), 0, "mode = \"wal\"\n");
+    std::ofstream(config_) << text;
   }
 
   std::string Replace(std::string text) const {
@@ -235,6 +247,7 @@ listen = ""
   }
 
   TestSchema schema_;
+  std::optional<WalSlot> slot_;  // WAL mode; dropped before the schema
   MockCluster cluster_{kBrokers};
   std::string config_;
   std::mutex mutex_;
@@ -326,6 +339,57 @@ TEST_F(KafkaE2eTest, KillingOutboxdLosesNothing) {
   std::printf("[ e2e ] kafka: outboxd killed holding %lld claimed messages\n",
               static_cast<long long>(killed.freeze.claimed));
   Print("kill -9", CheckTopic(), elapsed);
+}
+
+// WAL mode (issue #20): the messages travel in the WAL only; outboxd reads the schema's slot and
+// publishes through the same Kafka sink. Half the transactions are written while it runs; it is
+// killed (SIGKILL) once a twentieth is in the topic and replaced (the new one takes the slot over
+// once the lease expires); the other half is written while broker 1 is down for 10 s (its leaders
+// moved). Drained when the slot's reader has confirmed the WAL up to the writers' last commit. The
+// topic must hold every committed message, nothing rolled back, each key's first deliveries in
+// stream_seq order; nothing parked.
+TEST_F(KafkaE2eTest, WalModeThroughAKilledOutboxdAndABrokerDownLosesNothing) {
+  UseWal();
+  const int messages = std::min(Messages(), 20000);
+  const auto started = SteadyClock::now();
+  const auto stored = [&] { return Consumer(cluster_.bootstraps()).Stored(kTopic); };
+  std::jthread writers([&] { Write(messages / 2); });  // joined on the way out, also on failure
+  auto relay = StartOutboxd();
+  ASSERT_TRUE(
+      WaitUntil([&] { return stored() >= static_cast<std::size_t>(messages / 20); }, seconds{60}))
+      << "not publishing 60 s after the start\n"
+      << LogTail();
+  const std::size_t stored_at_kill = stored();
+  relay->Signal(SIGKILL);
+  EXPECT_EQ(relay->Wait(seconds{10}), 128 + SIGKILL);
+  relay = StartOutboxd();
+  writers.join();
+  ASSERT_TRUE(WaitUntil([&] { return stored() > stored_at_kill; }, seconds{60}))
+      << "the second outboxd published nothing in 60 s\n"
+      << LogTail();
+  cluster_.Down(1);
+  for (int partition = 0; partition < kPartitions; ++partition) {
+    if (HomeLeader(partition) == 1) cluster_.SetLeader(kTopic, partition, 2 + partition % 2);
+  }
+  writers = std::jthread([&] { Write(messages - messages / 2); });
+  std::this_thread::sleep_for(kOutage);  // a duration, not a wait for a state
+  cluster_.Up(1);
+  for (int partition = 0; partition < kPartitions; ++partition) {
+    cluster_.SetLeader(kTopic, partition, HomeLeader(partition));
+  }
+  writers.join();
+  const std::string last_commit = WalSlot::InsertPosition();
+  ASSERT_TRUE(
+      WaitUntil([&] { return slot_->ConfirmedUpTo(last_commit); }, seconds{120}, milliseconds{200}))
+      << "the slot's reader did not confirm " << last_commit << "\n"
+      << LogTail();
+  const double elapsed = SecondsSince(started);
+  EXPECT_EQ(relay->Stop(), 0) << LogTail();
+  const Verdict verdict = CheckTopic();
+  EXPECT_EQ(Rows(), 0) << "parked in WAL mode without a rejection";
+  std::printf("[ e2e ] kafka, WAL mode: outboxd killed with %zu records in the topic\n",
+              stored_at_kill);
+  Print("WAL mode, kill -9, a broker down 10 s with leaders moved", verdict, elapsed);
 }
 
 }  // namespace

@@ -17,12 +17,14 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -34,6 +36,7 @@
 #include "support/child_process.h"
 #include "support/pg_test_support.h"
 #include "support/wait.h"
+#include "support/wal_slot.h"
 
 namespace outbox::testing {
 namespace {
@@ -66,16 +69,19 @@ struct Verdict {
 class NatsE2eTest : public ::testing::Test {
  protected:
   // The stream over the test's subjects, keeping ids for `window`.
-  void Prepare(milliseconds window) {
+  // With `wal`: the schema delivers by WAL and outboxd reads its slot (issue #20).
+  void Prepare(milliseconds window, bool wal = false) {
     JetStreamClient(server_.url())
         .AddStream({.name = kStream,
                     .subjects = {"e2e.>"},
                     .duplicate_window = window,
                     .file_storage = true});
+    if (wal) slot_.emplace(schema_.name());
     config_ = "/tmp/outboxd-nats-" + schema_.name() + ".toml";
     std::ofstream(config_) << Replace(R"([database]
 url = "@URL@"
 schema = "@SCHEMA@"
+@MODE@
 [relay]
 instance = "nats-e2e"
 batch_size = 500
@@ -102,7 +108,10 @@ listen = ""
 
   std::string Replace(std::string text) const {
     const std::vector<std::pair<std::string, std::string>> values = {
-        {"@URL@", PgUrl()}, {"@SCHEMA@", schema_.name()}, {"@NATS@", server_.url()}};
+        {"@URL@", PgUrl()},
+        {"@SCHEMA@", schema_.name()},
+        {"@MODE@", slot_ ? "mode = \"wal\"" : ""},
+        {"@NATS@", server_.url()}};
     for (const auto& [from, to] : values) text.replace(text.find(from), from.size(), to);
     return text;
   }
@@ -149,8 +158,12 @@ listen = ""
     return std::stoll(Scalar(schema_.conn(), sql));
   }
 
-  // Every committed message published: the relay deletes a row once JetStream acks it.
+  // Every committed message published: the relay deletes a row once JetStream acks it. In WAL
+  // mode no row is written: every committed message is in the stream (deduplicated there).
   bool Drained(seconds limit) {
+    if (slot_) {
+      return WaitUntil([&] { return Stored() >= committed_.size(); }, limit, milliseconds{200});
+    }
     return WaitUntil([&] { return Rows() == 0; }, limit, milliseconds{200});
   }
 
@@ -175,34 +188,34 @@ listen = ""
   // The run: writers, outboxd killed holding a claim and replaced, the nats-server stopped with
   // `server_signal` and started again once a third of the messages are stored. Returns the
   // seconds from the start until everything committed was published.
-  double RunWithFaults(int server_signal) {
+  double RunWithFaults(int server_signal, int messages = Messages()) {
     const auto started = SteadyClock::now();
-    std::thread writers([&] { Write(Messages()); });
-    struct Join {
-      std::thread& thread;
-      ~Join() {
-        if (thread.joinable()) thread.join();
-      }
-    } join{writers};
+    std::jthread writers([&] { Write(messages); });  // joined on the way out, also on failure
 
-    // outboxd killed (SIGKILL) while it holds claimed messages.
+    // outboxd killed (SIGKILL) while it holds claimed messages; in WAL mode, once a tenth is
+    // stored (what it published past its last recorded position is published again).
     auto relay = StartOutboxd();
     const bool publishing = WaitUntil([&] { return Stored() > 0; }, seconds{60});
     Freeze freeze;
-    if (publishing) {
+    if (publishing && slot_) {
+      WaitUntil([&] { return Stored() >= static_cast<std::uint64_t>(messages / 10); }, seconds{60});
+      killed_after_ = Stored();
+    } else if (publishing) {
       freeze = FreezeHoldingAClaim(*relay, schema_.conn(), schema_.name(),
                                    [&] { return Rows("status = 'processing'"); });
     }
     relay->Signal(SIGKILL);
     EXPECT_EQ(relay->Wait(seconds{10}), 128 + SIGKILL);
     EXPECT_TRUE(publishing) << "nothing published 60 s after the start\n" << LogTail();
-    EXPECT_GT(freeze.claimed, 0) << "outboxd not caught holding a claim in " << freeze.attempts
-                                 << " attempts: " << freeze.problem;
+    if (!slot_) {
+      EXPECT_GT(freeze.claimed, 0) << "outboxd not caught holding a claim in " << freeze.attempts
+                                   << " attempts: " << freeze.problem;
+    }
     killed_holding_ = freeze.claimed;
     relay = StartOutboxd();
 
     // The server stopped and started again, on the same port and store, while outboxd publishes.
-    const auto third = static_cast<std::uint64_t>(Messages() * 4 / 5 / 3);
+    const auto third = static_cast<std::uint64_t>(messages * 4 / 5 / 3);
     const bool progressed = WaitUntil([&] { return Stored() >= third; }, seconds{90});
     EXPECT_TRUE(progressed) << "fewer than " << third << " stored after 90 s\n" << LogTail();
     stored_at_restart_ = Stored();
@@ -277,6 +290,8 @@ listen = ""
 
   NatsServer server_;
   TestSchema schema_;
+  std::optional<WalSlot> slot_;     // WAL mode; dropped before the schema
+  std::uint64_t killed_after_ = 0;  // WAL mode: stored when outboxd was killed
   std::string config_;
   std::mutex mutex_;
   std::set<std::string> committed_;
@@ -307,6 +322,24 @@ TEST_F(NatsE2eTest, DuplicatesWithDeduplicationEffectivelyOffAreCounted) {
       << "no warning about a 1 s window with a 6 s lease\n"
       << LogTail();
   Print("dedup off (1 s window), kill -9 of outboxd, nats-server SIGTERM", verdict, elapsed);
+}
+
+// WAL mode (issue #20): the messages travel in the WAL only, outboxd reads the schema's slot and
+// publishes through the same NATS sink. Killed (SIGKILL) once a tenth is stored, replaced (the
+// new one takes the slot over when the lease expires), the nats-server killed and restarted: the
+// stream must hold exactly what was committed, once each (2-minute window), every key's first
+// deliveries in stream_seq order, and nothing may be parked in the table.
+TEST_F(NatsE2eTest, WalModeKillAndServerRestartLoseNothing) {
+  Prepare(std::chrono::minutes{2}, /*wal=*/true);
+  const int messages = std::min(Messages(), 20000);
+  const double elapsed = RunWithFaults(SIGKILL, messages);
+  const Verdict verdict = CheckStream();
+  EXPECT_EQ(verdict.duplicates, 0U) << "duplicates on the stream with a 2-minute window";
+  EXPECT_EQ(Rows(), 0) << "parked in WAL mode without a rejection";
+  EXPECT_NE(Log().find("reading the WAL slot"), std::string::npos) << LogTail();
+  std::printf("[ e2e ] nats, WAL mode: outboxd killed with %llu stored\n",
+              static_cast<unsigned long long>(killed_after_));
+  Print("WAL mode, dedup on, kill -9 of outboxd, nats-server SIGKILL", verdict, elapsed);
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -34,6 +35,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -46,6 +48,7 @@
 #include "support/child_process.h"
 #include "support/pg_test_support.h"
 #include "support/wait.h"
+#include "support/wal_slot.h"
 
 namespace outbox::testing {
 namespace {
@@ -89,14 +92,16 @@ class RedisE2eTest : public ::testing::Test {
     std::remove((config_ + ".log").c_str());
   }
 
-  // A redis-server of the test's own with the AOF on, and outboxd's configuration for it.
-  void Prepare(bool dedup, const std::string& appendfsync) {
+  // A redis-server of the test's own with the AOF on, and outboxd's configuration for it. With
+  // `wal`: the schema delivers by WAL and outboxd reads its slot (issue #20).
+  void Prepare(bool dedup, const std::string& appendfsync, bool wal = false) {
     server_ = std::make_unique<RedisServer>(
         std::vector<std::string>{"--appendonly", "yes", "--appendfsync", appendfsync});
+    if (wal) slot_.emplace(schema_.name());
     config_ = "/tmp/outboxd-redis-" + schema_.name() + ".toml";
     std::ofstream(config_) << "[database]\nurl = \"" << PgUrl() << "\"\nschema = \""
                            << schema_.name() << "\"\n"
-                           << R"([relay]
+                           << (wal ? "mode = \"wal\"\n" : "") << R"([relay]
 instance = "redis-e2e"
 batch_size = 500
 lease = "6s"
@@ -166,8 +171,14 @@ connect_timeout = "1s"
     return std::stoll(Scalar(schema_.conn(), sql));
   }
 
-  // Every committed message published: the relay deletes a row once Redis answered for it.
+  // Every committed message published: the relay deletes a row once Redis answered for it. In
+  // WAL mode no row is written: every committed message is on the stream (deduplicated there).
   bool Drained(seconds limit) {
+    if (slot_) {
+      return WaitUntil(
+          [&] { return StreamLength() >= static_cast<std::int64_t>(committed_.size()); }, limit,
+          milliseconds{200});
+    }
     return WaitUntil([&] { return Rows() == 0; }, limit, milliseconds{200});
   }
 
@@ -190,19 +201,25 @@ connect_timeout = "1s"
   }
 
   // outboxd, started, stopped (SIGSTOP) once it publishes and holds claimed messages, then killed.
+  // In WAL mode, killed once a tenth of `messages` is on the stream (what it published past its
+  // last recorded position is published again).
   struct Killed {
     bool publishing = false;
     Freeze freeze;
-    int status = -1;  // as ChildProcess::Wait says
+    int status = -1;           // as ChildProcess::Wait says
+    std::int64_t entries = 0;  // on the stream when it was killed
   };
-  Killed KillHoldingAClaim() {
+  Killed KillHoldingAClaim(int messages) {
     Killed killed;
     auto relay = StartOutboxd();
     killed.publishing = WaitUntil([&] { return StreamLength() > 0; }, seconds{60});
-    if (killed.publishing) {
+    if (killed.publishing && slot_) {
+      WaitUntil([&] { return StreamLength() >= messages / 10; }, seconds{60});
+    } else if (killed.publishing) {
       killed.freeze = FreezeHoldingAClaim(*relay, schema_.conn(), schema_.name(),
                                           [&] { return Rows("status = 'processing'"); });
     }
+    killed.entries = StreamLength();
     relay->Signal(SIGKILL);
     killed.status = relay->Wait(seconds{10});
     return killed;
@@ -281,11 +298,11 @@ connect_timeout = "1s"
 
   // The whole run: writers, outboxd killed holding a claim, a second one, the server restarted
   // while it publishes; drained; the stream checked.
-  Verdict Run(const std::string& what, bool kill_server) {
+  Verdict Run(const std::string& what, bool kill_server, int messages = Messages()) {
     const auto started = SteadyClock::now();
-    std::thread writers([&] { Write(Messages()); });
-    const Killed killed = KillHoldingAClaim();
-    const bool caught = killed.publishing && killed.freeze.claimed > 0;
+    std::thread writers([&] { Write(messages); });
+    const Killed killed = KillHoldingAClaim(messages);
+    const bool caught = killed.publishing && (slot_ || killed.freeze.claimed > 0);
     if (!caught) writers.join();
     EXPECT_TRUE(caught) << (killed.publishing ? "outboxd not caught holding a claim in " +
                                                     std::to_string(killed.freeze.attempts) +
@@ -307,15 +324,17 @@ connect_timeout = "1s"
     const Verdict verdict = CheckStream();
     std::printf(
         "[ e2e ] redis, %s: %zu committed, %zu rolled back, %zu entries, %zu duplicates; outboxd "
-        "killed holding %lld claimed messages; redis-server %s at %lld entries, down %.1f s; "
-        "%.1f s\n",
+        "killed holding %lld claimed messages (%lld entries on the stream); redis-server %s at "
+        "%lld entries, down %.1f s; %.1f s\n",
         what.c_str(), committed_.size(), rolled_back_.size(), verdict.entries, verdict.duplicates,
-        static_cast<long long>(killed.freeze.claimed), kill_server ? "killed" : "restarted",
-        static_cast<long long>(restart.entries_before), restart.down_seconds, elapsed);
+        static_cast<long long>(killed.freeze.claimed), static_cast<long long>(killed.entries),
+        kill_server ? "killed" : "restarted", static_cast<long long>(restart.entries_before),
+        restart.down_seconds, elapsed);
     return verdict;
   }
 
   TestSchema schema_;
+  std::optional<WalSlot> slot_;  // WAL mode; dropped before the schema
   std::unique_ptr<RedisServer> server_;
   std::string config_;
   std::mutex mutex_;
@@ -342,6 +361,19 @@ TEST_F(RedisE2eTest, ServerKilledWithAppendfsyncAlwaysLosesNothing) {
   Prepare(/*dedup=*/true, "always");
   const Verdict verdict = Run("dedup on, appendfsync always, SIGKILL", /*kill_server=*/true);
   EXPECT_EQ(verdict.duplicates, 0U) << "duplicates on the stream with dedup on";
+}
+
+// WAL mode (issue #20): the messages travel in the WAL only; outboxd reads the schema's slot and
+// publishes through the same Redis sink, is killed once a tenth is on the stream and replaced
+// (the new one takes the slot over when the lease expires), and the server restarts meanwhile.
+// The stream must hold what was committed, once each, in stream_seq order; nothing parked.
+TEST_F(RedisE2eTest, WalModeLosesNothingThroughAKilledRelayAndAServerRestart) {
+  Prepare(/*dedup=*/true, "everysec", /*wal=*/true);
+  const Verdict verdict = Run("WAL mode, dedup on, appendfsync everysec, SIGTERM",
+                              /*kill_server=*/false, std::min(Messages(), 20000));
+  EXPECT_EQ(verdict.duplicates, 0U) << "duplicates on the stream with dedup on";
+  EXPECT_EQ(Rows(), 0) << "parked in WAL mode without a rejection";
+  EXPECT_NE(Log().find("reading the WAL slot"), std::string::npos) << LogTail();
 }
 
 }  // namespace
