@@ -217,12 +217,21 @@ class WalRelay::Engine {
     slot_problem_ = std::move(problem);
   }
 
-  // Every few seconds while this relay holds the slot: the ledger's superseded records go.
+  // Every few seconds while this relay holds the slot: the ledger's superseded records go. A
+  // failure is housekeeping's, not the relay's: it is reported and tried again next time (a lost
+  // connection shows in the next batch's statements anyway).
   void Purge() {
     const auto now = SteadyClock::now();
     if (now < next_purge_) return;
     next_purge_ = now + kPurgeEvery;
-    ledger_->Purge();
+    try {
+      ledger_->Purge();
+    } catch (const StoreError& error) {
+      metrics_.registry.RecordError("wal", "purging the WAL ledger: " + Describe(error));
+      Log(LogLevel::kWarn, "purging the WAL ledger failed (tried again in " +
+                               std::to_string(kPurgeEvery.count() / 1000) +
+                               " s): " + Describe(error));
+    }
   }
 
   // Takes or renews the lease every third of it; false while another relay holds it.

@@ -467,10 +467,11 @@ TEST_F(WalRelayTest, FollowersInTheBatchOfAnAbandonedMessageAreRepublishedWithSt
 class HookedLedger final : public WalLedger {
  public:
   HookedLedger(std::unique_ptr<WalLedger> real, std::function<void(const WalCommit&)> before,
-               std::function<void()> before_states = {})
+               std::function<void()> before_states = {}, std::function<void()> before_purge = {})
       : real_(std::move(real)),
         before_(std::move(before)),
-        before_states_(std::move(before_states)) {}
+        before_states_(std::move(before_states)),
+        before_purge_(std::move(before_purge)) {}
   std::optional<std::int64_t> Acquire(const std::string& owner, milliseconds duration) override {
     return real_->Acquire(owner, duration);
   }
@@ -491,12 +492,16 @@ class HookedLedger final : public WalLedger {
     before_(commit);
     return real_->Commit(owner, epoch, commit);
   }
-  std::int64_t Purge() override { return real_->Purge(); }
+  std::int64_t Purge() override {
+    if (before_purge_) before_purge_();
+    return real_->Purge();
+  }
 
  private:
   std::unique_ptr<WalLedger> real_;
   std::function<void(const WalCommit&)> before_;
   std::function<void()> before_states_;
+  std::function<void()> before_purge_;
 };
 
 // A backlog (written before the relay starts) goes in a pipeline: the next batch is read while
@@ -637,6 +642,29 @@ TEST_F(WalRelayTest, StreamStatesAreReadOnlyWhileTheTableHoldsSomething) {
   EXPECT_EQ(delivered[5].stream_seq, std::optional<std::int64_t>{2});
   EXPECT_EQ(delivered[5].stream_prev_seq, std::optional<std::int64_t>{0});
   EXPECT_EQ(delivered[6].stream_prev_seq, std::nullopt);
+}
+
+// Purging the ledger is housekeeping: when it fails, the relay says so and goes on reading and
+// publishing (it used to take it for an outage: the stream closed and read again).
+TEST_F(WalRelayTest, APurgeThatFailsIsReportedAndStopsNothing) {
+  auto owned = std::make_unique<TestSink>();
+  TestSink* sink = owned.get();
+  std::atomic<int> purges{0};
+  wrap_ledger_ = [&](std::unique_ptr<WalLedger> real) -> std::unique_ptr<WalLedger> {
+    return std::make_unique<HookedLedger>(
+        std::move(real), [](const WalCommit&) {}, std::function<void()>{},
+        [&] {
+          ++purges;
+          throw StoreError(FailureKind::kUnavailable, "purge: canceling statement");
+        });
+  };
+  Start(std::move(owned));
+  auto conn = Connect();
+  for (int i = 0; i < 10; ++i) Enqueue(conn.get(), "s" + std::to_string(i % 3));
+  ASSERT_TRUE(WaitFor([&] { return relay(0).counters().published.load() == 10; }));
+  EXPECT_GE(purges.load(), 1);
+  EXPECT_EQ(relay(0).counters().errors.load(), 0U) << "a failed purge is not an outage";
+  EXPECT_EQ(sink->delivered().size(), 10U) << "nothing read and published twice";
 }
 
 TEST_F(WalRelayTest, OneRelayReadsTheSlotTheOtherStandsByAndTakesOver) {
