@@ -71,6 +71,10 @@ struct WalMetrics {
         slot_unconfirmed_bytes(
             into.AddGauge("outbox_wal_slot_unconfirmed_bytes",
                           "WAL written since the slot's confirmed position, as last checked.")),
+        slot_flush_lag_seconds(into.AddGauge(
+            "outbox_wal_slot_flush_lag_seconds",
+            "How long the reader's confirmations trail the server's WAL, as the server measures "
+            "it (pg_stat_replication.flush_lag); 0 when it shows none. As last checked.")),
         batch_seconds(
             into.AddHistogram("outbox_wal_batch_seconds",
                               "Duration of each WAL batch: publish, then the ledger's commit.",
@@ -88,6 +92,7 @@ struct WalMetrics {
   observe::Gauge& slot_active;
   observe::Gauge& slot_retained_bytes;
   observe::Gauge& slot_unconfirmed_bytes;
+  observe::Gauge& slot_flush_lag_seconds;
   observe::Histogram& batch_seconds;
 };
 
@@ -202,6 +207,7 @@ class WalRelay::Engine {
       metrics_.slot_active.Set(state.active ? 1.0 : 0.0);
       metrics_.slot_retained_bytes.Set(static_cast<double>(state.retained_bytes));
       metrics_.slot_unconfirmed_bytes.Set(static_cast<double>(state.unconfirmed_bytes));
+      metrics_.slot_flush_lag_seconds.Set(state.flush_lag_seconds.value_or(0.0));
       if (!state.exists) {
         problem = "the replication slot does not exist (outboxctl migrate --wal-slot)";
       } else if (state.wal_status == "lost") {

@@ -711,6 +711,15 @@ TEST_F(WalRelayTest, TheSlotIsSeenReadWhileARelayStreamsIt) {
     const auto delivered = sink->delivered();
     return !delivered.empty() && delivered.back().id.ToString() == id;
   }));
+  // The server's measure of how far the reader's confirmations trail: shown once the reader has
+  // confirmed WAL the server sent it (the relay confirms within a second of its commit).
+  std::optional<double> lag;
+  EXPECT_TRUE(WaitFor([&] {
+    lag = ledger->SlotState().flush_lag_seconds;
+    return lag.has_value();
+  })) << "pg_stat_replication.flush_lag never shown";
+  EXPECT_GE(lag.value_or(-1), 0.0);
+  EXPECT_LT(lag.value_or(99), 10.0);
 }
 
 TEST_F(WalRelayTest, BadOptionsAreRefusedByName) {

@@ -140,6 +140,10 @@ struct WalSlotState {
   std::string wal_status;           // reserved, extended, unreserved or lost (its WAL was removed)
   std::int64_t retained_bytes = 0;  // WAL kept for it: the server's position - restart_lsn
   std::int64_t unconfirmed_bytes = 0;  // the server's position - confirmed_flush_lsn
+  // How long the reader's confirmations trail the server's WAL, as the server measures it
+  // (pg_stat_replication.flush_lag of the slot's walsender); absent while nobody reads the slot
+  // or the server shows none (it clears it a while after the reader caught up).
+  std::optional<double> flush_lag_seconds;
 };
 
 class WalLedger {

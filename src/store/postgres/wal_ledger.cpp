@@ -144,7 +144,9 @@ class PostgresWalLedger final : public WalLedger {
     slot_sql_ =
         "SELECT active, coalesce(wal_status, ''),"
         " coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint,"
-        " coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint"
+        " coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint,"
+        " (SELECT (extract(epoch FROM r.flush_lag) * 1000000)::bigint FROM pg_stat_replication r"
+        " WHERE r.pid = active_pid)"
         " FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()";
     end_reader_sql_ =
         "SELECT active_pid, pg_terminate_backend(active_pid) FROM pg_replication_slots"
@@ -255,6 +257,10 @@ class PostgresWalLedger final : public WalLedger {
     state.wal_status = std::string{Column(result.get(), 0, 1)};
     state.retained_bytes = ParseInt64(Column(result.get(), 0, 2), "slot retained bytes");
     state.unconfirmed_bytes = ParseInt64(Column(result.get(), 0, 3), "slot unconfirmed bytes");
+    if (PQgetisnull(result.get(), 0, 4) == 0) {
+      state.flush_lag_seconds =
+          static_cast<double>(ParseInt64(Column(result.get(), 0, 4), "slot flush lag")) / 1e6;
+    }
     return state;
   }
 
