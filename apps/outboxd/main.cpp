@@ -30,6 +30,7 @@
 #include "outbox/core/version.h"
 #include "outbox/observe/metrics.h"
 #include "outbox/relay/relay.h"
+#include "outbox/relay/shared_sink.h"
 #include "outbox/relay/wal_relay.h"
 #include "service_manager.h"
 #include "version_line.h"
@@ -230,13 +231,17 @@ int main(int argc, char** argv) {
     options.max_attempts = config.retry.max_attempts;
     Database database = OpenDatabase(config);
     options.partition_leases = database.partition_leases.get();
+    // WAL mode: a second relay reads the slot; the table relay still publishes what WAL mode
+    // parks in the table (and the topics left in table mode). The two share each sink, taking
+    // turns (outbox/relay/shared_sink.h): one connection per target, and one memory of what its
+    // broker asked (an HTTP endpoint's Retry-After holds for both).
+    const bool wal_mode = config.database->WalMode();
+    auto sink_maps = outbox::ShareSinks(OpenSinks(config, {.log = log_fn, .lease = config.lease}),
+                                        wal_mode ? 2 : 1);
     outbox::Relay relay(options, std::move(database.store), std::move(database.wakeup),
-                        OpenSinks(config, {.log = log_fn, .lease = config.lease}), log_fn);
-    // WAL mode: a second relay reads the slot, with sinks of its own (a sink is used by one
-    // thread); the table relay above still publishes what WAL mode parks in the table (and the
-    // topics left in table mode).
+                        std::move(sink_maps[0]), log_fn);
     std::unique_ptr<outbox::WalRelay> wal_relay;
-    if (config.database->WalMode()) {
+    if (wal_mode) {
       outbox::WalRelayOptions wal_options;
       wal_options.instance = config.instance;
       wal_options.batch_size = config.batch_size;
@@ -247,9 +252,9 @@ int main(int argc, char** argv) {
       wal_options.max_backoff = config.max_backoff;
       wal_options.retry = config.retry;
       wal_options.metrics = &registry;
-      wal_relay = std::make_unique<outbox::WalRelay>(
-          wal_options, config.database->OpenWalSource(), config.database->OpenWalLedger(),
-          OpenSinks(config, {.log = log_fn, .lease = config.lease}), log_fn);
+      wal_relay = std::make_unique<outbox::WalRelay>(wal_options, config.database->OpenWalSource(),
+                                                     config.database->OpenWalLedger(),
+                                                     std::move(sink_maps[1]), log_fn);
     }
     // The operations side (stats thread, HTTP listener), on connections of its own to the same
     // database, PostgreSQL or SQLite.

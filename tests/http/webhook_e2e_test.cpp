@@ -50,6 +50,7 @@
 #include "support/child_process.h"
 #include "support/pg_test_support.h"
 #include "support/wait.h"
+#include "support/wal_slot.h"
 
 namespace outbox::testing {
 namespace {
@@ -151,11 +152,12 @@ class WebhookE2eTest : public ::testing::Test {
   // connections, and its threads only stamp arrivals later (requests on the wire after a 429
   // arrived up to 250 ms after it with 256, up to 120 ms with 64). publish_timeout 5 s (at most
   // half the lease) and request_timeout 3 s bound a batch whose requests hang.
+  // With the schema's slot made (slot_), outboxd reads it too (WAL mode, issue #20).
   void WriteConfig(int max_attempts) {
     config_ = "/tmp/outboxd-webhook-" + schema_.name() + ".toml";
     std::ofstream(config_) << "[database]\nurl = \"" << PgUrl() << "\"\nschema = \""
                            << schema_.name() << "\"\n"
-                           << R"([relay]
+                           << (slot_ ? "mode = \"wal\"\n" : "") << R"([relay]
 instance = "webhook-e2e"
 batch_size = 1000
 lease = "10s"
@@ -235,9 +237,20 @@ request_timeout = "3s"
     return std::stoll(Scalar(schema_.conn(), sql));
   }
 
-  // Every committed message published or abandoned (abandoned ones stay: checked apart).
+  // Every committed message published or abandoned (abandoned ones stay: checked apart). In
+  // WAL mode, once the slot's reader has confirmed the WAL up to the writers' last commit (and
+  // what it parked in the table is gone too).
   bool Drained(seconds limit) {
-    return WaitUntil([&] { return Rows("status <> 'abandoned'") == 0; }, limit, milliseconds{200});
+    const auto until = SteadyClock::now() + limit;
+    if (slot_) {
+      const std::string last_commit = WalSlot::InsertPosition();
+      if (!WaitUntil([&] { return slot_->ConfirmedUpTo(last_commit); }, limit, milliseconds{200})) {
+        return false;
+      }
+    }
+    const auto left = std::chrono::duration_cast<milliseconds>(until - SteadyClock::now());
+    return WaitUntil([&] { return Rows("status <> 'abandoned'") == 0; },
+                     std::max(left, milliseconds{0}), milliseconds{200});
   }
 
   void ExpectNothingAbandoned() {
@@ -424,6 +437,7 @@ request_timeout = "3s"
   }
 
   TestSchema schema_;
+  std::optional<WalSlot> slot_;  // WAL mode; dropped before the schema
   const std::string secret_ = NewSecret();
   const std::string dest_ = UniqueDestination("e2e");
   std::unique_ptr<WebhookReceiver> receiver_;
@@ -450,6 +464,35 @@ TEST_F(WebhookE2eTest, EveryCommittedMessageAcceptedInOrderAndRetryAfterHonoured
   const Verdict verdict = Check(receiver_->Requests(dest_));
   std::printf("[ e2e ] http: the writers took %.1f s\n", written);
   Print("endpoint up", verdict, elapsed);
+}
+
+// WAL mode (issue #20): the messages travel in the WAL only; outboxd reads the schema's slot and
+// sends through the same HTTP sink. A 503 or 429 rejects a message: the WAL relay parks it and its
+// stream in the table, from where the table relay sends them after the retry delay (or the
+// Retry-After); what the sink holds back for a host's Retry-After is parked beside it. The same
+// record checks hold: every committed message accepted, first acceptances in stream_seq order,
+// attempts explained by refusals, nothing early after a Retry-After.
+TEST_F(WebhookE2eTest, WalModeEveryCommittedMessageAcceptedInOrderAndRetryAfterHonoured) {
+  receiver_ = StartReceiver(0, 3);
+  slot_.emplace(schema_.name());
+  WriteConfig(/*max_attempts=*/10);
+  const auto started = SteadyClock::now();
+  auto relay = StartOutboxd();
+  Write(std::min(Messages(), 10000), milliseconds{0});
+  EXPECT_TRUE(Drained(seconds{90})) << Rows() << " rows left\n" << LogTail();
+  const double elapsed = SecondsSince(started);
+  EXPECT_EQ(relay->Stop(), 0) << LogTail();
+  ExpectNothingAbandoned();
+  const Verdict verdict = Check(receiver_->Requests(dest_));
+  const std::string log = Log();
+  std::size_t rejected_parked = 0;
+  for (auto at = log.find("failed and is parked"); at != std::string::npos;
+       at = log.find("failed and is parked", at + 1)) {
+    ++rejected_parked;
+  }
+  std::printf("[ e2e ] http, WAL mode: %zu rejected messages parked by the WAL relay\n",
+              rejected_parked);
+  Print("WAL mode, endpoint up", verdict, elapsed);
 }
 
 TEST_F(WebhookE2eTest, EndpointDownThirtySecondsLosesNothingAndSpendsNoAttempt) {
