@@ -186,6 +186,16 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
 
+  // Block the shutdown signals before any thread starts (building the sinks to check them
+  // starts some), so only the signal thread sees them: one that comes while outboxd starts is
+  // held until it can drain, instead of killing it.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a closed stdout pipe is a write error for the file sink
+
   outbox::outboxd::Config config;
   try {
     config = outbox::outboxd::LoadConfig(config_path);
@@ -201,14 +211,6 @@ int main(int argc, char** argv) {
     std::cerr << "outboxd: " << config_path << ": " << error.what() << "\n";
     return kExitUsage;
   }
-
-  // Block the shutdown signals before any thread starts, so only the signal thread sees them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);  // a closed stdout pipe is a write error for the file sink
 
   const bool journal = outbox::outboxd::StderrIsJournal();
   auto logger = MakeLogger(config, journal);

@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -23,6 +25,10 @@ class SlowSink final : public Sink {
   explicit SlowSink(milliseconds hold) : hold_(hold) {}
   std::string_view Name() const override { return "slow"; }
   std::vector<PublishOutcome> Publish(std::span<const Envelope> batch, Deadline) override {
+    {
+      const std::lock_guard lock(mutex_);
+      if (!batch.empty()) topics_.push_back(batch.front().topic);
+    }
     const int now = ++running_;
     int seen = most_;
     while (now > seen && !most_.compare_exchange_weak(seen, now)) {
@@ -40,9 +46,15 @@ class SlowSink final : public Sink {
   std::atomic<int> most_{0};
   std::atomic<int> calls_{0};
   std::atomic<int> closes_{0};
+  std::vector<std::string> topics() const {
+    const std::lock_guard lock(mutex_);
+    return topics_;
+  }
 
  private:
   milliseconds hold_;
+  mutable std::mutex mutex_;
+  std::vector<std::string> topics_;  // each call's first topic, in call order
 };
 
 // `copies` maps over one sink as target "default".
@@ -52,10 +64,11 @@ std::vector<SinkMap> Share(std::unique_ptr<Sink> sink, std::size_t copies) {
   return ShareSinks(std::move(sinks), copies);
 }
 
-std::vector<Envelope> Batch(int size) {
+std::vector<Envelope> Batch(int size, const std::string& topic = "t") {
   std::vector<Envelope> batch(static_cast<std::size_t>(size));
   for (Envelope& envelope : batch) {
     envelope.id = NewUuidV7();
+    envelope.topic = topic;
     envelope.target = "default";
   }
   return batch;
@@ -110,6 +123,28 @@ TEST(SharedSinkTest, ATurnThatDoesNotComeByTheDeadlineSendsNothingAndSpendsNoAtt
     EXPECT_FALSE(outcomes[i].failure->treatment().spends_attempt);
   }
   EXPECT_EQ(slow->calls_.load(), 1) << "the late batch was not sent";
+}
+
+// A relay with batch after batch (the WAL relay draining a backlog) must not keep the other one
+// waiting: turns go in the order they were asked for.
+TEST(SharedSinkTest, TurnsGoInTheOrderTheyWereAskedFor) {
+  auto owned = std::make_unique<SlowSink>(milliseconds{200});
+  SlowSink* slow = owned.get();
+  const auto core = std::make_shared<SharedSink::Core>(std::move(owned));
+  SharedSink busy(core);
+  SharedSink other(core);
+  const auto far = [] { return SteadyClock::now() + milliseconds{10000}; };
+  std::thread draining([&] {
+    busy.Publish(Batch(1, "busy"), far());
+    busy.Publish(Batch(1, "busy"), far());  // asks again at once
+  });
+  while (slow->running_.load() == 0) std::this_thread::sleep_for(milliseconds{1});
+  std::thread waiting([&] { other.Publish(Batch(1, "other"), far()); });
+  while (core->waiting() == 0) std::this_thread::sleep_for(milliseconds{1});
+  draining.join();
+  waiting.join();
+  EXPECT_EQ(slow->topics(), (std::vector<std::string>{"busy", "other", "busy"}));
+  EXPECT_EQ(core->waiting(), 0U);
 }
 
 TEST(SharedSinkTest, OneCopyIsTheSinksThemselves) {

@@ -7,6 +7,9 @@
 // too early).
 
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -20,11 +23,27 @@ namespace outbox {
 
 class SharedSink final : public Sink {
  public:
-  // What the users of one sink share: the sink and whose turn it is.
-  struct Core {
+  // What the users of one sink share: the sink, and whose turn it is. Turns are given in the
+  // order they were asked for, so a relay with batch after batch to publish cannot keep the other
+  // one waiting past its deadline.
+  class Core {
+   public:
     explicit Core(std::unique_ptr<Sink> shared) : sink(std::move(shared)) {}
-    std::timed_mutex turn;
-    std::unique_ptr<Sink> sink;
+    // Waits for this caller's turn until `deadline`; false (and out of the line) if it did not
+    // come. Give ends the turn.
+    bool Take(Deadline deadline);
+    void Give();
+    // Callers in line for a turn (for tests).
+    [[nodiscard]] std::size_t waiting() const;
+
+    const std::unique_ptr<Sink> sink;
+
+   private:
+    mutable std::mutex mutex_;
+    std::condition_variable changed_;
+    bool busy_ = false;
+    std::uint64_t next_ticket_ = 0;
+    std::deque<std::uint64_t> queue_;  // tickets in line, first come first
   };
 
   explicit SharedSink(std::shared_ptr<Core> core);
@@ -36,6 +55,15 @@ class SharedSink final : public Sink {
   void Close() override;
 
  private:
+  // Gives the turn back however Publish ends.
+  struct Turn {
+    explicit Turn(Core& taken) : core(taken) {}
+    ~Turn() { core.Give(); }
+    Turn(const Turn&) = delete;
+    Turn& operator=(const Turn&) = delete;
+    Core& core;
+  };
+
   std::shared_ptr<Core> core_;
 };
 
