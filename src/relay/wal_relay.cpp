@@ -77,7 +77,8 @@ struct WalMetrics {
             "it (pg_stat_replication.flush_lag); 0 when it shows none. As last checked.")),
         batch_seconds(
             into.AddHistogram("outbox_wal_batch_seconds",
-                              "Duration of each WAL batch: publish, then the ledger's commit.",
+                              "Duration of each WAL batch from its read to the ledger's commit "
+                              "(with a backlog, its wait for the batch before it included).",
                               observe::LatencyBuckets())) {}
 
   observe::Registry& registry;
@@ -518,7 +519,7 @@ class WalRelay::Engine {
     const std::vector<std::size_t>& to_publish = batch.to_publish;
     std::set<WalStream>& broken = batch.broken;
     WalCommit& commit = batch.commit;
-    std::map<std::size_t, const PublishOutcome*> outcome_of;
+    std::vector<const PublishOutcome*> outcome_of(items.size(), nullptr);  // by item
     for (std::size_t k = 0; k < to_publish.size(); ++k) outcome_of[to_publish[k]] = &outcomes[k];
     // An outage (something unconfirmed by a target that rejected nothing in this batch): nothing
     // is committed or parked; the batch is read and published again. When a target did reject
@@ -553,7 +554,7 @@ class WalRelay::Engine {
                                  .error = "waiting: an earlier message of its stream is parked"});
         continue;
       }
-      const PublishOutcome* outcome = outcome_of.at(i);
+      const PublishOutcome* outcome = outcome_of[i];  // published: its stream is not broken
       if (outcome->published()) {
         ++batch.published;
         continue;
