@@ -216,6 +216,9 @@ int Status(const std::string& db, const std::string& schema, bool json) {
                                   {"position", outbox::FormatLsn(wal.position)},
                                   {"unconfirmed_bytes", wal.state.unconfirmed_bytes},
                                   {"retained_bytes", wal.state.retained_bytes},
+                                  {"flush_lag_seconds", wal.state.flush_lag_seconds
+                                                            ? Json(*wal.state.flush_lag_seconds)
+                                                            : Json(nullptr)},
                                   {"lease_owner", wal.owner ? Json(*wal.owner) : Json(nullptr)}}
                                  .dump()
                            : std::string{"null"})
@@ -244,7 +247,11 @@ int Status(const std::string& db, const std::string& schema, bool json) {
                 << (wal.state.active ? "being read" : "NOT being read") << ", read up to "
                 << outbox::FormatLsn(wal.position) << ", " << wal.state.unconfirmed_bytes
                 << " bytes of WAL since its confirmed position, " << wal.state.retained_bytes
-                << " bytes kept for it; lease: " << wal.owner.value_or("none live") << "\n";
+                << " bytes kept for it";
+      if (wal.state.flush_lag_seconds) {
+        std::cout << ", its reader's confirmations " << *wal.state.flush_lag_seconds << " s behind";
+      }
+      std::cout << "; lease: " << wal.owner.value_or("none live") << "\n";
     }
   }
   return 0;

@@ -51,6 +51,8 @@ expect 0 "delivery    table.*WAL slot    outbox_$schema: NOT being read, read up
 psql -q "$db" -c "UPDATE $schema.settings SET delivery = 'wal'" >/dev/null
 expect 0 '"delivery":"wal","wal_topics":0,"wal_slot":\{"name":"outbox_'"$schema"'","exists":true,"active":false' \
   --db "$db" --schema "$schema" status --json
+# No reader: the server shows no flush lag.
+expect 0 '"flush_lag_seconds":null' --db "$db" --schema "$schema" status --json
 psql -q "$db" -c "UPDATE $schema.settings SET delivery = 'table'" >/dev/null
 expect 1 'the outbox schema "nope_'"$$"'" is not migrated .*run outboxctl migrate' \
   --db "$db" --schema "nope_$$" status

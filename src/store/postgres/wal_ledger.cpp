@@ -12,6 +12,7 @@
 #include "connection.h"
 #include "migrations.h"
 #include "outbox/store/postgres_wal.h"
+#include "slot_state.h"
 #include "statements.h"
 
 namespace outbox::postgres {
@@ -141,13 +142,9 @@ class PostgresWalLedger final : public WalLedger {
     sweep_seqs_sql_ = "DELETE FROM " + s + ".wal_seqs q WHERE EXISTS (SELECT 1 FROM " + s +
                       ".wal_seqs n WHERE n.target = q.target AND n.stream_key = q.stream_key"
                       " AND n.seq > q.seq)";
-    slot_sql_ =
-        "SELECT active, coalesce(wal_status, ''),"
-        " coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint,"
-        " coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint,"
-        " (SELECT (extract(epoch FROM r.flush_lag) * 1000000)::bigint FROM pg_stat_replication r"
-        " WHERE r.pid = active_pid)"
-        " FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()";
+    slot_sql_ = "SELECT " + SlotStateColumns("r") +
+                " FROM pg_replication_slots r WHERE r.slot_name = $1"
+                " AND r.database = current_database()";
     end_reader_sql_ =
         "SELECT active_pid, pg_terminate_backend(active_pid) FROM pg_replication_slots"
         " WHERE slot_name = $1 AND active_pid IS NOT NULL AND active_pid <> pg_backend_pid()";
@@ -253,14 +250,7 @@ class PostgresWalLedger final : public WalLedger {
     WalSlotState state;
     if (PQntuples(result.get()) != 1) return state;
     state.exists = true;
-    state.active = Column(result.get(), 0, 0) == "t";
-    state.wal_status = std::string{Column(result.get(), 0, 1)};
-    state.retained_bytes = ParseInt64(Column(result.get(), 0, 2), "slot retained bytes");
-    state.unconfirmed_bytes = ParseInt64(Column(result.get(), 0, 3), "slot unconfirmed bytes");
-    if (PQgetisnull(result.get(), 0, 4) == 0) {
-      state.flush_lag_seconds =
-          static_cast<double>(ParseInt64(Column(result.get(), 0, 4), "slot flush lag")) / 1e6;
-    }
+    ReadSlotState(result.get(), 0, 0, state);
     return state;
   }
 

@@ -13,6 +13,7 @@
 #include "outbox/core/partition.h"
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_wal.h"
+#include "slot_state.h"
 
 namespace outbox::postgres {
 namespace {
@@ -119,6 +120,32 @@ bool SlotExists(PGconn* conn, const std::string& slot) {
 }
 
 }  // namespace
+
+std::string SlotStateColumns(const std::string& slot) {
+  const std::string r = slot + ".";
+  return "coalesce(" + r + "active, false), coalesce(" + r +
+         "wal_status, ''),"
+         " coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), " +
+         r +
+         "restart_lsn), 0)::bigint,"
+         " coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), " +
+         r +
+         "confirmed_flush_lsn), 0)::bigint,"
+         " (SELECT (extract(epoch FROM w.flush_lag) * 1000000)::bigint FROM pg_stat_replication w"
+         " WHERE w.pid = " +
+         r + "active_pid)";
+}
+
+void ReadSlotState(const PGresult* result, int row, int column, WalSlotState& state) {
+  state.active = Column(result, row, column) == "t";
+  state.wal_status = std::string{Column(result, row, column + 1)};
+  state.retained_bytes = ParseInt64(Column(result, row, column + 2), "slot retained bytes");
+  state.unconfirmed_bytes = ParseInt64(Column(result, row, column + 3), "slot unconfirmed bytes");
+  if (PQgetisnull(result, row, column + 4) == 0) {
+    state.flush_lag_seconds =
+        static_cast<double>(ParseInt64(Column(result, row, column + 4), "slot flush lag")) / 1e6;
+  }
+}
 
 std::string WalSlotName(const std::string& schema) {
   std::string name = "outbox_";

@@ -8,6 +8,7 @@
 #include "migrations.h"
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_wal.h"
+#include "slot_state.h"
 #include "wal_record.h"
 
 namespace outbox::postgres {
@@ -74,24 +75,20 @@ std::string ReadWalSlot(pg_conn* conn, const std::string& schema) {
 
 WalStatus ReadWalStatus(pg_conn* conn, const std::string& schema) {
   const std::string s = QuoteSchema(schema);
-  const auto result =
-      Exec(conn, "read the WAL mode's status",
-           "SELECT st.delivery, (SELECT count(*) FROM " + s +
-               ".topic_settings t WHERE t.delivery = 'wal'), st.wal_slot, r.slot_name IS NOT NULL,"
-               " coalesce(r.active, false), coalesce(r.wal_status, ''),"
-               " coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), r.restart_lsn), 0)::bigint,"
-               " coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), r.confirmed_flush_lsn), 0)::bigint,"
-               " " +
-               s +
-               ".wal_position(st.wal_slot)::text,"
-               " CASE WHEN p.lease_until > now() THEN p.owner END"
-               " FROM " +
-               s +
-               ".settings st"
-               " LEFT JOIN pg_replication_slots r ON r.slot_name = st.wal_slot"
-               "   AND r.database = current_database()"
-               " LEFT JOIN " +
-               s + ".wal_progress p ON p.slot = st.wal_slot");
+  const auto result = Exec(
+      conn, "read the WAL mode's status",
+      "SELECT st.delivery, (SELECT count(*) FROM " + s +
+          ".topic_settings t WHERE t.delivery = 'wal'), st.wal_slot, r.slot_name IS NOT NULL, " +
+          SlotStateColumns("r") + ", " + s +
+          ".wal_position(st.wal_slot)::text,"
+          " CASE WHEN p.lease_until > now() THEN p.owner END"
+          " FROM " +
+          s +
+          ".settings st"
+          " LEFT JOIN pg_replication_slots r ON r.slot_name = st.wal_slot"
+          "   AND r.database = current_database()"
+          " LEFT JOIN " +
+          s + ".wal_progress p ON p.slot = st.wal_slot");
   WalStatus status;
   if (PQntuples(result.get()) != 1) return status;
   const PGresult* row = result.get();
@@ -99,12 +96,9 @@ WalStatus ReadWalStatus(pg_conn* conn, const std::string& schema) {
   status.wal_topics = ParseInt64(Column(row, 0, 1), "WAL topics");
   status.slot = OptionalText(row, 0, 2);
   status.state.exists = Column(row, 0, 3) == "t";
-  status.state.active = Column(row, 0, 4) == "t";
-  status.state.wal_status = std::string{Column(row, 0, 5)};
-  status.state.retained_bytes = ParseInt64(Column(row, 0, 6), "slot retained bytes");
-  status.state.unconfirmed_bytes = ParseInt64(Column(row, 0, 7), "slot unconfirmed bytes");
-  status.position = ParseLsn(Column(row, 0, 8)).value_or(0);
-  status.owner = OptionalText(row, 0, 9);
+  ReadSlotState(row, 0, 4, status.state);
+  status.position = ParseLsn(Column(row, 0, 9)).value_or(0);
+  status.owner = OptionalText(row, 0, 10);
   return status;
 }
 
