@@ -48,6 +48,9 @@ std::pair<std::string, int> HostPort(const std::string& url) {
   return {rest.substr(0, colon), std::stoi(rest.substr(colon + 1))};
 }
 
+// The longest any reply may take (a pipelined XADD's included).
+constexpr timeval kReplyTimeout{.tv_sec = 10, .tv_usec = 0};
+
 class RedisClient {
  public:
   explicit RedisClient(const std::string& url) : url_(url) { Connect(); }
@@ -58,6 +61,12 @@ class RedisClient {
     if (!context_ || context_->err != 0) {
       throw std::runtime_error("redis: connect to " + url + ": " +
                                (context_ ? context_->errstr : "out of memory"));
+    }
+    // A reply that never comes is an error, not a hang: bench/run once waited 14 minutes in an
+    // ArrivalWatcher's XLEN on a connection Redis no longer answered, Redis itself answering PING.
+    if (redisSetTimeout(context_.get(), kReplyTimeout) != REDIS_OK) {
+      throw std::runtime_error("redis: setting the reply timeout: " +
+                               std::string{context_->errstr});
     }
   }
   // One command, its reply; throws on a connection error or an error reply.
