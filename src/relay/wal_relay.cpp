@@ -537,9 +537,12 @@ class WalRelay::Engine {
       const auto& failure = outcomes[k].failure;
       if (failure && !failure->treatment().spends_attempt &&
           !rejecting.contains(items[to_publish[k]].envelope.target)) {
-        // Worded as the table relay words it, so that an operator greps one line for both.
-        Outage("sink '" + items[to_publish[k]].envelope.target +
-               "' is unavailable: " + failure->Describe());
+        // An unreachable broker is worded as the table relay words it, so that an operator
+        // greps one line for both; a verdict that did not come is not called an outage of it.
+        const std::string& target = items[to_publish[k]].envelope.target;
+        Outage(failure->kind == FailureKind::kOutcomeUnknown
+                   ? "sink '" + target + "' gave no verdict on a message: " + failure->Describe()
+                   : "sink '" + target + "' is unavailable: " + failure->Describe());
         return false;
       }
     }

@@ -14,7 +14,9 @@
 #include <mutex>
 #include <numeric>
 #include <set>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "outbox/core/error.h"
 #include "outbox/relay/relay.h"
@@ -79,7 +81,11 @@ class WalRelayTest : public ::testing::Test {
     auto ledger = postgres::OpenWalLedger(PgUrl(), S());
     if (wrap_ledger_) ledger = wrap_ledger_(std::move(ledger));
     running->relay = std::make_unique<WalRelay>(options, postgres::OpenWalSource(PgUrl(), S()),
-                                                std::move(ledger), std::move(sinks));
+                                                std::move(ledger), std::move(sinks),
+                                                [this](LogLevel, std::string_view line) {
+                                                  const std::lock_guard lock(log_mutex_);
+                                                  log_.emplace_back(line);
+                                                });
     Running* raw = running.get();
     raw->thread = std::thread([raw] {
       try {
@@ -112,6 +118,15 @@ class WalRelayTest : public ::testing::Test {
     }
   }
   WalRelay& relay(std::size_t index) { return *relays_[index]->relay; }
+  // The lines the WAL relays logged that contain `text`.
+  std::vector<std::string> Logged(const std::string& text) {
+    const std::lock_guard lock(log_mutex_);
+    std::vector<std::string> found;
+    for (const std::string& line : log_) {
+      if (line.find(text) != std::string::npos) found.push_back(line);
+    }
+    return found;
+  }
 
   // The table relay, for what WAL mode parks.
   void StartTableRelay(std::unique_ptr<Sink> sink) {
@@ -144,6 +159,8 @@ class WalRelayTest : public ::testing::Test {
   }
 
   TestSchema schema_;
+  std::mutex log_mutex_;
+  std::vector<std::string> log_;  // guarded by log_mutex_
   // Set before Start: what the relay gets instead of the real ledger (a wrapper around it).
   std::function<std::unique_ptr<WalLedger>(std::unique_ptr<WalLedger>)> wrap_ledger_;
   bool slot_ready_ = false;
@@ -262,6 +279,39 @@ TEST_F(WalRelayTest, AnOutageParksNothingAndRepublishesWithTheSameIdsAndSeqs) {
   for (const Envelope& envelope : sink->delivered()) delivered.insert(envelope.id.ToString());
   EXPECT_EQ(delivered, committed);
   ExpectOneToN(FirstSeqs(sink->delivered()));
+}
+
+// Both are outages (nothing parked, the slot read again), but only a broker that could not be
+// reached is called unavailable: a publish left without a verdict (no confirm by the deadline) is
+// said to be that, so that an operator does not look for a broker that is down.
+TEST_F(WalRelayTest, AVerdictThatDidNotComeIsNotCalledAnUnavailableBroker) {
+  std::atomic<int> phase{0};  // 0: no verdicts, 1: no broker, 2: fine
+  auto owned = std::make_unique<TestSink>([&](const Envelope&) -> std::optional<Failure> {
+    if (phase == 0) return Failure{FailureKind::kOutcomeUnknown, "sent, but no confirm"};
+    if (phase == 1) return Failure{FailureKind::kUnavailable, "connection refused"};
+    return std::nullopt;
+  });
+  TestSink* sink = owned.get();
+  Start(std::move(owned));
+  auto conn = Connect();
+  std::set<std::string> committed;
+  for (int i = 0; i < 5; ++i) committed.insert(Enqueue(conn.get(), "s"));
+  ASSERT_TRUE(WaitFor([&] { return !Logged("gave no verdict on a message").empty(); }));
+  EXPECT_TRUE(Logged("is unavailable").empty()) << Logged("is unavailable").front();
+  EXPECT_NE(Logged("sink 'default' gave no verdict on a message: ")
+                .front()
+                .find("sent, but no confirm; reading the slot again from the committed position"),
+            std::string::npos)
+      << Logged("gave no verdict").front();
+  phase = 1;
+  ASSERT_TRUE(WaitFor([&] { return !Logged("sink 'default' is unavailable: ").empty(); }));
+  EXPECT_NE(Logged("is unavailable").front().find("connection refused"), std::string::npos);
+  EXPECT_EQ(Count("true"), "0") << "nothing is parked for either";
+  phase = 2;
+  ASSERT_TRUE(WaitFor([&] { return sink->delivered().size() >= 5; }));
+  std::set<std::string> delivered;
+  for (const Envelope& envelope : sink->delivered()) delivered.insert(envelope.id.ToString());
+  EXPECT_EQ(delivered, committed);
 }
 
 TEST_F(WalRelayTest, ARejectedMessageParksItsStreamOthersFlowAndTheTableRelayKeepsTheOrder) {
