@@ -11,6 +11,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <set>
@@ -23,6 +24,7 @@
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_wal.h"
 #include "support/pg_test_support.h"
+#include "support/wait.h"
 #include "test_sink.h"
 
 namespace outbox::testing {
@@ -31,13 +33,9 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
+// Waits for a state of the relay, at most `limit` (the relay's own pauses are 20–100 ms here).
 bool WaitFor(const std::function<bool()>& done, milliseconds limit = milliseconds{20000}) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < until) {
-    if (done()) return true;
-    std::this_thread::sleep_for(milliseconds{10});
-  }
-  return done();
+  return WaitUntil(done, limit, milliseconds{10});
 }
 
 class WalRelayTest : public ::testing::Test {
@@ -440,6 +438,46 @@ TEST_F(WalRelayTest, AnOutageOfOneTargetParksNothingEvenBesideARejectionByAnothe
   EXPECT_EQ(delivered, to_other);
   ASSERT_TRUE(WaitFor([&] { return Count("true") == "1"; })) << Count("true");
   EXPECT_EQ(Count("id = '" + poison + "' AND status = 'failed' AND target = 'default'"), "1");
+}
+
+// The targets of a batch are published side by side, as the table relay's lanes: a slow broker
+// adds nothing to the others' time. Seen as a fact, not a timing: each sink, on its first message,
+// waits (up to 5 s) for the other sink to have been called, which one after the other never is.
+TEST_F(WalRelayTest, TheTargetsOfABatchArePublishedSideBySide) {
+  std::atomic<int> entered{0};
+  std::atomic<int> met{0};
+  const auto meeting = [&](std::shared_ptr<std::atomic<bool>> first) {
+    return [&, first](const Envelope&) -> std::optional<Failure> {
+      if (first->exchange(false)) {
+        ++entered;
+        if (WaitFor([&] { return entered.load() == 2; }, milliseconds{5000})) ++met;
+      }
+      return std::nullopt;
+    };
+  };
+  auto one = std::make_unique<TestSink>(meeting(std::make_shared<std::atomic<bool>>(true)));
+  auto two = std::make_unique<TestSink>(meeting(std::make_shared<std::atomic<bool>>(true)));
+  TestSink* first = one.get();
+  TestSink* second = two.get();
+  auto conn = Connect();
+  Sql(conn.get(), "BEGIN");  // one transaction: one batch
+  Sql(conn.get(), "SET LOCAL synchronous_commit = on");
+  for (int i = 0; i < 3; ++i) {
+    Scalar(conn.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 's')");
+    Scalar(conn.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 's', targets => " +
+                           "ARRAY['other'])");
+  }
+  Sql(conn.get(), "COMMIT");
+  SinkMap more;
+  more.emplace("other", std::move(two));
+  Start(std::move(one), {}, std::move(more));
+  ASSERT_TRUE(WaitFor([&] { return relay(0).counters().published.load() == 6; }))
+      << relay(0).counters().published.load();
+  EXPECT_EQ(met.load(), 2) << "one sink was not called while the other published";
+  EXPECT_EQ(first->delivered().size(), 3U);
+  EXPECT_EQ(second->delivered().size(), 3U);
+  EXPECT_EQ(first->calls(), 1);
+  EXPECT_EQ(second->calls(), 1);
 }
 
 // A permanent rejection is parked as abandoned and holds nothing back; the stream's next message
