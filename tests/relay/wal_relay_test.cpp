@@ -294,16 +294,18 @@ TEST_F(WalRelayTest, AVerdictThatDidNotComeIsNotCalledAnUnavailableBroker) {
   auto conn = Connect();
   std::set<std::string> committed;
   for (int i = 0; i < 5; ++i) committed.insert(Enqueue(conn.get(), "s"));
-  ASSERT_TRUE(WaitFor([&] { return !Logged("gave no verdict on a message").empty(); }));
+  ASSERT_TRUE(
+      WaitFor([&] { return !Logged("sink 'default' gave no verdict on a message: ").empty(); }));
   EXPECT_TRUE(Logged("is unavailable").empty()) << Logged("is unavailable").front();
-  EXPECT_NE(Logged("sink 'default' gave no verdict on a message: ")
-                .front()
-                .find("sent, but no confirm; reading the slot again from the committed position"),
-            std::string::npos)
-      << Logged("gave no verdict").front();
+  const std::string unconfirmed = Logged("gave no verdict on a message").front();
+  EXPECT_NE(
+      unconfirmed.find("sent, but no confirm; reading the slot again from the committed position"),
+      std::string::npos)
+      << unconfirmed;
   phase = 1;
   ASSERT_TRUE(WaitFor([&] { return !Logged("sink 'default' is unavailable: ").empty(); }));
-  EXPECT_NE(Logged("is unavailable").front().find("connection refused"), std::string::npos);
+  const std::string unavailable = Logged("is unavailable").front();
+  EXPECT_NE(unavailable.find("connection refused"), std::string::npos) << unavailable;
   EXPECT_EQ(Count("true"), "0") << "nothing is parked for either";
   phase = 2;
   ASSERT_TRUE(WaitFor([&] { return sink->delivered().size() >= 5; }));
