@@ -483,6 +483,34 @@ TEST(RabbitSinkTest, OversizedMessagesArePermanentAndNeverSent) {
             (std::vector<std::string>{batch[2].id.ToString()}));
 }
 
+// The sink encodes its frames itself (one write for many publishes): a body longer than the
+// connection's frame size goes in several body frames, and one of exactly a frame's room, an
+// empty one and small ones around them arrive byte for byte and in order.
+TEST(RabbitSinkTest, BodiesOverSeveralFramesArriveByteForByteInOrder) {
+  Admin admin;
+  const std::string queue = UniqueName("frames");
+  admin.DeclareQueue(queue);
+  auto sink = Open();
+  constexpr std::size_t kFrameRoom = 131072 - 8;  // the broker's default frame_max, less framing
+  const std::vector<std::size_t> sizes = {10, kFrameRoom - 1,     kFrameRoom, kFrameRoom + 1,
+                                          0,  3 * kFrameRoom + 7, 257,        2 * kFrameRoom};
+  std::vector<Envelope> batch = MakeEnvelopes(queue, sizes.size());
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    batch[i].payload.resize(sizes[i]);
+    for (std::size_t b = 0; b < sizes[i]; ++b) {
+      batch[i].payload[b] = static_cast<char>((b * 31 + i * 7) % 251);
+    }
+  }
+  ExpectAllPublished(sink->Publish(batch, In(milliseconds{10000})), batch);
+  const auto received = admin.Consume(queue, batch.size() + 1, milliseconds{2000});
+  ASSERT_EQ(received.size(), batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    EXPECT_EQ(received[i].message_id, batch[i].id.ToString()) << i;
+    EXPECT_TRUE(received[i].body == batch[i].payload)
+        << i << ": " << received[i].body.size() << " bytes arrived of " << sizes[i];
+  }
+}
+
 // The most that the default header limits let a writer enqueue (MessageLimits, and the same
 // PostgreSQL settings) reaches a consumer whole: 64 headers, a 128-byte name, a 4096-byte value,
 // 8192 bytes of names and values, with the rest of the content header at its maximum too (topic,
