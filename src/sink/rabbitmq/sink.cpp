@@ -633,8 +633,9 @@ void RabbitSink::AppendFrameStart(std::uint8_t type, std::size_t payload_size) {
 }
 
 // Writes every encoded frame. Until all is written only writability is waited for: reading now
-// could make rabbitmq-c send a heartbeat into the middle of a frame. A connection left with part
-// of a frame written is given up.
+// could make rabbitmq-c send a heartbeat into the middle of a frame. A flush that does not finish
+// gives the connection up: its publishes already hold delivery tags (and part of a frame may be
+// out), so the channel's numbering would no longer match the broker's.
 bool RabbitSink::Flush(Deadline deadline) {
   std::size_t written = 0;
   const int fd = connection_->fd();
@@ -646,8 +647,9 @@ bool RabbitSink::Flush(Deadline deadline) {
       continue;
     }
     if (sent < 0 && errno == EINTR) continue;
-    if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-      const std::string reason = std::string{"while sending: "} + std::strerror(errno);
+    if (sent == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {  // 0: nothing taken, no error
+      const std::string reason = sent == 0 ? std::string{"the socket took nothing"}
+                                           : std::string{"while sending: "} + std::strerror(errno);
       out_.clear();
       LoseConnection(reason);
       return false;
