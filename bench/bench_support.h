@@ -322,7 +322,8 @@ class Outboxd {
           const std::string& relay = {}, const std::string& database = {})
       : http_port_(FreePort()),
         config_(WriteConfig(env, schema, sink, relay, http_port_, database)),
-        process_({env.outboxd, "--config", config_}, config_ + ".log") {}
+        process_({env.outboxd, "--config", config_}, config_ + ".log",
+                 outbox::testing::Ready::Notify()) {}
   ProcSample Sample() const { return SampleProcess(process_.pid()); }
   // Its HTTP listener (/metrics) on 127.0.0.1.
   [[nodiscard]] int http_port() const { return http_port_; }

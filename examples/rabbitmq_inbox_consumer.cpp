@@ -165,6 +165,9 @@ Amqp ConnectAndConsume(const std::string& url_text, const std::string& queue,
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First, so that a stop that comes while the program starts ends it cleanly (exit 0).
+  std::signal(SIGTERM, [](int) { stopping = true; });
+  std::signal(SIGINT, [](int) { stopping = true; });
   CLI::App app{"Applies outbox messages from a RabbitMQ queue to a table exactly once"};
   std::string amqp_url = "amqp://guest:guest@127.0.0.1:5672/";
   std::string queue, db, schema = "outbox", consumer = "example-consumer", table = "applied";
@@ -180,8 +183,6 @@ int main(int argc, char** argv) {
       "dead-letter exchange and queue for invalid deliveries (default <queue>.dead-letter)");
   CLI11_PARSE(app, argc, argv);
   if (dead_letter.empty()) dead_letter = queue + ".dead-letter";
-  std::signal(SIGTERM, [](int) { stopping = true; });
-  std::signal(SIGINT, [](int) { stopping = true; });
 
   outbox::postgres::Migrate(db, schema);
   Pg pg{PQconnectdb(db.c_str())};
@@ -195,6 +196,8 @@ int main(int argc, char** argv) {
   const outbox::inbox::Inbox inbox({.consumer = consumer, .schema = schema});
   const std::string insert = "INSERT INTO " + table + " VALUES ($1, $2, $3, $4)";
   long processed = 0, duplicates = 0, requeued = 0, dead_lettered = 0;
+  std::fprintf(stderr, "rabbitmq_inbox_consumer: consuming queue '%s' into %s as '%s'\n",
+               queue.c_str(), table.c_str(), consumer.c_str());
   milliseconds delay{0};  // before the next requeue; see kFirstDelay
 
   Amqp amqp;

@@ -124,8 +124,7 @@ TEST_F(FanOutE2eTest,
       << Count("target = 'partner'") << " partner copies still in the outbox\n"
       << Log();
   EXPECT_TRUE(WaitUntil([&] { return partner.count() >= kEvents; }, seconds{10}));
-  relay.Signal(SIGTERM);
-  EXPECT_EQ(relay.Wait(seconds{30}), 0) << Log();
+  EXPECT_EQ(relay.Stop(SIGTERM, seconds{30}), 0) << Log();
   internal.Stop();
   partner.Stop();
 

@@ -25,6 +25,9 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
+// The example consumer's start-up line, written once its signal handlers are in place.
+Ready ConsumerReady() { return Ready::LogLine("rabbitmq_inbox_consumer: consuming queue"); }
+
 TEST(InboxE2eTest, TheConsumersTableEqualsTheCommittedSetThroughRestartsAndKills) {
   TestSchema schema;
   const std::string queue = "inbox_e2e_" + schema.name();
@@ -70,8 +73,8 @@ TEST(InboxE2eTest, TheConsumersTableEqualsTheCommittedSetThroughRestartsAndKills
     }
     for (auto& thread : threads) thread.join();
   });
-  auto relay = std::make_unique<ChildProcess>(relay_args, log);
-  auto consumer = std::make_unique<ChildProcess>(consumer_args, log);
+  auto relay = std::make_unique<ChildProcess>(relay_args, log, Ready::Notify());
+  auto consumer = std::make_unique<ChildProcess>(consumer_args, log, ConsumerReady());
   std::this_thread::sleep_for(seconds{1});
   // The broker restarts.
   ASSERT_EQ(std::system((std::string{PROJECT_SOURCE_DIR} +
@@ -87,8 +90,8 @@ TEST(InboxE2eTest, TheConsumersTableEqualsTheCommittedSetThroughRestartsAndKills
   // The relay and the consumer die without a chance to clean up, and come back.
   EXPECT_EQ(relay->Stop(SIGKILL), 128 + SIGKILL);
   EXPECT_EQ(consumer->Stop(SIGKILL), 128 + SIGKILL);
-  relay = std::make_unique<ChildProcess>(relay_args, log);
-  consumer = std::make_unique<ChildProcess>(consumer_args, log);
+  relay = std::make_unique<ChildProcess>(relay_args, log, Ready::Notify());
+  consumer = std::make_unique<ChildProcess>(consumer_args, log, ConsumerReady());
   writers.join();
 
   const auto applied = [&] {
@@ -160,10 +163,10 @@ TEST(InboxE2eTest, AStreamWhoseHeadIsAbandonedFlowsAndAReplayIsAppliedOnce) {
   const MessageFilter b_head_only{.ids = std::vector<MessageId>{*Uuid::Parse(b_head)}};
   ASSERT_EQ(admin->Abandon(b_head_only, "e2e: the head of b", /*dry_run=*/false).count, 1);
 
-  ChildProcess relay({OUTBOXD_PATH, "--config", config}, log);
+  ChildProcess relay({OUTBOXD_PATH, "--config", config}, log, Ready::Notify());
   ChildProcess consumer({CONSUMER_PATH, "--amqp", AmqpUrl(), "--queue", queue, "--db", PgUrl(),
                          "--schema", schema.name(), "--table", table},
-                        log);
+                        log, ConsumerReady());
   const auto applied = [&] { return Scalar(schema.conn(), "SELECT count(*) FROM " + table); };
   for (int i = 0; i < 600 && applied() != "18"; ++i) std::this_thread::sleep_for(milliseconds{100});
   EXPECT_EQ(Scalar(schema.conn(),
@@ -266,7 +269,7 @@ TEST(InboxE2eTest, InvalidDeliveriesAreDeadLetteredOnceAndNotRedelivered) {
   auto consumer = std::make_unique<ChildProcess>(
       std::vector<std::string>{CONSUMER_PATH, "--amqp", AmqpUrl(), "--queue", queue, "--db",
                                PgUrl(), "--schema", schema.name(), "--table", table},
-      log);
+      log, ConsumerReady());
   const auto applied = [&] {
     const auto exists = Scalar(schema.conn(), "SELECT to_regclass('" + table + "') IS NOT NULL");
     return exists == "t" ? Scalar(schema.conn(), "SELECT count(*) FROM " + table) : "0";

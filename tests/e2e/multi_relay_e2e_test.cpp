@@ -103,7 +103,7 @@ class Relay {
     process_ = std::make_unique<ChildProcess>(
         std::vector<std::string>{"/usr/bin/env", "PGAPPNAME=" + app_name_, OUTBOXD_PATH, "--config",
                                  config_},
-        config_ + ".log");
+        config_ + ".log", Ready::Notify());
   }
   ~Relay() {
     process_.reset();  // SIGKILL if still running

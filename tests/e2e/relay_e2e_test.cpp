@@ -181,7 +181,12 @@ class RelayE2eTest : public ::testing::Test {
     std::vector<std::string> argv{"/usr/bin/env", "PGAPPNAME=" + app_name_};
     argv.insert(argv.end(), environment.begin(), environment.end());
     argv.insert(argv.end(), {OUTBOXD_PATH, "--config", config_path_});
-    return std::make_unique<ChildProcess>(argv, config_path_ + ".log");
+    // A test that listens for the service manager's messages itself passes NOTIFY_SOCKET.
+    const bool own_socket = std::any_of(environment.begin(), environment.end(), [](const auto& e) {
+      return e.starts_with("NOTIFY_SOCKET=");
+    });
+    return std::make_unique<ChildProcess>(argv, config_path_ + ".log",
+                                          own_socket ? Ready::None() : Ready::Notify());
   }
   // Stops `relay` (SIGSTOP) while it holds claimed messages (it is the only relay on the schema).
   Freeze FreezeWithAClaim(ChildProcess& relay) {
@@ -212,8 +217,7 @@ TEST_F(RelayE2eTest, FiftyThousandMessagesFromEightWritersArriveExactlyAsCommitt
   Outboxd relay(config_path_);
   Write(50000);
   ASSERT_TRUE(WaitForAll(consumer, seconds{120})) << Log();
-  relay.Signal(SIGTERM);
-  EXPECT_EQ(relay.Wait(seconds{30}), 0) << Log();
+  EXPECT_EQ(relay.Stop(SIGTERM, seconds{30}), 0) << Log();
   consumer.Stop();
   const auto duplicates = CheckDeliveries(consumer);
   EXPECT_EQ(duplicates, 0U);
@@ -251,8 +255,7 @@ TEST_F(RelayE2eTest, ABrokerRestartLosesNothingAndAbandonsNothing) {
   ASSERT_TRUE(started) << "rabbitmqctl start_app failed";
   EXPECT_GT(held_back, 0) << "no message waiting in the outbox when the broker came back";
   ASSERT_TRUE(WaitForAll(consumer, seconds{120})) << Log();
-  relay.Signal(SIGTERM);
-  EXPECT_EQ(relay.Wait(seconds{30}), 0) << Log();
+  EXPECT_EQ(relay.Stop(SIGTERM, seconds{30}), 0) << Log();
   consumer.Stop();
   const auto duplicates = CheckDeliveries(consumer);
   EXPECT_GE(consumer.reconnects(), 1) << "the broker restart was not noticed by the consumer";
@@ -288,8 +291,7 @@ TEST_F(RelayE2eTest, KillingTheRelayLosesNothing) {
   Outboxd second(config_path_);
   writers.join();
   ASSERT_TRUE(WaitForAll(consumer, seconds{120})) << Log();
-  second.Signal(SIGTERM);
-  EXPECT_EQ(second.Wait(seconds{30}), 0) << Log();
+  EXPECT_EQ(second.Stop(SIGTERM, seconds{30}), 0) << Log();
   consumer.Stop();
   const auto duplicates = CheckDeliveries(consumer);
   std::printf("[ e2e ] kill -9 with %lld messages claimed: %zu committed, %zu duplicates\n",
@@ -313,8 +315,7 @@ TEST_F(RelayE2eTest, APoisonMessageIsAbandonedWithItsReasonWhileOthersFlow) {
   ASSERT_TRUE(WaitForAll(consumer, seconds{60})) << Log();
   // Done when only the poison message is left, abandoned, and its stream's next message went.
   WaitUntil([&] { return Count("true") == "1"; }, seconds{30});
-  relay.Signal(SIGTERM);
-  EXPECT_EQ(relay.Wait(seconds{30}), 0) << Log();
+  EXPECT_EQ(relay.Stop(SIGTERM, seconds{30}), 0) << Log();
   consumer.Stop();
   DeleteQueue(full);
   EXPECT_EQ(Count("true"), "1");
@@ -351,8 +352,7 @@ TEST_F(RelayE2eTest, SigtermDrainsCleanly) {
   // Nothing published twice: restart, drain the rest, and count.
   Outboxd again(config_path_);
   WaitUntil([&] { return consumer.count() >= 20000; }, seconds{120});
-  again.Signal(SIGTERM);
-  EXPECT_EQ(again.Wait(seconds{30}), 0) << Log();
+  EXPECT_EQ(again.Stop(SIGTERM, seconds{30}), 0) << Log();
   consumer.Stop();
   std::set<std::string> seen;
   for (const auto& delivery : consumer.deliveries()) seen.insert(delivery.message_id);
@@ -418,8 +418,7 @@ TEST_F(RelayE2eTest, TellsTheServiceManagerAndEndsADrainAtShutdownTimeout) {
   EXPECT_TRUE(WaitUntil([&] { return Count("true") == "0"; }, seconds{60}))
       << Count("true") << " left\n"
       << Log();
-  again->Signal(SIGTERM);
-  EXPECT_EQ(again->Wait(seconds{30}), 0) << Log();
+  EXPECT_EQ(again->Stop(SIGTERM, seconds{30}), 0) << Log();
   consumer.Stop();
   std::set<std::string> seen;
   for (const auto& delivery : consumer.deliveries()) seen.insert(delivery.message_id);

@@ -114,7 +114,8 @@ TEST_F(SqliteHttpE2eTest, MetricsAndTheAdminApiWorkOnTheEmbeddedStore) {
     parked.ids = std::vector<MessageId>{ids[2]};
     ASSERT_EQ(sqlite::OpenAdmin(db_)->Abandon(parked, "parked by the test", false).count, 1);
   }
-  ChildProcess outboxd({OUTBOXD_PATH, "--config", config_}, (dir_ / "outboxd.log").string());
+  ChildProcess outboxd({OUTBOXD_PATH, "--config", config_}, (dir_ / "outboxd.log").string(),
+                       Ready::Notify());
 
   // /metrics reads the counts and the backlog by topic from the SQLite file.
   std::string metrics;
@@ -196,8 +197,7 @@ TEST_F(SqliteHttpE2eTest, MetricsAndTheAdminApiWorkOnTheEmbeddedStore) {
     EXPECT_NE(ReadFile(events_).find(id.ToString()), std::string::npos) << id.ToString();
   }
 
-  outboxd.Signal(SIGTERM);
-  EXPECT_EQ(outboxd.Wait(seconds{20}), 0);
+  EXPECT_EQ(outboxd.Stop(SIGTERM, seconds{20}), 0);
 }
 
 }  // namespace

@@ -126,8 +126,7 @@ TEST_F(TargetsE2eTest, ABrokerThatIsDownHoldsBackOnlyItsOwnTarget) {
       << Count("target = 'other'") << " still in the outbox\n"
       << Log();
   EXPECT_TRUE(WaitUntil([&] { return other.count() >= kPerTarget; }, seconds{10}));
-  relay.Signal(SIGTERM);
-  EXPECT_EQ(relay.Wait(seconds{30}), 0) << Log();
+  EXPECT_EQ(relay.Stop(SIGTERM, seconds{30}), 0) << Log();
   healthy.Stop();
   other.Stop();
   ExpectAllInStreamOrder(healthy, "healthy");
@@ -151,8 +150,7 @@ TEST_F(TargetsE2eTest, ABrokerThatRefusesEverythingHoldsBackOnlyItsOwnTarget) {
   EXPECT_TRUE(WaitUntil([&] { return Count("status = 'abandoned'") == kRefused; }, seconds{60}))
       << Count("status = 'abandoned'") << " abandoned\n"
       << Log();
-  relay.Signal(SIGTERM);
-  EXPECT_EQ(relay.Wait(seconds{30}), 0) << Log();
+  EXPECT_EQ(relay.Stop(SIGTERM, seconds{30}), 0) << Log();
   healthy.Stop();
   ExpectAllInStreamOrder(healthy, "healthy");
   EXPECT_EQ(Count("target = 'other' AND status = 'abandoned' AND attempts = 3"), kRefused);

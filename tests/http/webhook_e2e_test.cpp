@@ -185,7 +185,7 @@ request_timeout = "3s"
     return std::make_unique<ChildProcess>(
         std::vector<std::string>{"/usr/bin/env", "PGAPPNAME=" + schema_.name(), OUTBOXD_PATH,
                                  "--config", config_},
-        config_ + ".log");
+        config_ + ".log", Ready::Notify());
   }
 
   // `total` transactions by kWriters threads, each enqueueing one message on one of kStreams

@@ -121,7 +121,7 @@ listen = ""
     return std::make_unique<ChildProcess>(
         std::vector<std::string>{"/usr/bin/env", "PGAPPNAME=" + schema_.name(), OUTBOXD_PATH,
                                  "--config", config_},
-        config_ + ".log");
+        config_ + ".log", Ready::Notify());
   }
 
   // `total` transactions by kWriters threads, each enqueueing one message on one of kStreams

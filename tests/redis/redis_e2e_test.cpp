@@ -127,7 +127,7 @@ connect_timeout = "1s"
     return std::make_unique<ChildProcess>(
         std::vector<std::string>{"/usr/bin/env", "PGAPPNAME=" + schema_.name(), OUTBOXD_PATH,
                                  "--config", config_},
-        config_ + ".log");
+        config_ + ".log", Ready::Notify());
   }
 
   // `total` transactions by kWriters threads, each enqueueing one message on one of kStreams
