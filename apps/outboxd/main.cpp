@@ -282,8 +282,8 @@ int main(int argc, char** argv) {
     signal_thread.detach();  // it either exits the process or waits forever
     // Started: configuration read, database reached and its schema checked, sinks built.
     outbox::outboxd::NotifyReady(relaying);
-    // A WAL relay that cannot read its slot at all (it is gone) stops outboxd: nothing may be
-    // skipped silently.
+    // A WAL relay that fails for good (not an outage, not a missing slot, which it reports and
+    // waits out) stops outboxd: nothing may be skipped silently.
     std::atomic<bool> wal_failed{false};
     // Stopped and joined on every way out, also when the table relay throws.
     struct WalThread {

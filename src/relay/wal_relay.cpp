@@ -24,6 +24,8 @@ using std::chrono::milliseconds;
 constexpr milliseconds kStandbyLook{1000};
 // How often the slot's state is read (for readiness and the outbox_wal_slot_* gauges).
 constexpr milliseconds kSlotCheck{5000};
+// How often a missing slot is logged again while the relay waits for it.
+constexpr milliseconds kSlotGoneLogEvery{60000};
 // How often what later commits superseded is removed from the ledger (WalLedger::Purge).
 constexpr milliseconds kPurgeEvery{5000};
 // The longest a read of the slot waits, so that the lease is renewed and Stop is seen in time.
@@ -71,6 +73,14 @@ struct WalMetrics {
         slot_unconfirmed_bytes(
             into.AddGauge("outbox_wal_slot_unconfirmed_bytes",
                           "WAL written since the slot's confirmed position, as last checked.")),
+        recovered(into.AddCounter(
+            "outbox_wal_recovered_total",
+            "WAL-mode messages read back from the WAL files (pg_walinspect) after the slot went, "
+            "and published.")),
+        slot_missing(into.AddGauge(
+            "outbox_wal_slot_missing",
+            "1 while the slot this relay read is gone (dropped, or its WAL lost): WAL-mode "
+            "enqueues fail until it is made again.")),
         slot_flush_lag_seconds(into.AddGauge(
             "outbox_wal_slot_flush_lag_seconds",
             "How long the reader's confirmations trail the server's WAL, as the server measures "
@@ -93,6 +103,8 @@ struct WalMetrics {
   observe::Gauge& slot_active;
   observe::Gauge& slot_retained_bytes;
   observe::Gauge& slot_unconfirmed_bytes;
+  observe::Counter& recovered;
+  observe::Gauge& slot_missing;
   observe::Gauge& slot_flush_lag_seconds;
   observe::Histogram& batch_seconds;
 };
@@ -133,7 +145,11 @@ class WalRelay::Engine {
         Purge();
         Step(true);
       } catch (const StoreError& error) {
-        if (error.kind() == FailureKind::kPermanent && !streaming_) throw;
+        if (error.kind() == FailureKind::kPermanent && !streaming_) {
+          if (!SlotIsGone()) throw;
+          SlotGone(Describe(error));
+          continue;
+        }
         Outage(Describe(error));
       }
     }
@@ -268,12 +284,17 @@ class WalRelay::Engine {
     streaming_ = false;
     source_->Close();  // the server lets one reader stream a slot: the new owner
     seqs_.clear();
+    floors_.clear();
     SetActive(false);
   }
 
   void StartStreaming() {
+    // A slot made again starts where it was made: what was committed before that and after the
+    // ledger's position is read back from the WAL files first.
+    if (slot_gone_since_ && SlotExists()) Recover();
     const Lsn position = ledger_->Position();
     seqs_.clear();
+    floors_.clear();
     // A reader still connected now is a relay whose lease expired (frozen, or cut off from the
     // database): it can no longer commit, and the server lets one reader stream a slot, so it is
     // ended instead of waited for (up to wal_sender_timeout).
@@ -294,6 +315,63 @@ class WalRelay::Engine {
     counters_.position = position;
     SetActive(true);
     Log(LogLevel::kInfo, "reading the WAL slot from " + FormatLsn(position));
+    if (slot_gone_since_) {
+      const auto gone =
+          std::chrono::duration_cast<std::chrono::seconds>(SteadyClock::now() - *slot_gone_since_);
+      Log(LogLevel::kWarn, "the WAL slot is back after " + std::to_string(gone.count()) +
+                               " s; WAL mode carries on from where the new slot starts");
+      slot_gone_since_.reset();
+      recovery_idle_ = false;
+      metrics_.slot_missing.Set(0.0);
+    }
+  }
+
+  bool SlotExists() {
+    const WalSlotState state = ledger_->SlotState();
+    return state.exists && state.wal_status != "lost";
+  }
+
+  // Whether the slot is missing (or lost) as the server says now: reading it failed for good.
+  bool SlotIsGone() {
+    try {
+      const WalSlotState state = ledger_->SlotState();
+      return !state.exists || state.wal_status == "lost";
+    } catch (const StoreError&) {
+      return false;
+    }
+  }
+
+  // The slot was dropped (or lost its WAL) under this relay. WAL-mode enqueues fail without it
+  // (outbox.enqueue checks), so what is lost is what was committed but not yet read when it went:
+  // said loudly (log, /readyz, outbox_wal_slot_missing), and the relay waits for the slot to be
+  // made again (outboxctl migrate --wal-slot) to carry on from it, instead of exiting; the table
+  // relay goes on meanwhile.
+  void SlotGone(const std::string& what) {
+    const auto now = SteadyClock::now();
+    metrics_.slot_missing.Set(1.0);
+    if (!slot_gone_since_) {
+      slot_gone_since_ = now;
+      slot_gone_at_ = counters_.position.load();
+    }
+    if (now >= next_slot_gone_log_) {
+      next_slot_gone_log_ = now + kSlotGoneLogEvery;
+      metrics_.registry.RecordError("wal", what);
+      Log(LogLevel::kError,
+          "WAL mode has no slot to read: " + what +
+              ". Enqueues in WAL mode fail until it is made again (outboxctl migrate --wal-slot) "
+              "or delivery is set to 'table'; messages committed in WAL mode after " +
+              FormatLsn(slot_gone_at_) +
+              " that this relay had not read when the slot went are not in any slot. Looking "
+              "for the slot again every " +
+              std::to_string(kSlotCheck.count() / 1000) + " s");
+    }
+    {
+      std::lock_guard lock(slot_mutex_);
+      slot_problem_ = "the replication slot is gone: " + what;
+    }
+    next_slot_check_ = {};
+    if (!recovery_idle_) Recover();
+    Sleep(kSlotCheck);
   }
 
   // An outage: nothing of the batch in hand was committed; read again from the ledger's position
@@ -308,6 +386,7 @@ class WalRelay::Engine {
     DropPipeline();
     streaming_ = false;
     seqs_.clear();
+    floors_.clear();
     // Not read during the pause, the stream would hold its walsender: a server shutting down
     // waits for every walsender to send all WAL (up to wal_sender_timeout, 60 s).
     source_->Close();
@@ -434,11 +513,17 @@ class WalRelay::Engine {
       Launch(*next, batch->broken);
       in_flight_ = std::move(next);
     }
+    Record(*batch);
+  }
+
+  // Makes a decided batch durable (position, numbers, parks); false when the lease was lost.
+  bool Record(Batch& batch_ref) {
+    Batch* batch = &batch_ref;
     const WalCommitted written = ledger_->Commit(owner_, *epoch_, batch->commit);
     if (!written) {
       ++counters_.lease_lost;
       LostLease("committing the WAL position was refused: the slot's lease was lost");
-      return;
+      return false;
     }
     table_clear_until_ = written.table_clear && batch->commit.parked.empty()
                              ? SteadyClock::now() + kTrustClearTable
@@ -456,6 +541,61 @@ class WalRelay::Engine {
         std::chrono::duration<double>(SteadyClock::now() - batch->started).count());
     backoff_ = options_.min_backoff;
     last_error_.clear();
+    return true;
+  }
+
+  // While the slot is gone: what the server's WAL files still hold of the messages committed
+  // after the ledger's position (read back with pg_walinspect) is published as if read from the
+  // slot, in batches. Passes repeat while something was found or a transaction was still open;
+  // a slot made again ends them with a last pass up to where it starts.
+  void Recover() {
+    const Lsn after = ledger_->Position();
+    WalRecovery recovery;
+    try {
+      recovery = source_->ReadWalFiles(after);
+    } catch (const StoreError& error) {
+      if (error.kind() != FailureKind::kPermanent) throw;
+      recovery_idle_ = true;
+      metrics_.registry.RecordError("wal", Describe(error));
+      Log(LogLevel::kError,
+          "WAL mode cannot read back what was committed after " + FormatLsn(after) +
+              " from the WAL files: " + Describe(error) +
+              ". Messages committed in WAL mode that the relay had not read when the slot went "
+              "are lost unless re-enqueued (README, WAL mode)");
+      return;
+    }
+    std::size_t messages = 0;
+    const std::size_t transactions = recovery.transactions.size();
+    std::vector<WalTransaction> chunk;
+    std::size_t in_chunk = 0;
+    const auto settle = [&] {
+      auto batch = Prepare(std::move(chunk));
+      chunk.clear();
+      in_chunk = 0;
+      Launch(*batch, {});
+      return Decide(*batch, batch->outcomes.get()) && Record(*batch);
+    };
+    for (WalTransaction& transaction : recovery.transactions) {
+      in_chunk += transaction.messages.size();
+      messages += transaction.messages.size();
+      chunk.push_back(std::move(transaction));
+      if (in_chunk >= static_cast<std::size_t>(options_.batch_size) && !settle()) return;
+    }
+    if (!chunk.empty() && !settle()) return;
+    metrics_.recovered.Increment(messages);
+    recovery_idle_ = transactions == 0 && recovery.open_messages == 0;
+    if (transactions > 0 || recovery.open_messages > 0) {
+      Log(LogLevel::kWarn,
+          "read back from the WAL files (pg_walinspect) " + std::to_string(messages) +
+              " message(s) of " + std::to_string(transactions) +
+              " transaction(s) committed in WAL mode after " + FormatLsn(after) +
+              " that no slot will give, up to " + FormatLsn(recovery.until) +
+              ", and published them" +
+              (recovery.open_messages > 0
+                   ? "; " + std::to_string(recovery.open_messages) +
+                         " record(s) of transactions still open are read again later"
+                   : std::string{}));
+    }
   }
 
   // After an outage or a lost lease: what is publishing is waited for and dropped with what was
@@ -470,7 +610,11 @@ class WalRelay::Engine {
   std::unique_ptr<Batch> Prepare(std::vector<WalTransaction> transactions) {
     auto batch = std::make_unique<Batch>();
     batch->started = SteadyClock::now();
-    batch->transactions = transactions.size();
+    std::vector<std::size_t> switches;  // item indexes where a delivery switch comes
+    // A switch's own transaction carries no message: not counted as one with outbox messages.
+    batch->transactions = static_cast<std::size_t>(std::count_if(
+        transactions.begin(), transactions.end(),
+        [](const WalTransaction& t) { return !t.messages.empty() || !t.undecodable.empty(); }));
     for (WalTransaction& transaction : transactions) {
       for (const std::string& problem : transaction.undecodable) {
         ++counters_.undecodable;
@@ -480,6 +624,11 @@ class WalRelay::Engine {
             "a WAL record with the outbox prefix could not be decoded and is "
             "not relayed: " +
                 problem);
+      }
+      // A change of delivery: what is known of numbers and of the table is out of date from here.
+      if (transaction.delivery_switched) {
+        switches.push_back(batch->items.size());
+        table_clear_until_ = {};
       }
       for (WalMessage& message : transaction.messages) {
         batch->items.push_back({std::move(message.envelope), message.sequenced});
@@ -492,7 +641,7 @@ class WalRelay::Engine {
     const Lsn received = source_->Received();
     metrics_.lag_bytes.Set(
         received > counters_.position ? static_cast<double>(received - counters_.position) : 0.0);
-    AssignSeqs(batch->items, batch->commit);
+    AssignSeqs(batch->items, batch->commit, switches);
     // With the table clear as of a recent commit, nothing there can hold a stream of this batch
     // back (what later batches parked is carried in memory: Launch): one round trip fewer.
     if (SteadyClock::now() >= table_clear_until_) batch->broken = ReadStreamStates(batch->items);
@@ -593,29 +742,56 @@ class WalRelay::Engine {
   }
 
   // stream_seq in commit order, from the counters as of the last commit (read once per stream
-  // and kept while the slot is read without a break).
-  void AssignSeqs(std::vector<Item>& items, WalCommit& commit) {
-    std::vector<WalStream> unknown;
-    for (const Item& item : items) {
+  // and kept while the slot is read without a break). The ledger's counter of a stream is the
+  // greater of the WAL relay's and the table's (stream_seqs): after a change of delivery
+  // (`switches`: item indexes) each stream's number is read again, since table-mode enqueues may
+  // have numbered it meanwhile; what this relay gave but has not committed yet stays a floor.
+  void AssignSeqs(std::vector<Item>& items, WalCommit& commit,
+                  const std::vector<std::size_t>& switches) {
+    const std::size_t first_switch = switches.empty() ? items.size() : switches.front();
+    std::vector<WalStream> unread;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const Item& item = items[i];
       if (!item.sequenced || !item.envelope.stream_key) continue;
       WalStream stream{item.envelope.target, *item.envelope.stream_key};
-      if (!seqs_.contains(stream) &&
-          std::find(unknown.begin(), unknown.end(), stream) == unknown.end()) {
-        unknown.push_back(std::move(stream));
+      if ((i >= first_switch || !seqs_.contains(stream)) &&
+          std::find(unread.begin(), unread.end(), stream) == unread.end()) {
+        unread.push_back(std::move(stream));
       }
     }
-    if (!unknown.empty()) {
-      const auto latest = ledger_->Seqs(unknown);
-      for (std::size_t i = 0; i < unknown.size(); ++i) seqs_[unknown[i]] = latest[i];
+    std::map<WalStream, std::int64_t> read;
+    if (!unread.empty()) {
+      const auto latest = ledger_->Seqs(unread);
+      for (std::size_t i = 0; i < unread.size(); ++i) read[unread[i]] = latest[i];
     }
+    const auto forget = [this] {
+      for (const auto& [stream, seq] : seqs_) {
+        auto& floor = floors_[stream];
+        floor = std::max(floor, seq);
+      }
+      seqs_.clear();
+    };
+    auto next_switch = switches.begin();
     std::map<WalStream, std::int64_t> changed;
-    for (Item& item : items) {
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      for (; next_switch != switches.end() && *next_switch <= i; ++next_switch) forget();
+      Item& item = items[i];
       if (!item.sequenced || !item.envelope.stream_key) continue;
       WalStream stream{item.envelope.target, *item.envelope.stream_key};
-      const std::int64_t seq = ++seqs_[stream];
+      auto cached = seqs_.find(stream);
+      if (cached == seqs_.end()) {
+        std::int64_t latest = read.at(stream);
+        if (const auto floor = floors_.find(stream); floor != floors_.end()) {
+          latest = std::max(latest, floor->second);
+          floors_.erase(floor);
+        }
+        cached = seqs_.emplace(stream, latest).first;
+      }
+      const std::int64_t seq = ++cached->second;
       item.envelope.stream_seq = seq;
       changed[stream] = seq;
     }
+    if (next_switch != switches.end()) forget();  // a switch after the batch's last message
     commit.seqs.assign(changed.begin(), changed.end());
   }
 
@@ -717,7 +893,14 @@ class WalRelay::Engine {
   std::unique_ptr<Batch> in_flight_;       // publishing; its outcomes not yet taken
   // Until when the table is taken as clear (WalCommitted::table_clear): StreamStates is skipped.
   SteadyClock::time_point table_clear_until_{};
+  std::optional<SteadyClock::time_point> slot_gone_since_;  // while the slot is missing
+  Lsn slot_gone_at_ = 0;                                    // the committed position when it went
+  bool recovery_idle_ = false;  // the last read of the WAL files found nothing left
+  SteadyClock::time_point next_slot_gone_log_{};
   std::map<WalStream, std::int64_t> seqs_;  // the latest stream_seq given, per stream
+  // After a delivery switch: numbers given before it, perhaps not committed yet, which a stream's
+  // number read again from the ledger must not fall below.
+  std::map<WalStream, std::int64_t> floors_;
 
   SteadyClock::time_point next_slot_check_{};
   SteadyClock::time_point next_purge_{};

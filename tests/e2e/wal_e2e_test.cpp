@@ -162,8 +162,9 @@ class Relay {
         << "[sinks.default]\ntype = \"rabbitmq\"\nurl = \"" << AmqpUrl() << "\"\n"
         << settings.sink << settings.extra;
     out.close();
-    process_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{OUTBOXD_PATH, "--config", config_}, config_ + ".log");
+    process_ =
+        std::make_unique<ChildProcess>(std::vector<std::string>{OUTBOXD_PATH, "--config", config_},
+                                       config_ + ".log", Ready::Notify());
   }
   ~Relay() {
     process_.reset();  // SIGKILL if still running
@@ -231,8 +232,9 @@ struct Committed {
 class Writers {
  public:
   Writers(std::string schema, std::string topic, std::int64_t transactions, milliseconds pause,
-          bool reconnect)
-      : schema_(std::move(schema)),
+          bool reconnect, int streams = kStreams)
+      : streams_(streams),
+        schema_(std::move(schema)),
         topic_(std::move(topic)),
         total_(transactions),
         pause_(pause),
@@ -259,6 +261,9 @@ class Writers {
   [[nodiscard]] std::size_t committed_count() const { return committed_count_; }
   [[nodiscard]] std::size_t transactions() const { return transactions_; }
   [[nodiscard]] int reconnects() const { return reconnects_; }
+  [[nodiscard]] std::size_t refused() const { return refused_; }
+  // An enqueue the database refuses (no slot) is counted and the writer goes on.
+  void TolerateRefusals() { tolerate_refusals_ = true; }
 
   // After Join: what each writer recorded.
   [[nodiscard]] std::vector<Committed> committed() const {
@@ -313,7 +318,7 @@ class Writers {
       std::mt19937 random(static_cast<unsigned>(w) * 7919U + 17U);
       int local = 0;
       for (std::int64_t n = next_++; n < total_ && !stop_; n = next_++) {
-        const int stream = static_cast<int>(random() % kStreams);
+        const int stream = static_cast<int>(random() % static_cast<unsigned>(streams_));
         const bool commit = random() % 5 != 0;
         // One round trip: BEGIN, the enqueue and COMMIT (or ROLLBACK) as one simple query.
         const std::string sql = "BEGIN; SELECT " + schema_ + ".enqueue('" + topic_ +
@@ -353,6 +358,10 @@ class Writers {
           if (PQstatus(conn.get()) != CONNECTION_OK && reconnect_) {
             ++reconnects_;
             conn = Open();
+          } else if (tolerate_refusals_ && id.empty() && PQstatus(conn.get()) == CONNECTION_OK) {
+            // The enqueue was refused (its transaction then rolls back whole): counted, go on.
+            ++refused_;
+            PQclear(PQexec(conn.get(), "ROLLBACK"));
           } else {
             throw std::runtime_error("writer " + std::to_string(w) + ": " + failure);
           }
@@ -365,6 +374,7 @@ class Writers {
     }
   }
 
+  int streams_;
   std::string schema_;
   std::string topic_;
   std::int64_t total_;
@@ -377,6 +387,8 @@ class Writers {
   std::atomic<std::size_t> committed_count_{0};
   std::atomic<std::size_t> transactions_{0};
   std::atomic<int> reconnects_{0};
+  std::atomic<bool> tolerate_refusals_{false};
+  std::atomic<std::size_t> refused_{0};
   std::vector<Record> per_writer_;  // one per thread, read after Join
   mutable std::mutex mutex_;
   std::string error_;
@@ -622,7 +634,7 @@ class WalE2eTest : public ::testing::Test {
   }
 
   // The checks every test makes at the end; prints the numbers.
-  void ExpectDelivered(const Outcome& outcome, const std::string& test) {
+  void ExpectDelivered(const Outcome& outcome, const std::string& test, int streams = kStreams) {
     EXPECT_EQ(outcome.missing, 0U) << outcome.examples;
     EXPECT_EQ(outcome.phantom, 0U) << outcome.examples;
     EXPECT_EQ(outcome.rolled_back_delivered, 0U) << outcome.examples;
@@ -630,7 +642,7 @@ class WalE2eTest : public ::testing::Test {
     EXPECT_EQ(outcome.dup_mismatch, 0U) << outcome.examples;
     EXPECT_EQ(outcome.commit_order, 0U) << outcome.examples;
     EXPECT_EQ(outcome.counter_mismatch, 0U) << outcome.examples;
-    EXPECT_EQ(outcome.streams, static_cast<std::size_t>(kStreams));
+    EXPECT_EQ(outcome.streams, static_cast<std::size_t>(streams));
     EXPECT_EQ(Count("true"), 0) << "messages in the table (WAL mode parks only what a sink "
                                    "rejects, and nothing was rejected)";
     std::printf(
@@ -1190,6 +1202,105 @@ TEST_F(WalE2eTest, AStandbyTakesOverFromAFrozenRelayWithinTheLease) {
   consumer.Stop();
   const Outcome outcome = Check(consumer, writers, true);
   ExpectDelivered(outcome, "frozen relay");
+}
+
+// Issue #39: `delivery` changed three times (table -> wal -> table -> wal) while 8 writers write
+// over 50 streams. One numbering and one order per stream whatever the mode: the consumer's first
+// deliveries of each stream carry stream_seq 1..n in order, one writer's commits of a stream have
+// increasing numbers, nothing lost, nothing invented. A switch out of WAL mode waits for the relay
+// (outbox.switch_wait); each switch's duration is printed.
+TEST_F(WalE2eTest, SwitchingDeliveryUnderWritersKeepsOneNumberingAndCommitOrder) {
+  constexpr int kSwitchStreams = 50;
+  auto admin = Connect();
+  Sql(admin.get(), "SET outbox.switch_wait = 0");  // no relay yet, nothing in the slot
+  Sql(admin.get(), "UPDATE " + schema_.name() + ".settings SET delivery = 'table'");
+  Sql(admin.get(), "RESET outbox.switch_wait");
+  Consumer consumer(queue_);
+  Relay& relay = Start("wal-a");
+  ASSERT_TRUE(WaitActive(relay, seconds{30})) << Logs();
+  Writers writers(schema_.name(), queue_, 1'000'000, milliseconds{5}, /*reconnect=*/false,
+                  kSwitchStreams);
+  std::string modes = "table";
+  for (const char* mode : {"wal", "table", "wal"}) {
+    std::this_thread::sleep_for(seconds{3});
+    const auto started = Clock::now();
+    Sql(admin.get(), "UPDATE " + schema_.name() + ".settings SET delivery = '" + mode + "'");
+    std::printf("[ wal ] delivery -> %s after %zu commits: the switch took %.2f s\n", mode,
+                writers.committed_count(), Secs(Clock::now() - started));
+    modes += std::string{" -> "} + mode;
+  }
+  std::this_thread::sleep_for(seconds{3});
+  writers.Stop();
+  ASSERT_EQ(writers.error(), "");
+  EXPECT_TRUE(WaitForAll(consumer, writers, seconds{120}, "after the switches")) << Logs();
+  PrintWal(relay);
+  EXPECT_EQ(relay.process().Stop(), 0) << relay.LogTail();
+  consumer.Stop();
+  const Outcome outcome = Check(consumer, writers, /*counters=*/false);
+  ExpectDelivered(outcome, "switches " + modes, kSwitchStreams);
+}
+
+// Issue #39: the slot dropped while the relay was away (a tool that drops inactive slots, a
+// failover to a replica without it). The relay is frozen while writers commit into the slot, then
+// the slot is dropped: what it held was never read. The relay reads it back from the WAL files
+// (pg_walinspect) and publishes it; enqueues fail while there is no slot (writers see 55000 and
+// go on), and once `outboxctl migrate --wal-slot` makes it again, WAL mode carries on. Every
+// commit that returned success is delivered.
+TEST_F(WalE2eTest, ADroppedSlotLosesNothingThatWasCommitted) {
+  constexpr int kDropStreams = 50;
+  Consumer consumer(queue_);
+  Relay& relay = Start("wal-a");
+  ASSERT_TRUE(WaitActive(relay, seconds{30})) << Logs();
+  Writers writers(schema_.name(), queue_, 1'000'000, milliseconds{5}, /*reconnect=*/false,
+                  kDropStreams);
+  writers.TolerateRefusals();
+  std::this_thread::sleep_for(seconds{2});
+  // Away: frozen while writers go on committing into the slot, unread.
+  relay.process().Signal(SIGSTOP);
+  const std::size_t before_freeze = writers.committed_count();
+  std::this_thread::sleep_for(seconds{1});
+  const std::size_t unread = writers.committed_count() - before_freeze;
+  auto admin = Connect();
+  const std::string slot = slot_->name();
+  bool dropped = false;
+  for (int attempt = 0; attempt < 100 && !dropped; ++attempt) {
+    Sql(admin.get(),
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+        " WHERE slot_name = '" +
+            slot + "' AND active_pid IS NOT NULL");
+    dropped = RunExpectingError(admin.get(), "SELECT pg_drop_replication_slot('" + slot + "')") ==
+              "<no error>";
+    if (!dropped) std::this_thread::sleep_for(milliseconds{50});
+  }
+  ASSERT_TRUE(dropped);
+  relay.process().Signal(SIGCONT);
+  EXPECT_TRUE(WaitUntil([&] { return relay.Metric("outbox_wal_slot_missing") == 1; }, seconds{30}))
+      << relay.LogTail(10);
+  EXPECT_TRUE(WaitUntil([&] { return writers.refused() > 0; }, seconds{10}));
+  std::this_thread::sleep_for(seconds{2});
+  // Made again: WAL mode carries on from it.
+  postgres::EnsureWalSlot(admin.get(), schema_.name());
+  const std::size_t after_recreate = writers.committed_count();
+  std::this_thread::sleep_for(seconds{3});
+  writers.Stop();
+  ASSERT_EQ(writers.error(), "");
+  EXPECT_GT(writers.committed_count(), after_recreate) << "no commit after the slot came back";
+  EXPECT_TRUE(WaitForAll(consumer, writers, seconds{120}, "after the slot was dropped")) << Logs();
+  EXPECT_TRUE(WaitUntil([&] { return relay.Metric("outbox_wal_slot_missing") == 0; }, seconds{30}))
+      << relay.LogTail(10);
+  const double recovered = relay.Metric("outbox_wal_recovered_total");
+  std::printf(
+      "[ wal ] %zu committed while the relay was frozen, then the slot dropped; %zu "
+      "enqueues refused without a slot; %.0f read back from the WAL files\n",
+      unread, writers.refused(), recovered);
+  EXPECT_GT(recovered, 0) << relay.LogTail(10);
+  EXPECT_NE(relay.Log().find("read back from the WAL files (pg_walinspect)"), std::string::npos)
+      << relay.LogTail(10);
+  PrintWal(relay);
+  EXPECT_EQ(relay.process().Stop(), 0) << relay.LogTail();
+  consumer.Stop();
+  const Outcome outcome = Check(consumer, writers, /*counters=*/true);
+  ExpectDelivered(outcome, "slot dropped", kDropStreams);
 }
 
 }  // namespace

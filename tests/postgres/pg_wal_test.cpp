@@ -20,6 +20,7 @@
 #include "outbox/store/postgres_wal.h"
 #include "support/pg_test_support.h"
 #include "support/wait.h"
+#include "wal_files.h"
 #include "wal_record.h"
 
 namespace outbox::testing {
@@ -273,6 +274,9 @@ class PgWalTest : public ::testing::Test {
     // The test server runs with synchronous_commit = off, and logical decoding reads only WAL
     // that is flushed: without this, a message committed here would show up a moment later.
     Sql(conn(), "SET synchronous_commit = on");
+    // No relay reads the slots here (the tests read them with SQL): a switch out of WAL mode has
+    // no one to wait for. The switch's own tests set it back.
+    Sql(conn(), "SET outbox.switch_wait = 0");
   }
 
   PGconn* conn() { return schema_.conn(); }
@@ -329,8 +333,15 @@ class PgWalTest : public ::testing::Test {
       message.content = std::string{data.substr(prefix_end + 5)};
       EXPECT_EQ(message.content.size(), static_cast<std::size_t>(length));
       message.transactional = (flags & 1U) != 0 && in_transaction;
-      // Every schema of the database emits into every slot: keep this schema's.
-      if (message.prefix == postgres::WalPrefix(S())) messages.push_back(message);
+      // Every schema of the database emits into every slot: keep this schema's. A change of
+      // delivery leaves its one-byte mark (counted, not returned).
+      if (message.prefix != postgres::WalPrefix(S())) continue;
+      if (message.content.size() == 1 &&
+          static_cast<std::uint8_t>(message.content[0]) == postgres::kWalSwitchRecord) {
+        ++switch_marks_;
+        continue;
+      }
+      messages.push_back(message);
     }
     return messages;
   }
@@ -346,6 +357,7 @@ class PgWalTest : public ::testing::Test {
   }
 
   std::string slot_;
+  int switch_marks_ = 0;  // delivery switches TakeMessages saw
 };
 
 std::vector<std::string> IdsOf(const std::string& array) {  // "{a,b}"
@@ -828,8 +840,9 @@ TEST_F(PgWalTest, TheLedgerCommitsPositionsAndNumbersAndReadsBackTheLatest) {
 }
 
 // A commit says whether the table holds anything that could hold a stream back (the relay then
-// skips StreamStates): a leased, failed or abandoned message, or one pending after a claim; a
-// fresh pending message (table mode) does not count.
+// skips StreamStates): a leased, failed or abandoned message, or one of a stream waiting in the
+// table (parked, or written in table mode before a change of delivery: issue #39); a message
+// without a stream holds nothing back.
 TEST_F(PgWalTest, ACommitSaysWhetherTheTableHoldsAnythingThatCanHoldAStreamBack) {
   EnableWal();
   auto ledger = postgres::OpenWalLedger(PgUrl(), S());
@@ -843,8 +856,11 @@ TEST_F(PgWalTest, ACommitSaysWhetherTheTableHoldsAnythingThatCanHoldAStreamBack)
   };
   EXPECT_TRUE(clear());
   Sql(conn(), "INSERT INTO " + S() + ".topic_settings (topic, delivery) VALUES ('t', 'table')");
+  Scalar(conn(), "SELECT " + S() + ".enqueue('t', '{}')");
+  EXPECT_TRUE(clear()) << "a table-mode message without a stream";
+  Sql(conn(), "DELETE FROM " + S() + ".messages");
   const std::string id = Scalar(conn(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'k')");
-  EXPECT_TRUE(clear()) << "a fresh table-mode message";
+  EXPECT_FALSE(clear()) << "a table-mode message of a stream";
   const std::string row = S() + ".messages SET ";
   const std::string where = " WHERE id = '" + id + "'";
   for (const std::string& set :
@@ -858,6 +874,257 @@ TEST_F(PgWalTest, ACommitSaysWhetherTheTableHoldsAnythingThatCanHoldAStreamBack)
   EXPECT_TRUE(clear());
   // Refused for want of the lease: not committed, whatever the table holds.
   EXPECT_FALSE(ledger->Commit("b", *epoch, Reached(position++, {})).committed);
+}
+
+// ---- issue #39: no WAL-mode enqueue without its slot; one numbering across delivery switches ----
+
+// The slot dropped under a WAL-mode schema (an operator's clean-up, a failover to a replica
+// without it): every enqueue after that fails with 55000 and writes nothing, instead of emitting a
+// message no one will ever decode; made again, enqueues work again.
+TEST_F(PgWalTest, AnEnqueueInWalModeFailsOnceItsSlotIsGone) {
+  const std::string slot = EnableWal();
+  Enqueue("'t', '{}', stream_key => 'k'");
+  EXPECT_EQ(TakeRecords().size(), 1U);
+  Sql(conn(), "SELECT pg_drop_replication_slot('" + slot + "')");
+  const std::string error = RunExpectingError(conn(), "SELECT " + S() + ".enqueue('t', '{}')");
+  EXPECT_NE(error.find("the logical replication slot \"" + slot + "\" is gone"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("outboxctl migrate --wal-slot"), std::string::npos) << error;
+  EXPECT_EQ(SqlState(conn(), "SELECT " + S() + ".enqueue('t', '{}')"), "55000");
+  // In a transaction, as a service writes: the business change rolls back with it.
+  Sql(conn(), "BEGIN");
+  EXPECT_EQ(SqlState(conn(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'k')"), "55000");
+  Sql(conn(), "ROLLBACK");
+  EXPECT_EQ(Rows(), 0);
+  // Back to the table without a slot: nothing to wait for.
+  Sql(conn(), "RESET outbox.switch_wait");
+  Sql(conn(), "UPDATE " + S() + ".settings SET delivery = 'table'");
+  EXPECT_EQ(Enqueue("'t', '{}'").size(), 36U);
+  EXPECT_EQ(Rows(), 1);
+  // Made again (outboxctl migrate --wal-slot), WAL mode works again.
+  postgres::EnsureWalSlot(conn(), S());
+  Sql(conn(), "UPDATE " + S() + ".settings SET delivery = 'wal'");
+  const std::string id = Enqueue("'t', '{}'");
+  const auto records = TakeRecords();
+  ASSERT_EQ(records.size(), 1U);
+  EXPECT_EQ(records[0].envelope.id.ToString(), id);
+}
+
+// One numbering per (target, stream) whatever the mode: table mode continues from the WAL relay's
+// counter, and the WAL relay's counter (the ledger's Seqs) from the table's.
+TEST_F(PgWalTest, BothModesContinueOneNumberingPerStream) {
+  EnableWal();
+  auto ledger = postgres::OpenWalLedger(PgUrl(), S());
+  const auto epoch = ledger->Acquire("a", kLease);
+  ASSERT_TRUE(epoch.has_value());
+  // WAL mode: the relay numbered 'one' up to 41.
+  ASSERT_TRUE(ledger->Commit("a", *epoch, Reached(0x100, {{kOne, 41}})));
+  Sql(conn(), "UPDATE " + S() + ".settings SET delivery = 'table'");
+  const auto seq_of = [&](const std::string& id) {
+    return Scalar(conn(), "SELECT stream_seq FROM " + S() + ".messages WHERE id = '" + id + "'");
+  };
+  EXPECT_EQ(seq_of(Enqueue("'t', '{}', stream_key => 'one'")), "42");
+  EXPECT_EQ(seq_of(Enqueue("'t', '{}', stream_key => 'one'")), "43");
+  EXPECT_EQ(seq_of(Enqueue("'t', '{}', stream_key => 'two'")), "1");
+  // Back in WAL mode, the relay's counters start from the table's.
+  Sql(conn(), "UPDATE " + S() + ".settings SET delivery = 'wal'");
+  EXPECT_EQ(ledger->Seqs({kOne, kTwo}), (std::vector<std::int64_t>{43, 1}));
+  // Fan-out copies are numbered per target, the same way.
+  ASSERT_TRUE(ledger->Commit("a", *epoch, Reached(0x200, {{kOne, 50}})));
+  Sql(conn(), "UPDATE " + S() + ".settings SET delivery = 'table'");
+  const std::string ids = Scalar(conn(), "SELECT " + S() +
+                                             ".enqueue('t', '{}', stream_key => 'one', targets => "
+                                             "ARRAY['default', 'other'])::text");
+  EXPECT_EQ(Scalar(conn(),
+                   "SELECT string_agg(target || ' ' || stream_seq, ',' ORDER BY target) "
+                   "FROM " +
+                       S() + ".messages WHERE id = ANY ('" + ids + "'::uuid[])"),
+            "default 51,other 1");
+}
+
+// A change of delivery leaves its mark in the slot (which the relay reads as "numbers and stream
+// states read before are out of date"); leaving WAL mode without a relay confirming the slot
+// fails after outbox.switch_wait (or 5 s without any reader) and changes nothing.
+TEST_F(PgWalTest, ASwitchOutOfWalModeWaitsForTheRelayAndChangesNothingWithoutOne) {
+  EnableWal();
+  TakeMessages();
+  EXPECT_EQ(switch_marks_, 1) << "settings.delivery = 'wal' after the slot was made";
+  Sql(conn(), "INSERT INTO " + S() + ".topic_settings (topic, delivery) VALUES ('w', 'wal')");
+  TakeMessages();
+  EXPECT_EQ(switch_marks_, 1) << "a topic set to the mode it had already is no switch";
+  Sql(conn(), "SET outbox.switch_wait = 1500");
+  const auto started = std::chrono::steady_clock::now();
+  const std::string error =
+      RunExpectingError(conn(), "UPDATE " + S() + ".settings SET delivery = 'table'");
+  const auto took = std::chrono::steady_clock::now() - started;
+  EXPECT_NE(error.find("delivery was not changed: the WAL relay has confirmed the slot"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("outbox.switch_wait"), std::string::npos) << error;
+  EXPECT_GE(took, std::chrono::milliseconds{1400});
+  EXPECT_LT(took, std::chrono::seconds{10});
+  EXPECT_EQ(Scalar(conn(), "SELECT delivery FROM " + S() + ".settings"), "wal");
+  // A topic leaving WAL mode waits the same way.
+  EXPECT_EQ(SqlState(conn(), "UPDATE " + S() + ".topic_settings SET delivery = 'table'"), "55000");
+  // Without the wait, on purpose.
+  Sql(conn(), "SET outbox.switch_wait = 0");
+  Sql(conn(), "UPDATE " + S() + ".settings SET delivery = 'table'");
+  TakeMessages();
+  EXPECT_EQ(switch_marks_, 2);
+  // Topic 'w' still says wal: removing its override takes it out of WAL mode, a switch too.
+  Sql(conn(), "SET outbox.switch_wait = 1500");
+  EXPECT_EQ(SqlState(conn(), "DELETE FROM " + S() + ".topic_settings WHERE topic = 'w'"), "55000");
+  EXPECT_EQ(Scalar(conn(), "SELECT count(*) FROM " + S() + ".topic_settings"), "1");
+  // Bad input: a wait that is not a number is refused by PostgreSQL's own cast.
+  Sql(conn(), "SET outbox.switch_wait = 'soon'");
+  EXPECT_EQ(SqlState(conn(), "UPDATE " + S() + ".settings SET delivery = 'wal'"), "22P02");
+}
+
+// A switch waits for the enqueues in flight (their transactions hold its lock shared) and holds
+// new ones until it commits; a REPEATABLE READ transaction whose snapshot predates a committed
+// switch is told to retry (40001) rather than enqueue by the old mode.
+TEST_F(PgWalTest, ASwitchWaitsForEnqueuesInFlightAndOldSnapshotsRetry) {
+  EnableWal();
+  Sql(conn(), "SET outbox.switch_wait = 0");
+  Sql(conn(), "UPDATE " + S() + ".settings SET delivery = 'table'");
+  auto writer = Connect();
+  Sql(writer.get(), "BEGIN");
+  Scalar(writer.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'k')");
+  std::atomic<bool> switched{false};
+  std::thread to_wal([&] {
+    auto admin = Connect();
+    Sql(admin.get(), "UPDATE " + S() + ".settings SET delivery = 'wal'");
+    switched = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds{500});
+  EXPECT_FALSE(switched) << "the switch did not wait for the enqueue in flight";
+  Sql(writer.get(), "COMMIT");
+  to_wal.join();
+  EXPECT_TRUE(switched);
+  // A snapshot older than a switch.
+  Sql(writer.get(), "BEGIN ISOLATION LEVEL REPEATABLE READ");
+  Scalar(writer.get(), "SELECT 1");  // the snapshot is taken here
+  Sql(conn(), "UPDATE " + S() + ".settings SET delivery = 'table'");
+  EXPECT_EQ(SqlState(writer.get(), "SELECT " + S() + ".enqueue('t', '{}')"), "40001");
+  Sql(writer.get(), "ROLLBACK");
+  Sql(writer.get(), "BEGIN ISOLATION LEVEL REPEATABLE READ");
+  EXPECT_EQ(Scalar(writer.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'k')").size(),
+            36U)
+      << "a snapshot taken after the switch";
+  Sql(writer.get(), "COMMIT");
+  EXPECT_EQ(Scalar(conn(), "SELECT string_agg(stream_seq::text, ',' ORDER BY stream_seq) FROM " +
+                               S() + ".messages"),
+            "1,2");
+}
+
+// ---- reading back from the WAL files once the slot is gone (pg_walinspect's descriptions) ----
+
+TEST(WalFilesTest, AMessagesPayloadIsReadFromItsDescription) {
+  using postgres::MessagePayload;
+  EXPECT_EQ(
+      MessagePayload("transactional, prefix \"outbox\"; payload (3 bytes): 01 0A ff", "outbox"),
+      std::optional<std::string>(std::string{"\x01\x0a\xff", 3}));
+  EXPECT_EQ(MessagePayload("transactional, prefix \"outbox\"; payload (0 bytes): ", "outbox"),
+            std::optional<std::string>(""));
+  // Another schema's prefix, one that merely starts the same, a non-transactional message.
+  EXPECT_FALSE(
+      MessagePayload("transactional, prefix \"outbox:s\"; payload (1 bytes): 01", "outbox"));
+  EXPECT_FALSE(
+      MessagePayload("transactional, prefix \"outbox\"; payload (1 bytes): 01", "outbox:s"));
+  EXPECT_FALSE(
+      MessagePayload("non-transactional, prefix \"outbox\"; payload (1 bytes): 01", "outbox"));
+  // Bad input: what is not the server's form is refused, never half-read.
+  for (const std::string_view bad : {
+           "transactional, prefix \"outbox\"; payload (2 bytes): 01",     // short
+           "transactional, prefix \"outbox\"; payload (1 bytes): 01 02",  // long
+           "transactional, prefix \"outbox\"; payload (1 bytes): 0G",     // not hex
+           "transactional, prefix \"outbox\"; payload (1 bytes):01",      // no space
+           "transactional, prefix \"outbox\"; payload (x bytes): 01",     // no number
+           "transactional, prefix \"outbox\"; payload (1 bytes) 01",      // no colon
+           "transactional, prefix \"outbox\"; payload (1",                // cut
+       }) {
+    EXPECT_THROW(MessagePayload(bad, "outbox"), std::invalid_argument) << bad;
+  }
+}
+
+TEST(WalFilesTest, ATransactionsRecordsCountOnlyOnceItCommitsAfterThePosition) {
+  using postgres::CommitsAfter;
+  using postgres::WalFileRecord;
+  const auto message = [](Lsn at, std::uint64_t xid, const std::string& hex) {
+    return WalFileRecord{at,        at + 1,
+                         xid,       "LogicalMessage",
+                         "MESSAGE", "transactional, prefix \"outbox\"; payload (1 bytes): " + hex};
+  };
+  const auto end = [](Lsn at, std::uint64_t xid, const char* type, const std::string& tail) {
+    return WalFileRecord{at, at + 8, xid, "Transaction", type, "2026-11-27 21:20:33+00" + tail};
+  };
+  const std::vector<WalFileRecord> records = {
+      message(10, 100, "01"),  // committed before the position: not taken
+      end(11, 100, "COMMIT", ""),
+      message(20, 200, "02"),  // top level
+      message(21, 201, "03"),  // a savepoint rolled back
+      end(22, 201, "ABORT", ""),
+      message(23, 202, "04"),  // a savepoint kept
+      message(24, 300, "05"),  // another transaction, committed first
+      end(25, 300, "COMMIT", "; inval msgs: catcache 80"),
+      end(30, 200, "COMMIT", "; subxacts: 201 202; inval msgs: catcache 7"),
+      message(31, 400, "06"),  // rolled back with its subtransaction
+      message(32, 401, "07"),
+      end(33, 400, "ABORT", "; subxacts: 401"),
+      message(34, 500, "08"),  // still open at the end
+      WalFileRecord{35, 36, 600, "Heap", "INSERT", "off 3"},
+  };
+  const auto found = CommitsAfter(records, "outbox", /*after=*/19);
+  ASSERT_EQ(found.commits.size(), 2U);
+  EXPECT_EQ(found.commits[0].end_lsn, 33U);
+  EXPECT_EQ(found.commits[0].contents, (std::vector<std::string>{"\x05"}));
+  EXPECT_EQ(found.commits[1].end_lsn, 38U);
+  EXPECT_EQ(found.commits[1].contents, (std::vector<std::string>{"\x02", "\x04"}));
+  EXPECT_EQ(found.open_records, 1U);
+  EXPECT_EQ(postgres::Subxacts("2026; subxacts: 7 8 9; inval"),
+            (std::vector<std::uint64_t>{7, 8, 9}));
+  EXPECT_THROW(postgres::Subxacts("2026; subxacts: 7 x"), std::invalid_argument);
+}
+
+// The slot dropped with messages in it nobody read: they are read back from the WAL files, in
+// commit order, without what was rolled back (whole, or to a savepoint) and without what came
+// before the position.
+TEST_F(PgWalTest, WhatADroppedSlotHeldIsReadBackFromTheWalFiles) {
+  const std::string slot = EnableWal();
+  Sql(conn(), "SET outbox.switch_wait = 0");
+  const std::string before = Enqueue("'t', '{}', stream_key => 'k'");
+  const Lsn after = *ParseLsn(Scalar(conn(), "SELECT pg_current_wal_insert_lsn()::text"));
+  auto source = postgres::OpenWalSource(PgUrl(), S());
+  const std::string first = Enqueue("'t', '{\"n\": 1}', stream_key => 'k'");
+  Sql(conn(), "BEGIN");
+  const std::string rolled_back = Enqueue("'t', '{}'");
+  Sql(conn(), "ROLLBACK");
+  Sql(conn(), "BEGIN");
+  const std::string kept = Enqueue("'t', '{\"n\": 2}', stream_key => 'k'");
+  Sql(conn(), "SAVEPOINT s");
+  const std::string undone = Enqueue("'t', '{}'");
+  Sql(conn(), "ROLLBACK TO SAVEPOINT s");
+  const std::string also_kept = Enqueue("'u', '{\"n\": 3}'");
+  Sql(conn(), "COMMIT");
+  Sql(conn(), "SELECT pg_drop_replication_slot('" + slot + "')");
+  WalRecovery recovery;
+  try {
+    recovery = source->ReadWalFiles(after);
+  } catch (const StoreError& error) {
+    FAIL() << error.what();
+  }
+  ASSERT_EQ(recovery.transactions.size(), 2U);
+  std::vector<std::string> ids;
+  for (const auto& transaction : recovery.transactions) {
+    EXPECT_GT(transaction.end_lsn, after);
+    for (const auto& message : transaction.messages) ids.push_back(message.envelope.id.ToString());
+  }
+  EXPECT_EQ(ids, (std::vector<std::string>{first, kept, also_kept}));
+  EXPECT_EQ(recovery.transactions[1].messages[1].envelope.payload, R"({"n": 3})");
+  EXPECT_EQ(recovery.open_messages, 0U);
+  EXPECT_GE(recovery.until, recovery.transactions.back().end_lsn);
+  // Nothing after a position past them all.
+  EXPECT_TRUE(source->ReadWalFiles(recovery.until).transactions.empty());
 }
 
 TEST_F(PgWalTest, ACommitWithoutTheLeaseWritesNothing) {

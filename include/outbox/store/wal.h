@@ -15,6 +15,7 @@
 // again from WalLedger::Position), std::invalid_argument for bad arguments.
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -50,6 +51,19 @@ struct WalTransaction {
   // Records with the outbox prefix that could not be decoded (not written by outbox.enqueue, or
   // by a newer version): what is wrong with each. They are reported, never published.
   std::vector<std::string> undecodable;
+  // The transaction changed a delivery mode (outbox.switch_delivery's record): numbers and
+  // stream states read before it are out of date for the transactions after it.
+  bool delivery_switched = false;
+};
+
+// What the server's WAL files still hold of a schema's messages once its slot is gone
+// (WalSource::ReadWalFiles).
+struct WalRecovery {
+  // Committed transactions with outbox records that end after the position asked for and at or
+  // before `until`, in commit order, as the slot would have given them.
+  std::vector<WalTransaction> transactions;
+  Lsn until = 0;  // read up to here: where a slot made again starts, or else the WAL flushed
+  std::size_t open_messages = 0;  // records of transactions not ended by `until` (read later)
 };
 
 class WalSource {
@@ -80,6 +94,13 @@ class WalSource {
   // of the last transaction returned, whichever is later). When every returned transaction is
   // confirmed, confirming this position is safe too: an idle slot then holds no WAL.
   [[nodiscard]] virtual Lsn Received() const = 0;
+
+  // When the slot is gone (dropped, or lost): the transactions committed after `after` read back
+  // from the server's WAL files (PostgreSQL's pg_walinspect) while they are still there, up to
+  // where a slot made again starts (the slot gives what follows). Throws StoreError: kPermanent
+  // when they cannot be read (no pg_walinspect, no permission, that WAL already removed: the text
+  // says which), kUnavailable when the server cannot be reached.
+  virtual WalRecovery ReadWalFiles(Lsn after) = 0;
 };
 
 // A (target, stream_key) pair: the unit stream_seq counts in.

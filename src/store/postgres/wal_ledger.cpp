@@ -68,17 +68,21 @@ class PostgresWalLedger final : public WalLedger {
                     ".wal_positions p WHERE p.slot = $1 ORDER BY p.position DESC LIMIT 1)"
                     " FROM " +
                     s + ".wal_progress WHERE slot = $1";
-    // The latest number of each pair: a backward scan of its key, which stops at the newest entry
-    // however many dead ones an old snapshot keeps below it.
-    seqs_sql_ = "SELECT coalesce((SELECT q.seq FROM " + s +
+    // The latest number of each pair, this relay's or the table mode's (one numbering whatever
+    // the delivery: sql/014_delivery_switch.sql): backward scans of both keys, which stop at the
+    // newest entry however many dead ones an old snapshot keeps below it.
+    seqs_sql_ = "SELECT greatest(coalesce((SELECT q.seq FROM " + s +
                 ".wal_seqs q WHERE q.target = u.target AND q.stream_key = u.stream_key"
-                " ORDER BY q.seq DESC LIMIT 1), 0)"
+                " ORDER BY q.seq DESC LIMIT 1), 0), coalesce((SELECT t.seq FROM " +
+                s +
+                ".stream_seqs t WHERE t.target = u.target AND t.stream_key = u.stream_key"
+                " ORDER BY t.seq DESC LIMIT 1), 0))"
                 " FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(target, stream_key, n)"
                 " ORDER BY u.n";
-    // A stream waits while a message of it is leased or failed (messages_in_flight) or pending
-    // after a claim: parked rows carry lease_epoch 1, so they are in the small index of returned
-    // messages, not walked among fresh ones. An abandoned message holds nothing back (as in
-    // table mode: see Envelope::stream_prev_seq); when the one just before the stream's first
+    // A stream waits while a message of it is leased (messages_in_flight) or waiting in the
+    // table: parked here, failed, or written there in table mode before a change of delivery
+    // (messages_waiting_streams, by target and stream). An abandoned message holds nothing back (as
+    // in table mode: see Envelope::stream_prev_seq); when the one just before the stream's first
     // message here is abandoned, prev is the seq below that run, by the claim's own expression
     // (PrevSeqSql), its "no abandoned row at all" guard included. Only the streams with something
     // to say come back.
@@ -90,8 +94,8 @@ class PostgresWalLedger final : public WalLedger {
         " AND m.status IN ('processing', 'failed'))"
         " OR EXISTS (SELECT 1 FROM " +
         s +
-        ".messages m WHERE m.status = 'pending' AND m.lease_epoch > 0"
-        " AND m.stream_key = c.stream_key AND m.target = c.target) AS blocked, " +
+        ".messages m WHERE m.status IN ('pending', 'failed') AND m.stream_key IS NOT NULL"
+        " AND m.target = c.target AND m.stream_key = c.stream_key) AS blocked, " +
         PrevSeqSql(s + ".messages") +
         " AS prev FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY"
         " AS c(target, stream_key, stream_seq, n)) states WHERE blocked OR prev IS NOT NULL";
@@ -113,8 +117,9 @@ class PostgresWalLedger final : public WalLedger {
                   " WHERE EXISTS (SELECT 1 FROM lease) RETURNING 1)"
                   " SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM reached),"
                   " (SELECT count(*) FROM seqs),"
-                  // Whether StreamStates would find anything (three probes of small indexes:
-                  // messages_in_flight, messages_abandoned, messages_returned).
+                  // Whether StreamStates would find anything (three probes of indexes, small
+                  // while the table serves only what WAL mode parks: messages_in_flight,
+                  // messages_abandoned, messages_waiting_streams).
                   " NOT (EXISTS (SELECT 1 FROM " +
                   s +
                   ".messages WHERE status IN ('processing', 'failed'))"
@@ -122,7 +127,8 @@ class PostgresWalLedger final : public WalLedger {
                   s +
                   ".messages WHERE status = 'abandoned')"
                   " OR EXISTS (SELECT 1 FROM " +
-                  s + ".messages WHERE status = 'pending' AND lease_epoch > 0))";
+                  s +
+                  ".messages WHERE status IN ('pending', 'failed') AND stream_key IS NOT NULL))";
     // What this ledger's commits superseded, from where its last purge ended: the walk does not
     // pass again over what earlier purges removed (dead entries an old snapshot keeps).
     purge_positions_sql_ = "DELETE FROM " + s +

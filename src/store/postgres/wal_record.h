@@ -26,6 +26,9 @@
 namespace outbox::postgres {
 
 inline constexpr std::uint8_t kWalRecordVersion = 1;
+// The one-byte record a change of delivery emits in its transaction (switch_delivery,
+// sql/014_delivery_switch.sql): no message, a mark in the stream.
+inline constexpr std::uint8_t kWalSwitchRecord = 2;
 
 // The message `record` holds (stream_seq unset, attempts and lease_epoch 0). Throws
 // std::invalid_argument saying what is wrong and in which field for anything malformed: empty,

@@ -171,6 +171,15 @@ std::string EnsureWalSlot(pg_conn* conn, const std::string& schema) {
   // The publication first: pgoutput looks publications up as of the WAL it decodes, so one made
   // after the slot would be missing for the slot's first changes.
   EnsurePublication(conn);
+  // What lets the relay read back from the WAL files what a dropped slot took with it
+  // (WalSource::ReadWalFiles): installed when this role may (a superuser), else left to one.
+  try {
+    Exec(conn, "wal slot: install pg_walinspect", "CREATE EXTENSION IF NOT EXISTS pg_walinspect");
+  } catch (const PgError& error) {
+    if (error.kind() == FailureKind::kUnavailable || error.kind() == FailureKind::kOutcomeUnknown) {
+      throw;
+    }
+  }
   std::string slot = WalSlotName(schema);
   if (!SlotExists(conn, slot)) {
     try {
@@ -235,6 +244,8 @@ void DropWalSlot(pg_conn* conn, const std::string& schema) {
   // Writers stop emitting before the slot goes; the topics first, which the settings' guard checks.
   if (has_settings) {
     InTransaction(conn, "wal slot: back to table delivery", [&] {
+      // No relay reads the slot (checked above): the switch has no one to wait for.
+      Exec(conn, "wal slot: back to table delivery", "SET LOCAL outbox.switch_wait = 0");
       Exec(conn, "wal slot: back to table delivery",
            "UPDATE " + quoted + ".topic_settings SET delivery = NULL WHERE delivery = 'wal'");
       Exec(conn, "wal slot: back to table delivery",
