@@ -36,9 +36,9 @@ constexpr std::size_t kMaxRequestBodyBytes = 64 * 1024;
 // The most ids one replay or abandon request may name, and the most ids its reply lists.
 constexpr std::size_t kMaxIdsPerRequest = 1000;
 // outbox_messages_by_topic: Admin::kTopicGroups (status, target, topic) series, the rest summed
-// into one series per status with target and topic "_other" (at most 4 more; the registry allows
-// 64).
-static_assert(Admin::kTopicGroups + 4 <= 64);
+// into one series per status with target and topic "_other" (at most 4 more, within the
+// registry's fixed limit).
+static_assert(std::size_t{Admin::kTopicGroups} + 4 <= observe::Registry::kMaxSeriesPerFamily);
 // After the grouped count timed out, it is not tried again for this long.
 constexpr std::chrono::seconds kTopicRetryAfterTimeout{60};
 // Each statement of the admin API, lock waits included; then 503 (the database is busy).
@@ -54,6 +54,8 @@ constexpr std::string_view kByTopicHelp =
     "Messages that are not published, by status, target and topic: the 50 largest groups, the "
     "rest summed into target=\"_other\", topic=\"_other\". Empty while "
     "outbox_messages_by_topic_skipped is 1.";
+
+constexpr std::string_view kSinkReachableName = "outbox_sink_reachable";
 
 constexpr std::string_view kPrometheusContentType = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -297,6 +299,8 @@ class Operations::Impl {
           {{"status", std::string{status}}}));
     }
     registry.ReplaceGauges(std::string{kByTopicName}, kByTopicHelp, {});
+    // One series per sink with a broker to probe: as many as the configuration has.
+    registry.AllowSeries(kSinkReachableName, observe::SeriesPerTarget(1, config.sinks.size()));
     for (const SinkConfig& sink : config.sinks) {
       const auto address = sink.settings->Endpoint();
       if (!address) continue;
@@ -305,7 +309,7 @@ class Operations::Impl {
           .host = address->host,
           .port = address->port,
           .gauge = &registry.AddGauge(
-              "outbox_sink_reachable",
+              kSinkReachableName,
               "1 when the last TCP connection attempt to the sink's broker succeeded.",
               {{"sink", sink.name}}),
       });

@@ -52,6 +52,8 @@ constexpr std::array<FailureKind, kFailureKindCount> kFailureKinds{
     FailureKind::kUnavailable, FailureKind::kRejected, FailureKind::kPermanent,
     FailureKind::kLeaseLost, FailureKind::kOutcomeUnknown};
 
+constexpr std::string_view kTargetPausedName = "outbox_relay_target_paused";
+
 observe::Labels Reason(FailureKind kind) { return {{"reason", std::string{NameOf(kind)}}}; }
 
 // The relay's series, registered once; updating them is atomics only.
@@ -161,9 +163,11 @@ class Relay::Engine {
     if (options_.hand_off != nullptr) {
       options_.hand_off->SetListener([wakeup = wakeup_.get()] { wakeup->Interrupt(); });
     }
+    // One series per target: as many as the configuration has (observe::SeriesPerTarget).
+    metrics_.registry.AllowSeries(kTargetPausedName, observe::SeriesPerTarget(1, sinks_.size()));
     for (const auto& [target, sink] : sinks_) {
       paused_gauges_[target] = &metrics_.registry.AddGauge(
-          "outbox_relay_target_paused",
+          kTargetPausedName,
           "1 while the target's sink is paused: its last batch found no broker; its messages "
           "wait without leases or attempts spent while other targets flow.",
           {{"target", target}});
