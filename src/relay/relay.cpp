@@ -1026,8 +1026,7 @@ class Relay::Engine {
   bool stop_ = false;  // guarded by stop_mutex_
 };
 
-Relay::Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr<Wakeup> wakeup,
-             SinkMap sinks, LogFn log) {
+void Relay::CheckOptions(const RelayOptions& options) {
   if (options.instance.empty()) throw ConfigError("relay.instance", "must not be empty");
   if (options.batch_size < 1) throw ConfigError("relay.batch_size", "must be at least 1");
   if (options.publish_timeout >= options.lease) {
@@ -1041,12 +1040,18 @@ Relay::Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr
   if (options.sweep_interval.count() < 1) {
     throw ConfigError("relay.sweep_interval", "must be positive");
   }
-  if (options.linger.count() < 0 || options.linger >= options.lease / 2) {
+  // linger * 2 < lease, as outboxd's configuration states it (lease / 2 would round down).
+  if (options.linger.count() < 0 || options.linger * 2 >= options.lease) {
     throw ConfigError("relay.linger", "must be at least 0 and less than half of relay.lease");
   }
   if (options.min_backoff.count() < 1 || options.max_backoff < options.min_backoff) {
     throw ConfigError("relay.max_backoff", "backoff bounds must be positive and ordered");
   }
+}
+
+Relay::Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr<Wakeup> wakeup,
+             SinkMap sinks, LogFn log) {
+  CheckOptions(options);
   if (sinks.empty()) throw ConfigError("sinks", "at least one sink is needed");
   if (!store || !wakeup) throw std::invalid_argument("relay: store and wakeup are required");
   engine_ = std::make_unique<Engine>(std::move(options), std::move(store), std::move(wakeup),
