@@ -204,6 +204,31 @@ TEST_F(SqliteHttpE2eTest, MetricsAndTheAdminApiWorkOnTheEmbeddedStore) {
   EXPECT_EQ(outboxd.Wait(seconds{20}), 0);
 }
 
+// A bad value of a query parameter gets 400 in our own words on SQLite too (the same checks as on
+// PostgreSQL, before the store is asked).
+TEST_F(SqliteHttpE2eTest, BadQueryValuesAnswer400) {
+  ChildProcess outboxd({OUTBOXD_PATH, "--config", config_}, (dir_ / "outboxd.log").string());
+  ASSERT_TRUE(WaitFor([&] {
+    auto ready = Get("/readyz");
+    return ready && ready->status == 200;
+  })) << ReadFile((dir_ / "outboxd.log").string());
+  for (const auto& [query, words] : std::vector<std::pair<std::string, std::string>>{
+           {"topic=%ff", "topic is not valid UTF-8"},
+           {"stream=a%00b", "stream contains a control character (0x00)"},
+           {"target=" + std::string(256, 't'), "target is 256 bytes, over the limit of 255"},
+           {"limit=1e3", "limit must be a number from 1 to 10000"}}) {
+    auto reply = Get("/api/messages?" + query);
+    ASSERT_TRUE(reply) << query;
+    EXPECT_EQ(reply->status, 400) << query << ": " << reply->body;
+    EXPECT_EQ(nlohmann::json::parse(reply->body)["error"], words) << query;
+  }
+  auto good = Get("/api/messages?topic=caf%C3%A9");
+  ASSERT_TRUE(good);
+  EXPECT_EQ(good->status, 200) << good->body;
+  outboxd.Signal(SIGTERM);
+  EXPECT_EQ(outboxd.Wait(seconds{20}), 0);
+}
+
 // More sinks than a metric family's fixed limit of series (64): --check-config says valid, and
 // outboxd starts, publishes to the last of them, answers /metrics with a series per target, and
 // stops cleanly. It exited 1 with "metric outbox_relay_target_paused has too many series".
