@@ -383,8 +383,9 @@ class Operations::Impl {
       server_->Start();
     } catch (const std::exception& failure) {
       Stop();
-      throw std::runtime_error("[http] cannot listen on " + config_.http.listen + ": " +
-                               failure.what() + " (in use, or not an address of this host)");
+      // The server names the address, the OS's reason and the step ("Address already in use
+      // (bind)", "Cannot assign requested address (bind)").
+      throw std::runtime_error(std::string{"[http] listen: "} + failure.what());
     }
     Log(LogLevel::kInfo,
         "serving /metrics, /api/outbox, /api/messages, /ui, /healthz and /readyz on http://" +

@@ -352,6 +352,20 @@ TEST_F(OperationsServerTest, BadParameterValuesAnswer400InOurOwnWords) {
   EXPECT_EQ(Get("/api/messages?topic=caf%C3%A9&limit=5")->status, 503);
 }
 
+// A port in use is named as such ("Address already in use"); it read "… Success (in use …)".
+TEST_F(OperationsServerTest, ABusyPortIsNamedAsSuch) {
+  Operations second(config_, registry_, counters_, LogFn{});
+  try {
+    second.Start();
+    ADD_FAILURE() << "a second listener on " << config_.http.listen;
+  } catch (const std::runtime_error& error) {
+    const std::string message = error.what();
+    EXPECT_EQ(message, "[http] listen: cannot listen on " + config_.http.listen +
+                           ": Address already in use (bind)");
+  }
+  EXPECT_EQ(Get("/healthz", "")->status, 200);  // the first one still serves
+}
+
 // The admin lock is not waited for: a second request while one runs gets 503 at once (tested
 // with the database in tests/e2e); without a database every admin request fails fast.
 TEST_F(OperationsServerTest, AdminRequestsWithoutADatabaseFailFast) {
