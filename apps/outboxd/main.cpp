@@ -109,6 +109,58 @@ outbox::SinkMap OpenSinks(const outbox::outboxd::Config& config,
   return sinks;
 }
 
+// The table relay's options, for a start and for --check-config alike.
+outbox::RelayOptions RelayOptionsOf(const outbox::outboxd::Config& config,
+                                    outbox::observe::Registry& registry) {
+  outbox::RelayOptions options;
+  options.instance = config.instance;
+  options.batch_size = config.batch_size;
+  options.lease = config.lease;
+  options.sweep_interval = config.sweep_interval;
+  options.linger = config.linger;
+  options.publish_timeout = config.publish_timeout;
+  options.min_backoff = config.min_backoff;
+  options.max_backoff = config.max_backoff;
+  options.purge_interval = config.purge_interval;
+  options.retention = config.retention;
+  options.metrics = &registry;
+  options.max_attempts = config.retry.max_attempts;
+  return options;
+}
+
+// WAL mode's relay options, for a start and for --check-config alike.
+outbox::WalRelayOptions WalRelayOptionsOf(const outbox::outboxd::Config& config,
+                                          outbox::observe::Registry& registry) {
+  outbox::WalRelayOptions options;
+  options.instance = config.instance;
+  options.batch_size = config.batch_size;
+  options.linger = config.linger;
+  options.lease = config.lease;
+  options.publish_timeout = config.publish_timeout;
+  options.min_backoff = config.min_backoff;
+  options.max_backoff = config.max_backoff;
+  options.retry = config.retry;
+  options.metrics = &registry;
+  return options;
+}
+
+// Everything a start checks before it needs the database or the network, run by --check-config
+// as a start runs it, so that the two refuse the same configurations (exit 2): the sinks' options
+// (by building the sinks), the relays' options (Relay::CheckOptions, WalRelay::CheckOptions), and
+// the metric families (by registering the operations side's series in a registry of its own; the
+// relay's per-target series follow the same rule, observe::SeriesPerTarget). What only the
+// database or the network can tell (reachable, migrated, the listen port free) is not checked.
+void CheckStart(const outbox::outboxd::Config& config) {
+  const outbox::SinkMap sinks = OpenSinks(config, outbox::SinkContext{});
+  outbox::observe::Registry registry;
+  outbox::Relay::CheckOptions(RelayOptionsOf(config, registry));
+  if (config.database->WalMode()) {
+    outbox::WalRelay::CheckOptions(WalRelayOptionsOf(config, registry));
+  }
+  const outbox::RelayCounters counters;
+  const outbox::outboxd::Operations operations(config, registry, counters, outbox::LogFn{});
+}
+
 // The relay's store, wake-up and partition leases on [database], whatever its type.
 struct Database {
   std::unique_ptr<outbox::Store> store;
@@ -200,8 +252,8 @@ int main(int argc, char** argv) {
   try {
     config = outbox::outboxd::LoadConfig(config_path);
     if (!log_level.empty()) config.log_level = log_level;
-    // Options the library checks beyond the file's syntax: building the sinks validates them.
-    auto sinks = OpenSinks(config, outbox::SinkContext{});
+    // What the libraries check beyond the file's syntax, as a start checks it.
+    CheckStart(config);
     if (check_config) {
       std::cout << outbox::outboxd::Describe(config);
       std::cerr << "outboxd: configuration " << config_path << " is valid\n";
@@ -216,21 +268,9 @@ int main(int argc, char** argv) {
   auto logger = MakeLogger(config, journal);
   const auto log_fn = MakeLogFn(logger, config.log_format == "json", journal);
   try {
-    outbox::RelayOptions options;
-    options.instance = config.instance;
-    options.batch_size = config.batch_size;
-    options.lease = config.lease;
-    options.sweep_interval = config.sweep_interval;
-    options.linger = config.linger;
-    options.publish_timeout = config.publish_timeout;
-    options.min_backoff = config.min_backoff;
-    options.max_backoff = config.max_backoff;
-    options.purge_interval = config.purge_interval;
-    options.retention = config.retention;
     // The relay and the operations side write into one registry; only it renders.
     outbox::observe::Registry registry;
-    options.metrics = &registry;
-    options.max_attempts = config.retry.max_attempts;
+    outbox::RelayOptions options = RelayOptionsOf(config, registry);
     Database database = OpenDatabase(config);
     options.partition_leases = database.partition_leases.get();
     // WAL mode: a second relay reads the slot; the table relay still publishes what WAL mode
@@ -244,19 +284,9 @@ int main(int argc, char** argv) {
                         std::move(sink_maps[0]), log_fn);
     std::unique_ptr<outbox::WalRelay> wal_relay;
     if (wal_mode) {
-      outbox::WalRelayOptions wal_options;
-      wal_options.instance = config.instance;
-      wal_options.batch_size = config.batch_size;
-      wal_options.linger = config.linger;
-      wal_options.lease = config.lease;
-      wal_options.publish_timeout = config.publish_timeout;
-      wal_options.min_backoff = config.min_backoff;
-      wal_options.max_backoff = config.max_backoff;
-      wal_options.retry = config.retry;
-      wal_options.metrics = &registry;
-      wal_relay = std::make_unique<outbox::WalRelay>(wal_options, config.database->OpenWalSource(),
-                                                     config.database->OpenWalLedger(),
-                                                     std::move(sink_maps[1]), log_fn);
+      wal_relay = std::make_unique<outbox::WalRelay>(
+          WalRelayOptionsOf(config, registry), config.database->OpenWalSource(),
+          config.database->OpenWalLedger(), std::move(sink_maps[1]), log_fn);
     }
     // The operations side (stats thread, HTTP listener), on connections of its own to the same
     // database, PostgreSQL or SQLite.

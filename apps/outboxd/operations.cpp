@@ -18,6 +18,8 @@
 
 #include "duration.h"
 #include "message_json.h"
+#include "outbox/core/log_text.h"
+#include "outbox/core/utf8.h"
 #include "outbox/core/version.h"
 #include "outbox/observe/http_server.h"
 #include "outbox/store/admin.h"
@@ -36,9 +38,9 @@ constexpr std::size_t kMaxRequestBodyBytes = 64 * 1024;
 // The most ids one replay or abandon request may name, and the most ids its reply lists.
 constexpr std::size_t kMaxIdsPerRequest = 1000;
 // outbox_messages_by_topic: Admin::kTopicGroups (status, target, topic) series, the rest summed
-// into one series per status with target and topic "_other" (at most 4 more; the registry allows
-// 64).
-static_assert(Admin::kTopicGroups + 4 <= 64);
+// into one series per status with target and topic "_other" (at most 4 more, within the
+// registry's fixed limit).
+static_assert(std::size_t{Admin::kTopicGroups} + 4 <= observe::Registry::kMaxSeriesPerFamily);
 // After the grouped count timed out, it is not tried again for this long.
 constexpr std::chrono::seconds kTopicRetryAfterTimeout{60};
 // Each statement of the admin API, lock waits included; then 503 (the database is busy).
@@ -54,6 +56,8 @@ constexpr std::string_view kByTopicHelp =
     "Messages that are not published, by status, target and topic: the 50 largest groups, the "
     "rest summed into target=\"_other\", topic=\"_other\". Empty while "
     "outbox_messages_by_topic_skipped is 1.";
+
+constexpr std::string_view kSinkReachableName = "outbox_sink_reachable";
 
 constexpr std::string_view kPrometheusContentType = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -99,8 +103,50 @@ Response ErrorReply(int status, const std::string& message) {
   return JsonReply(status, Json{{"error", message}});
 }
 
-// Sets the criterion `key` of `filter`; false when `key` is not a filter's.
+// The longest value of a parameter or field (a topic, stream key or target: what the stores
+// accept on enqueue, so no stored message has a longer one; the other values are shorter still).
+constexpr std::size_t kMaxValueBytes = 255;
+// The longest abandon reason (it is kept in last_error).
+constexpr std::size_t kMaxReasonBytes = 4096;
+// The most bytes of a refused name or value an error quotes.
+constexpr std::size_t kMaxQuotedBytes = 64;
+
+// `text` in quotes for an error message: control characters and invalid UTF-8 escaped, at most
+// kMaxQuotedBytes of it (outbox/core/log_text.h).
+std::string Quoted(std::string_view text) {
+  return "'" + SanitizeForLog(text, kMaxQuotedBytes) + "'";
+}
+
+// Refuses, with 400 and our own words, a value the database would refuse to compare (PostgreSQL
+// answers invalid UTF-8 and NUL bytes with SQLSTATE 22021) or that no message can have: at most
+// kMaxValueBytes of valid UTF-8 without control characters (as the stores require of a topic,
+// stream key or target on enqueue; no id, status, duration or number has one either), and not
+// empty when it is a topic, stream key or target (`text`).
+void CheckValue(std::string_view name, std::string_view value, bool text) {
+  if (value.size() > kMaxValueBytes) {
+    throw std::invalid_argument(std::string{name} + " is " + std::to_string(value.size()) +
+                                " bytes, over the limit of " + std::to_string(kMaxValueBytes));
+  }
+  if (!IsValidUtf8(value)) throw std::invalid_argument(std::string{name} + " is not valid UTF-8");
+  if (text && value.empty()) throw std::invalid_argument(std::string{name} + " must not be empty");
+  const auto control = std::find_if(value.begin(), value.end(), [](char c) {
+    return static_cast<unsigned char>(c) < 0x20 || c == '\x7f';
+  });
+  if (control != value.end()) {
+    std::array<char, 8> code{};
+    std::snprintf(code.data(), code.size(), "0x%02x", static_cast<unsigned char>(*control));
+    throw std::invalid_argument(std::string{name} + " contains a control character (" +
+                                code.data() + ")");
+  }
+}
+
+// Sets the criterion `key` of `filter`; false when `key` is not a filter's. Throws
+// std::invalid_argument for a bad value.
 bool SetFilter(MessageFilter& filter, std::string_view key, const std::string& value) {
+  const bool text = key == "topic" || key == "stream" || key == "target";
+  if (text || key == "status" || key == "event" || key == "older_than") {
+    CheckValue(key, value, text);
+  }
   if (key == "status") {
     filter.status = ParseMessageStatus(value);
   } else if (key == "topic") {
@@ -130,9 +176,10 @@ ListQuery ParseListQuery(const http::Request& request) {
   ListQuery query;
   for (const auto& [key, value] : request.query) {
     if (request.QueryCount(key) > 1) {
-      throw std::invalid_argument("parameter '" + key + "' is given more than once");
+      throw std::invalid_argument("parameter " + Quoted(key) + " is given more than once");
     }
     if (SetFilter(query.filter, key, value)) continue;
+    if (key == "limit" || key == "after") CheckValue(key, value, /*text=*/false);
     if (key == "limit") {
       const auto [end, error] =
           std::from_chars(value.data(), value.data() + value.size(), query.limit);
@@ -144,8 +191,8 @@ ListQuery ParseListQuery(const http::Request& request) {
     } else if (key == "after") {
       query.after = apps::ParseMessageId(value);
     } else {
-      throw std::invalid_argument("unknown parameter '" + key +
-                                  "' (known: status, topic, stream, target, event, older_than, "
+      throw std::invalid_argument("unknown parameter " + Quoted(key) +
+                                  " (known: status, topic, stream, target, event, older_than, "
                                   "limit, after)");
     }
   }
@@ -175,6 +222,7 @@ ChangeRequest ParseChangeRequest(const std::string& body) {
       std::vector<MessageId> ids;
       for (const Json& id : value) {
         if (!id.is_string()) throw std::invalid_argument("ids must be an array of message ids");
+        CheckValue("an id", id.get_ref<const std::string&>(), /*text=*/false);
         ids.push_back(apps::ParseMessageId(id.get<std::string>()));
       }
       change.filter.ids = std::move(ids);
@@ -184,17 +232,25 @@ ChangeRequest ParseChangeRequest(const std::string& body) {
     } else if (key == "reason") {
       if (!value.is_string()) throw std::invalid_argument("reason must be a string");
       change.reason = value.get<std::string>();
+      // JSON text is valid UTF-8, but "\u0000" is a NUL byte, which no database text holds.
+      if (change.reason.size() > kMaxReasonBytes) {
+        throw std::invalid_argument("reason is " + std::to_string(change.reason.size()) +
+                                    " bytes, over the limit of " + std::to_string(kMaxReasonBytes));
+      }
+      if (change.reason.find('\0') != std::string::npos) {
+        throw std::invalid_argument("reason contains a NUL byte");
+      }
     } else if (key == "older_than" && value.is_number_unsigned()) {
       change.filter.older_than =
           apps::ParseDuration(std::to_string(value.get<std::uint64_t>()) + "s");
     } else if (value.is_string()) {
       if (!SetFilter(change.filter, key, value.get<std::string>())) {
-        throw std::invalid_argument("unknown field '" + key +
-                                    "' (known: ids, status, topic, stream, target, event, "
+        throw std::invalid_argument("unknown field " + Quoted(key) +
+                                    " (known: ids, status, topic, stream, target, event, "
                                     "older_than, dry_run, reason)");
       }
     } else {
-      throw std::invalid_argument("field '" + key + "' must be a string");
+      throw std::invalid_argument("field " + Quoted(key) + " must be a string");
     }
   }
   return change;
@@ -297,6 +353,8 @@ class Operations::Impl {
           {{"status", std::string{status}}}));
     }
     registry.ReplaceGauges(std::string{kByTopicName}, kByTopicHelp, {});
+    // One series per sink with a broker to probe: as many as the configuration has.
+    registry.AllowSeries(kSinkReachableName, observe::SeriesPerTarget(1, config.sinks.size()));
     for (const SinkConfig& sink : config.sinks) {
       const auto address = sink.settings->Endpoint();
       if (!address) continue;
@@ -305,7 +363,7 @@ class Operations::Impl {
           .host = address->host,
           .port = address->port,
           .gauge = &registry.AddGauge(
-              "outbox_sink_reachable",
+              kSinkReachableName,
               "1 when the last TCP connection attempt to the sink's broker succeeded.",
               {{"sink", sink.name}}),
       });
@@ -325,8 +383,9 @@ class Operations::Impl {
       server_->Start();
     } catch (const std::exception& failure) {
       Stop();
-      throw std::runtime_error("[http] cannot listen on " + config_.http.listen + ": " +
-                               failure.what() + " (in use, or not an address of this host)");
+      // The server names the address, the OS's reason and the step ("Address already in use
+      // (bind)", "Cannot assign requested address (bind)").
+      throw std::runtime_error(std::string{"[http] listen: "} + failure.what());
     }
     Log(LogLevel::kInfo,
         "serving /metrics, /api/outbox, /api/messages, /ui, /healthz and /readyz on http://" +
@@ -635,27 +694,33 @@ class Operations::Impl {
     // /api/messages: list, show, replay, abandon, over the store's Admin on a connection of its
     // own.
     add("GET", "/api/messages", Lane::kWorker, [this](const Request& request) {
-      return WithAdmin([&](Admin& admin) {
+      return BadInputIs400([&] {
         const ListQuery query = ParseListQuery(request);
-        const MessagePage page = admin.List(query.filter, query.limit, query.after);
-        Json messages = Json::array();
-        for (const auto& message : page.messages) messages.push_back(apps::SummaryJson(message));
-        return JsonReply(
-            200, Json{{"messages", std::move(messages)},
-                      {"more", page.more},
-                      {"next_after",
-                       page.more ? Json(page.messages.back().id.ToString()) : Json(nullptr)}});
+        return WithAdmin([&](Admin& admin) {
+          const MessagePage page = admin.List(query.filter, query.limit, query.after);
+          Json messages = Json::array();
+          for (const auto& message : page.messages) messages.push_back(apps::SummaryJson(message));
+          return JsonReply(
+              200, Json{{"messages", std::move(messages)},
+                        {"more", page.more},
+                        {"next_after",
+                         page.more ? Json(page.messages.back().id.ToString()) : Json(nullptr)}});
+        });
       });
     });
     add(
         "GET", "/api/messages/", Lane::kWorker,
         [this](const Request& request) {
-          return WithAdmin([&](Admin& admin) {
-            const MessageId id = apps::ParseMessageId(
-                request.path.substr(std::string_view{"/api/messages/"}.size()));
-            const auto found = admin.Show(id);
-            if (!found) return ErrorReply(404, "message " + id.ToString() + " not found");
-            return JsonReply(200, apps::DetailJson(*found));
+          return BadInputIs400([&] {
+            const std::string_view text =
+                std::string_view{request.path}.substr(std::string_view{"/api/messages/"}.size());
+            CheckValue("the message id", text, /*text=*/false);
+            const MessageId id = apps::ParseMessageId(text);
+            return WithAdmin([&](Admin& admin) {
+              const auto found = admin.Show(id);
+              if (!found) return ErrorReply(404, "message " + id.ToString() + " not found");
+              return JsonReply(200, apps::DetailJson(*found));
+            });
           });
         },
         /*prefix=*/true);
@@ -668,36 +733,50 @@ class Operations::Impl {
 
   // The body is read as JSON whatever its Content-Type says: `curl -d` labels it a form.
   Response Change(const http::Request& request, bool replay) {
-    return WithAdmin([&](Admin& admin) {
+    return BadInputIs400([&] {
       const ChangeRequest change = ParseChangeRequest(request.body);
       if (!replay && change.reason.empty()) {
         throw std::invalid_argument("abandon needs a \"reason\" (it is kept in last_error)");
       }
-      const ChangeResult result = replay
-                                      ? admin.Replay(change.filter, change.dry_run)
-                                      : admin.Abandon(change.filter, change.reason, change.dry_run);
-      Json ids = Json::array();
-      for (std::size_t i = 0; i < result.ids.size() && i < kMaxIdsPerRequest; ++i) {
-        ids.push_back(result.ids[i].ToString());
-      }
-      const char* verb = replay ? "replay" : "abandon";
-      const std::string what =
-          (change.dry_run ? std::string{"would "} + verb : std::string{verb} + "ed") + " " +
-          std::to_string(result.count) + " messages";
-      Log(change.dry_run ? LogLevel::kInfo : LogLevel::kWarn,
-          "admin API (" + request.remote_address + "): " + what +
-              (change.reason.empty() ? "" : "; reason: " + change.reason) +
-              (result.ids.empty() ? "" : "; first " + result.ids.front().ToString()));
-      return JsonReply(200, Json{{"dry_run", change.dry_run},
-                                 {"count", result.count},
-                                 {"ids", std::move(ids)},
-                                 {"ids_truncated", result.ids.size() > kMaxIdsPerRequest}});
+      return WithAdmin([&](Admin& admin) {
+        const ChangeResult result =
+            replay ? admin.Replay(change.filter, change.dry_run)
+                   : admin.Abandon(change.filter, change.reason, change.dry_run);
+        Json ids = Json::array();
+        for (std::size_t i = 0; i < result.ids.size() && i < kMaxIdsPerRequest; ++i) {
+          ids.push_back(result.ids[i].ToString());
+        }
+        const char* verb = replay ? "replay" : "abandon";
+        const std::string what =
+            (change.dry_run ? std::string{"would "} + verb : std::string{verb} + "ed") + " " +
+            std::to_string(result.count) + " messages";
+        Log(change.dry_run ? LogLevel::kInfo : LogLevel::kWarn,
+            "admin API (" + request.remote_address + "): " + what +
+                (change.reason.empty() ? "" : "; reason: " + change.reason) +
+                (result.ids.empty() ? "" : "; first " + result.ids.front().ToString()));
+        return JsonReply(200, Json{{"dry_run", change.dry_run},
+                                   {"count", result.count},
+                                   {"ids", std::move(ids)},
+                                   {"ids_truncated", result.ids.size() > kMaxIdsPerRequest}});
+      });
     });
   }
 
+  // `answer()`, or 400 with its message when it refuses the request's input
+  // (std::invalid_argument): the request is checked before it needs the database.
+  template <typename Answer>
+  static Response BadInputIs400(Answer&& answer) {
+    try {
+      return answer();
+    } catch (const std::invalid_argument& bad) {
+      return ErrorReply(400, bad.what());
+    }
+  }
+
   // Runs `work` on the admin connection (opened on first use, reopened after a failure) and
-  // maps its errors: bad input 400, database unreachable or busy 503, else 500. One request at a
-  // time: another one meanwhile gets 503 at once rather than holding a worker while it waits.
+  // maps its errors: bad input 400, database unreachable or busy 503, else 500 (the database's
+  // error in the log, not in the reply). One request at a time: another one meanwhile gets 503 at
+  // once rather than holding a worker while it waits.
   template <typename Work>
   Response WithAdmin(Work&& work) {
     std::unique_lock lock(admin_mutex_, std::try_to_lock);
@@ -712,7 +791,12 @@ class Operations::Impl {
     } catch (const StoreError& failure) {
       admin_.reset();  // a fresh connection next time
       const bool unavailable = failure.kind() == FailureKind::kUnavailable;
-      return ErrorReply(unavailable ? 503 : 500, MaskPassword(failure.what()));
+      // Unreachable or busy: the reason, masked, helps whoever retries. Anything else is not
+      // the request's fault (bad input is refused before it reaches the database): the database's
+      // own text goes to the log, not into the reply.
+      if (unavailable) return ErrorReply(503, MaskPassword(failure.what()));
+      Log(LogLevel::kError, "admin API: " + MaskPassword(failure.what()));
+      return ErrorReply(500, "the database failed the request (outboxd's log has its error)");
     }
   }
 

@@ -208,12 +208,18 @@ class Server::Impl {
     const tcp::endpoint endpoint = found.begin()->endpoint();
     // SO_REUSEADDR only: SO_REUSEPORT would let a second outboxd share the port (and answer
     // half the scrapes) instead of failing to start.
-    if (acceptor_.open(endpoint.protocol(), error) ||
-        acceptor_.set_option(asio::socket_base::reuse_address(true), error) ||
-        acceptor_.bind(endpoint, error) || acceptor_.listen(options_.listen_backlog, error)) {
-      acceptor_.close(error);
-      throw std::runtime_error("cannot listen on " + where + ": " + error.message());
-    }
+    // On failure, the step's own error code goes into the message: closing the acceptor must
+    // not overwrite it (a busy port read "Success").
+    const auto fail = [&](std::string_view step) {
+      beast::error_code ignored;
+      acceptor_.close(ignored);
+      throw std::runtime_error("cannot listen on " + where + ": " + error.message() + " (" +
+                               std::string{step} + ")");
+    };
+    if (acceptor_.open(endpoint.protocol(), error)) fail("socket");
+    if (acceptor_.set_option(asio::socket_base::reuse_address(true), error)) fail("setsockopt");
+    if (acceptor_.bind(endpoint, error)) fail("bind");
+    if (acceptor_.listen(options_.listen_backlog, error)) fail("listen");
     port_ = acceptor_.local_endpoint().port();
     Accept();
     io_thread_ = std::thread([this] { io_.run(); });

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <ctime>
+#include <limits>
 #include <stdexcept>
 #include <variant>
 
@@ -189,6 +190,12 @@ std::vector<double> SizeBuckets() {
   return {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000};
 }
 
+std::size_t SeriesPerTarget(std::size_t databases, std::size_t targets) {
+  constexpr std::size_t kMost = std::numeric_limits<std::size_t>::max();
+  if (targets != 0 && databases > kMost / targets) return kMost;
+  return std::max(databases * targets, Registry::kMaxSeriesPerFamily);
+}
+
 // ---- Registry ----
 
 struct Registry::Series {
@@ -226,6 +233,11 @@ void CheckLabels(std::string_view name, int type, const Labels& labels) {
   }
 }
 
+std::string TooManySeries(std::string_view name, std::size_t limit) {
+  return "metric " + std::string{name} + " has too many series (at most " + std::to_string(limit) +
+         ")";
+}
+
 bool SameLabelNames(const Labels& a, const Labels& b) {
   return a.size() == b.size() &&
          std::equal(a.begin(), a.end(), b.begin(),
@@ -249,8 +261,8 @@ Registry::Series& Registry::Add(std::string_view name, std::string_view help, in
     throw std::invalid_argument("metric " + std::string{name} +
                                 ": every series must have the same label names");
   }
-  if (family->series.size() >= kMaxSeriesPerFamily) {
-    throw std::length_error("metric " + std::string{name} + " has too many series");
+  if (family->series.size() >= SeriesLimit(name)) {
+    throw std::length_error(TooManySeries(name, SeriesLimit(name)));
   }
   switch (type) {
     case kCounter:
@@ -291,10 +303,30 @@ Registry::Family& Registry::FindOrCreate(std::string_view name, std::string_view
   return family;
 }
 
+std::size_t Registry::SeriesLimit(std::string_view name) const {
+  for (const auto& [family, limit] : series_limits_) {
+    if (family == name) return limit;
+  }
+  return kMaxSeriesPerFamily;
+}
+
+void Registry::AllowSeries(std::string_view name, std::size_t limit) {
+  std::lock_guard lock(mutex_);
+  for (auto& [family, granted] : series_limits_) {
+    if (family != name) continue;
+    granted = std::max(granted, limit);
+    return;
+  }
+  series_limits_.emplace_back(std::string{name}, std::max(limit, kMaxSeriesPerFamily));
+}
+
 void Registry::ReplaceGauges(std::string_view name, std::string_view help,
                              const std::vector<std::pair<Labels, double>>& series) {
-  if (series.size() > kMaxSeriesPerFamily) {
-    throw std::length_error("metric " + std::string{name} + " has too many series");
+  {
+    std::lock_guard lock(mutex_);
+    if (series.size() > SeriesLimit(name)) {
+      throw std::length_error(TooManySeries(name, SeriesLimit(name)));
+    }
   }
   for (const auto& [labels, value] : series) {
     CheckLabels(name, kGauge, labels);

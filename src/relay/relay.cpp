@@ -52,6 +52,8 @@ constexpr std::array<FailureKind, kFailureKindCount> kFailureKinds{
     FailureKind::kUnavailable, FailureKind::kRejected, FailureKind::kPermanent,
     FailureKind::kLeaseLost, FailureKind::kOutcomeUnknown};
 
+constexpr std::string_view kTargetPausedName = "outbox_relay_target_paused";
+
 observe::Labels Reason(FailureKind kind) { return {{"reason", std::string{NameOf(kind)}}}; }
 
 // The relay's series, registered once; updating them is atomics only.
@@ -161,9 +163,11 @@ class Relay::Engine {
     if (options_.hand_off != nullptr) {
       options_.hand_off->SetListener([wakeup = wakeup_.get()] { wakeup->Interrupt(); });
     }
+    // One series per target: as many as the configuration has (observe::SeriesPerTarget).
+    metrics_.registry.AllowSeries(kTargetPausedName, observe::SeriesPerTarget(1, sinks_.size()));
     for (const auto& [target, sink] : sinks_) {
       paused_gauges_[target] = &metrics_.registry.AddGauge(
-          "outbox_relay_target_paused",
+          kTargetPausedName,
           "1 while the target's sink is paused: its last batch found no broker; its messages "
           "wait without leases or attempts spent while other targets flow.",
           {{"target", target}});
@@ -1022,8 +1026,7 @@ class Relay::Engine {
   bool stop_ = false;  // guarded by stop_mutex_
 };
 
-Relay::Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr<Wakeup> wakeup,
-             SinkMap sinks, LogFn log) {
+void Relay::CheckOptions(const RelayOptions& options) {
   if (options.instance.empty()) throw ConfigError("relay.instance", "must not be empty");
   if (options.batch_size < 1) throw ConfigError("relay.batch_size", "must be at least 1");
   if (options.publish_timeout >= options.lease) {
@@ -1037,12 +1040,18 @@ Relay::Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr
   if (options.sweep_interval.count() < 1) {
     throw ConfigError("relay.sweep_interval", "must be positive");
   }
-  if (options.linger.count() < 0 || options.linger >= options.lease / 2) {
+  // linger * 2 < lease, as outboxd's configuration states it (lease / 2 would round down).
+  if (options.linger.count() < 0 || options.linger * 2 >= options.lease) {
     throw ConfigError("relay.linger", "must be at least 0 and less than half of relay.lease");
   }
   if (options.min_backoff.count() < 1 || options.max_backoff < options.min_backoff) {
     throw ConfigError("relay.max_backoff", "backoff bounds must be positive and ordered");
   }
+}
+
+Relay::Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr<Wakeup> wakeup,
+             SinkMap sinks, LogFn log) {
+  CheckOptions(options);
   if (sinks.empty()) throw ConfigError("sinks", "at least one sink is needed");
   if (!store || !wakeup) throw std::invalid_argument("relay: store and wakeup are required");
   engine_ = std::make_unique<Engine>(std::move(options), std::move(store), std::move(wakeup),

@@ -913,8 +913,7 @@ class WalRelay::Engine {
   bool stop_ = false;  // guarded by stop_mutex_
 };
 
-WalRelay::WalRelay(WalRelayOptions options, std::unique_ptr<WalSource> source,
-                   std::unique_ptr<WalLedger> ledger, SinkMap sinks, LogFn log) {
+void WalRelay::CheckOptions(const WalRelayOptions& options) {
   if (options.instance.empty()) throw ConfigError("instance", "must not be empty");
   if (options.batch_size < 1) throw ConfigError("batch_size", "must be at least 1");
   if (options.linger < milliseconds{0}) throw ConfigError("linger", "must not be negative");
@@ -923,6 +922,11 @@ WalRelay::WalRelay(WalRelayOptions options, std::unique_ptr<WalSource> source,
     throw ConfigError("publish_timeout", "must be shorter than the lease");
   }
   if (auto problem = options.retry.Validate()) throw ConfigError("retry", *problem);
+}
+
+WalRelay::WalRelay(WalRelayOptions options, std::unique_ptr<WalSource> source,
+                   std::unique_ptr<WalLedger> ledger, SinkMap sinks, LogFn log) {
+  CheckOptions(options);
   if (sinks.empty()) throw ConfigError("sinks", "at least one sink is needed");
   if (!source || !ledger) throw std::invalid_argument("WalRelay: a source and a ledger are needed");
   engine_ = std::make_unique<Engine>(std::move(options), std::move(source), std::move(ledger),

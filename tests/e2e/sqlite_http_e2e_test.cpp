@@ -6,12 +6,16 @@
 #include <httplib.h>
 #include <unistd.h>
 
+#include <array>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "outbox/store/admin.h"
 #include "outbox/store/sqlite.h"
@@ -199,6 +203,94 @@ TEST_F(SqliteHttpE2eTest, MetricsAndTheAdminApiWorkOnTheEmbeddedStore) {
 
   EXPECT_EQ(outboxd.Stop(SIGTERM, seconds{20}), 0);
 }
+
+// A bad value of a query parameter gets 400 in our own words on SQLite too (the same checks as on
+// PostgreSQL, before the store is asked).
+TEST_F(SqliteHttpE2eTest, BadQueryValuesAnswer400) {
+  ChildProcess outboxd({OUTBOXD_PATH, "--config", config_}, (dir_ / "outboxd.log").string());
+  ASSERT_TRUE(WaitFor([&] {
+    auto ready = Get("/readyz");
+    return ready && ready->status == 200;
+  })) << ReadFile((dir_ / "outboxd.log").string());
+  for (const auto& [query, words] : std::vector<std::pair<std::string, std::string>>{
+           {"topic=%ff", "topic is not valid UTF-8"},
+           {"stream=a%00b", "stream contains a control character (0x00)"},
+           {"target=" + std::string(256, 't'), "target is 256 bytes, over the limit of 255"},
+           {"limit=1e3", "limit must be a number from 1 to 10000"}}) {
+    auto reply = Get("/api/messages?" + query);
+    ASSERT_TRUE(reply) << query;
+    EXPECT_EQ(reply->status, 400) << query << ": " << reply->body;
+    EXPECT_EQ(nlohmann::json::parse(reply->body)["error"], words) << query;
+  }
+  auto good = Get("/api/messages?topic=caf%C3%A9");
+  ASSERT_TRUE(good);
+  EXPECT_EQ(good->status, 200) << good->body;
+  outboxd.Signal(SIGTERM);
+  EXPECT_EQ(outboxd.Wait(seconds{20}), 0);
+}
+
+// More sinks than a metric family's fixed limit of series (64): --check-config says valid, and
+// outboxd starts, publishes to the last of them, answers /metrics with a series per target, and
+// stops cleanly. It exited 1 with "metric outbox_relay_target_paused has too many series".
+class ManySinksE2eTest : public SqliteHttpE2eTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(ManySinksE2eTest, CheckConfigSaysValidAndOutboxdRunsWithThemAll) {
+  const int sinks = GetParam();
+  const auto name = [](int i) {
+    std::array<char, 16> text{};
+    std::snprintf(text.data(), text.size(), "s%03d", i);
+    return std::string{text.data()};
+  };
+  const auto sink_file = [&](int i) { return (dir_ / (name(i) + ".jsonl")).string(); };
+  {
+    std::ofstream out(config_);
+    out << "[database]\ntype = \"sqlite\"\npath = \"" << db_ << "\"\n"
+        << "[relay]\ninstance = \"many-sinks-e2e\"\nsweep_interval = \"50ms\"\n"
+        << "[http]\nlisten = \"127.0.0.1:" << port_ << "\"\ntoken = \"" << kToken
+        << "\"\nstats_interval = \"100ms\"\n";
+    for (int i = 0; i < sinks; ++i) {
+      out << "[sinks." << name(i) << "]\ntype = \"file\"\npath = \"" << sink_file(i) << "\"\n";
+    }
+  }
+  const std::string log = (dir_ / "outboxd.log").string();
+  ChildProcess check({OUTBOXD_PATH, "--config", config_, "--check-config"}, log);
+  ASSERT_EQ(check.Wait(seconds{30}), 0) << ReadFile(log);
+  ASSERT_NE(ReadFile(log).find("is valid"), std::string::npos) << ReadFile(log);
+
+  sqlite::Migrate(db_);
+  const std::string last = name(sinks - 1);
+  MessageId id;
+  {
+    NewMessage message;
+    message.topic = "orders";
+    message.payload = R"({"order":1})";
+    message.targets = {last};
+    const std::vector<NewMessage> messages{message};
+    id = sqlite::OpenStore({.path = db_})->Enqueue(messages).front();
+  }
+  ChildProcess outboxd({OUTBOXD_PATH, "--config", config_}, log);
+  EXPECT_TRUE(WaitFor([&] {
+    return ReadFile(sink_file(sinks - 1)).find(id.ToString()) != std::string::npos;
+  })) << ReadFile(log);
+  std::string metrics;
+  EXPECT_TRUE(WaitFor([&] {
+    metrics = Metrics();
+    return Sample(metrics, "outbox_published_total") == 1;
+  })) << metrics
+      << ReadFile(log);
+  EXPECT_EQ(Sample(metrics, R"(outbox_relay_target_paused{target=")" + last + R"("})"), 0)
+      << metrics;
+  EXPECT_EQ(Sample(metrics, R"(outbox_relay_target_paused{target="s000"})"), 0) << metrics;
+  auto ready = Get("/readyz");
+  ASSERT_TRUE(ready);
+  EXPECT_EQ(ready->status, 200) << ready->body;
+  EXPECT_EQ(ReadFile(sink_file(0)), "");  // the message went to its own target only
+
+  outboxd.Signal(SIGTERM);
+  EXPECT_EQ(outboxd.Wait(seconds{20}), 0) << ReadFile(log);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sinks, ManySinksE2eTest, ::testing::Values(65, 500));
 
 }  // namespace
 }  // namespace outbox::testing

@@ -316,6 +316,28 @@ TEST_F(HttpServerTest, AtTheLimitTheLongestIdleConnectionMakesRoom) {
   EXPECT_FALSE(idle.back()->closed());
 }
 
+// A port in use is reported with the OS's reason for it (it read "Success": the error code was
+// overwritten by closing the socket before the message was made).
+TEST_F(HttpServerTest, APortInUseIsReportedAsSuch) {
+  Start({}, {Get("/x", Text("x"))});
+  ServerOptions options;
+  options.host = "127.0.0.1";
+  options.port = server_->port();
+  Server second(options, {Get("/x", Text("x"))}, LogFn{});
+  try {
+    second.Start();
+    ADD_FAILURE() << "a second server listens on the same port";
+  } catch (const std::runtime_error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("cannot listen on 127.0.0.1:" + std::to_string(options.port) +
+                           ": Address already in use (bind)"),
+              std::string::npos)
+        << message;
+    EXPECT_EQ(message.find("Success"), std::string::npos) << message;
+  }
+  EXPECT_EQ(HttpGet("/x")->status, 200);  // the first one still serves
+}
+
 TEST(HttpAnswerRawRequestTest, ParsesAndRoutesLikeTheServer) {
   const std::vector<Route> routes{Get("/echo", Echo)};
   ServerOptions options;

@@ -152,6 +152,46 @@ TEST(MetricsTest, CardinalityIsBounded) {
   EXPECT_THROW(registry.AddCounter("c", "h", {{"k", "one too many"}}), std::length_error);
 }
 
+// A family with one series per configured target holds as many as the configuration has: the
+// rule SeriesPerTarget, granted by AllowSeries (outboxd with 65 sinks exited with "metric
+// outbox_relay_target_paused has too many series").
+TEST(MetricsTest, AFamilyPerTargetFollowsTheConfiguration) {
+  EXPECT_EQ(SeriesPerTarget(1, 1), Registry::kMaxSeriesPerFamily);
+  EXPECT_EQ(SeriesPerTarget(1, 65), 65U);
+  EXPECT_EQ(SeriesPerTarget(3, 500), 1500U);
+  EXPECT_EQ(SeriesPerTarget(0, 0), Registry::kMaxSeriesPerFamily);
+  EXPECT_EQ(SeriesPerTarget(std::numeric_limits<std::size_t>::max(), 2),
+            std::numeric_limits<std::size_t>::max());
+
+  Registry registry;
+  registry.AllowSeries("paused", SeriesPerTarget(1, 500));
+  registry.AllowSeries("paused", 10);  // the largest grant holds
+  for (std::size_t i = 0; i < 500; ++i) {
+    registry.AddGauge("paused", "h", {{"target", "t" + std::to_string(i)}});
+  }
+  try {
+    registry.AddGauge("paused", "h", {{"target", "one too many"}});
+    ADD_FAILURE() << "no limit";
+  } catch (const std::length_error& error) {
+    EXPECT_STREQ(error.what(), "metric paused has too many series (at most 500)");
+  }
+  // Other families keep the fixed limit; a grant below it does not lower it.
+  registry.AllowSeries("small", 3);
+  for (std::size_t i = 0; i < Registry::kMaxSeriesPerFamily; ++i) {
+    registry.AddCounter("small", "h", {{"k", std::to_string(i)}});
+    registry.AddCounter("other", "h", {{"k", std::to_string(i)}});
+  }
+  EXPECT_THROW(registry.AddCounter("small", "h", {{"k", "x"}}), std::length_error);
+  EXPECT_THROW(registry.AddCounter("other", "h", {{"k", "x"}}), std::length_error);
+  // ReplaceGauges keeps to the same limits.
+  std::vector<std::pair<Labels, double>> series;
+  for (std::size_t i = 0; i < 200; ++i) series.push_back({{{"topic", std::to_string(i)}}, 1});
+  EXPECT_THROW(registry.ReplaceGauges("replaced", "h", series), std::length_error);
+  registry.AllowSeries("replaced", SeriesPerTarget(2, 100));
+  registry.ReplaceGauges("replaced", "h", series);
+  EXPECT_NE(registry.RenderPrometheus().find("replaced{topic=\"199\"} 1\n"), std::string::npos);
+}
+
 TEST(MetricsTest, ReplacedGaugesAreSwappedAsAWholeAndStayBounded) {
   Registry registry;
   registry.AddGauge("before", "h").Set(1);

@@ -1,6 +1,7 @@
 #include "config.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "outbox/core/error.h"
 #include "outbox/sink/file_type.h"
@@ -752,6 +754,51 @@ TEST_F(ConfigFileTest, OutboxdExitsWithTwoOnAFileItRefuses) {
       << output.str();
   EXPECT_NE(output.str().find("deep.toml:1: nested more than 32 levels deep"), std::string::npos)
       << output.str();
+}
+
+// --check-config and a start refuse the same configurations: a start runs the checks that
+// --check-config runs (sinks, relay options, metric families) before it opens anything else.
+// Relay::CheckOptions read "less than half of relay.lease" as linger < lease / 2, rounded down,
+// where the file's check reads linger * 2 < lease: with lease = 1001ms and linger = 500ms,
+// --check-config said valid and the start exited 2 ("relay.linger: must be ...").
+TEST_F(ConfigFileTest, CheckConfigAndAStartGiveTheSameVerdict) {
+  const std::string log = (dir_ / "outboxd.log").string();
+  const auto read_log = [&] {
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  struct Case {
+    std::string lease;
+    std::string linger;
+    bool valid;
+  };
+  for (const Case& at : {Case{"1001ms", "500ms", true}, Case{"1001ms", "501ms", false},
+                         Case{"1000ms", "500ms", false}, Case{"1000ms", "499ms", true}}) {
+    SCOPED_TRACE("lease " + at.lease + ", linger " + at.linger);
+    std::filesystem::remove(log);
+    const std::string path = Write(
+        "edge.toml", "[database]\ntype = \"sqlite\"\npath = \"" + (dir_ / "app.db").string() +
+                         "\"\n[relay]\nlease = \"" + at.lease + "\"\nlinger = \"" + at.linger +
+                         "\"\npublish_timeout = \"400ms\"\n[http]\nlisten = \"\"\n"
+                         "[sinks.default]\ntype = \"file\"\npath = \"" +
+                         (dir_ / "events.jsonl").string() + "\"\n");
+    testing::ChildProcess check({OUTBOXD_PATH, "--config", path, "--check-config"}, log);
+    EXPECT_EQ(check.Wait(std::chrono::seconds{20}), at.valid ? 0 : 2) << read_log();
+    testing::ChildProcess start({OUTBOXD_PATH, "--config", path}, log);
+    if (!at.valid) {
+      EXPECT_EQ(start.Wait(std::chrono::seconds{20}), 2) << read_log();
+      continue;
+    }
+    // It runs: it says so, and stops cleanly on SIGTERM.
+    for (int i = 0; i < 200 && read_log().find("relaying") == std::string::npos; ++i) {
+      std::this_thread::sleep_for(milliseconds{50});
+    }
+    EXPECT_NE(read_log().find("relaying"), std::string::npos) << read_log();
+    start.Signal(SIGTERM);
+    EXPECT_EQ(start.Wait(std::chrono::seconds{20}), 0) << read_log();
+  }
 }
 
 TEST_F(ConfigFileTest, LoadsAFile) {

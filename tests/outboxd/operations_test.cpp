@@ -12,11 +12,13 @@
 
 #include <chrono>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "outbox/sink/rabbitmq_type.h"
@@ -264,6 +266,104 @@ TEST_F(OperationsServerTest, SlowClientsDoNotStarveTheProbes) {
     std::this_thread::sleep_for(milliseconds{300});
   }
   for (const int fd : slow) ::close(fd);
+}
+
+// Bad values of every parameter and field of the admin API get 400 with our own words, before
+// the database is asked (it is not there: anything that reached it would get 503). PostgreSQL
+// answered a topic of invalid UTF-8 ("%ff") with SQLSTATE 22021, relayed as 500.
+TEST_F(OperationsServerTest, BadParameterValuesAnswer400InOurOwnWords) {
+  const std::string long_text(300, 'a');
+  const std::string long_key(1000, 'k');
+  const std::vector<std::pair<std::string, std::string>> gets{
+      {"/api/messages?topic=%ff", "topic is not valid UTF-8"},
+      {"/api/messages?topic=a%c3%28", "topic is not valid UTF-8"},
+      {"/api/messages?topic=%ed%a0%80", "topic is not valid UTF-8"},  // a surrogate
+      {"/api/messages?stream=a%00b", "stream contains a control character (0x00)"},
+      {"/api/messages?target=a%0Ab", "target contains a control character (0x0a)"},
+      {"/api/messages?topic=", "topic must not be empty"},
+      {"/api/messages?topic=" + long_text, "topic is 300 bytes, over the limit of 255"},
+      {"/api/messages?status=%ff", "status is not valid UTF-8"},
+      {"/api/messages?status=%00", "status contains a control character (0x00)"},
+      {"/api/messages?event=%ff", "event is not valid UTF-8"},
+      {"/api/messages?event=%00", "event contains a control character (0x00)"},
+      {"/api/messages?event=" + long_text, "event is 300 bytes, over the limit of 255"},
+      {"/api/messages?older_than=%ff", "older_than is not valid UTF-8"},
+      {"/api/messages?older_than=99999999999999999999d", "is too large"},
+      {"/api/messages?older_than=1e3s", "bad duration"},
+      {"/api/messages?limit=%ff", "limit is not valid UTF-8"},
+      {"/api/messages?limit=1e3", "limit must be a number from 1 to 10000"},
+      {"/api/messages?limit=-1", "limit must be a number from 1 to 10000"},
+      {"/api/messages?limit=%2B5", "limit must be a number from 1 to 10000"},
+      {"/api/messages?limit=5%00", "limit contains a control character (0x00)"},
+      {"/api/messages?limit=99999999999999999999", "limit must be a number from 1 to 10000"},
+      {"/api/messages?limit=10001", "limit must be a number from 1 to 10000"},
+      {"/api/messages?after=%ff", "after is not valid UTF-8"},
+      {"/api/messages?after=0190f5c2", "is not a message id"},
+      {"/api/messages?%ff=1", "unknown parameter '\\xff'"},
+      {"/api/messages?a%00b=1", "unknown parameter 'a\\x00b'"},
+      {"/api/messages?" + long_key + "=1", "unknown parameter 'kkkk"},
+      {"/api/messages?topic=a&topic=b", "parameter 'topic' is given more than once"},
+      {"/api/messages/%ff", "the message id is not valid UTF-8"},
+      {"/api/messages/" + long_text, "the message id is 300 bytes, over the limit of 255"},
+      {"/api/messages/a%00b", "the message id contains a control character (0x00)"},
+  };
+  const auto expect_ours = [](const httplib::Result& reply, const std::string& request,
+                              const std::string& words) {
+    ASSERT_TRUE(reply) << request;
+    EXPECT_EQ(reply->status, 400) << request << ": " << reply->body;
+    EXPECT_EQ(reply->get_header_value("Content-Type"), "application/json") << request;
+    EXPECT_NE(reply->body.find("{\"error\":\""), std::string::npos)
+        << request << ": " << reply->body;
+    const auto json = nlohmann::json::parse(reply->body, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(json.is_object() && json["error"].is_string()) << request << ": " << reply->body;
+    EXPECT_NE(json["error"].get<std::string>().find(words), std::string::npos)
+        << request << ": " << reply->body;
+    // Our words, short: no database text, a long value quoted only in part.
+    EXPECT_EQ(reply->body.find("SQLSTATE"), std::string::npos) << reply->body;
+    EXPECT_EQ(reply->body.find("invalid byte sequence"), std::string::npos) << reply->body;
+    EXPECT_LT(reply->body.size(), 400U) << request << ": " << reply->body;
+  };
+  for (const auto& [path, words] : gets) expect_ours(Get(path), path, words);
+
+  httplib::Client client("127.0.0.1", port_);
+  client.set_read_timeout(5, 0);
+  const httplib::Headers auth{{"Authorization", "Bearer tok-canary-1"}};
+  const std::vector<std::tuple<std::string, std::string, std::string>> posts{
+      {"replay", R"({"topic": "a\u0000b"})", "topic contains a control character (0x00)"},
+      {"replay", R"({"stream": ""})", "stream must not be empty"},
+      {"replay", R"({"target": ")" + long_text + R"("})", "target is 300 bytes"},
+      {"replay", R"({"ids": [")" + long_text + R"("]})", "an id is 300 bytes"},
+      {"replay", R"({"ids": ["a\u0000"]})", "an id contains a control character (0x00)"},
+      {"replay", R"({"status": "failed", ")" + long_key + R"(": 1})", "field 'kkkk"},
+      {"replay", R"({"older_than": -5})", "field 'older_than' must be a string"},
+      {"replay", R"({"older_than": 99999999999999})", "is too large"},
+      {"abandon", R"({"status": "failed", "reason": "a\u0000b"})", "reason contains a NUL byte"},
+      {"abandon", R"({"status": "failed", "reason": ")" + std::string(5000, 'r') + R"("})",
+       "reason is 5000 bytes, over the limit of 4096"},
+  };
+  for (const auto& [verb, body, words] : posts) {
+    expect_ours(client.Post("/api/messages/" + verb, auth, body, "application/json"), body, words);
+  }
+  // Invalid UTF-8 in a JSON body is not JSON.
+  expect_ours(
+      client.Post("/api/messages/replay", auth, "{\"topic\": \"\xff\"}", "application/json"),
+      "\\xff", "the body is not valid JSON");
+  // A good request gets as far as the database (which is not there).
+  EXPECT_EQ(Get("/api/messages?topic=caf%C3%A9&limit=5")->status, 503);
+}
+
+// A port in use is named as such ("Address already in use"); it read "… Success (in use …)".
+TEST_F(OperationsServerTest, ABusyPortIsNamedAsSuch) {
+  Operations second(config_, registry_, counters_, LogFn{});
+  try {
+    second.Start();
+    ADD_FAILURE() << "a second listener on " << config_.http.listen;
+  } catch (const std::runtime_error& error) {
+    const std::string message = error.what();
+    EXPECT_EQ(message, "[http] listen: cannot listen on " + config_.http.listen +
+                           ": Address already in use (bind)");
+  }
+  EXPECT_EQ(Get("/healthz", "")->status, 200);  // the first one still serves
 }
 
 // The admin lock is not waited for: a second request while one runs gets 503 at once (tested

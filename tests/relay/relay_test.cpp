@@ -696,6 +696,25 @@ TEST_F(RelayTest, AnExpiredLeaseLeftInAHeldPartitionIsPublished) {
   EXPECT_EQ(sink->delivered()[0].id.ToString(), id);
 }
 
+// CheckOptions (what outboxd --check-config runs) reads "linger less than half of the lease" as
+// outboxd's configuration does, without rounding the half down: lease 1001 ms, linger 500 ms is
+// valid (it was refused at start after --check-config had said valid).
+TEST(RelayOptionsTest, LingerIsLessThanHalfOfTheLeaseUnrounded) {
+  RelayOptions options;
+  options.instance = "r";
+  options.lease = milliseconds{1001};
+  options.publish_timeout = milliseconds{400};
+  options.linger = milliseconds{500};
+  EXPECT_NO_THROW(Relay::CheckOptions(options));
+  options.linger = milliseconds{501};
+  EXPECT_THROW(Relay::CheckOptions(options), ConfigError);
+  options.lease = milliseconds{1000};
+  options.linger = milliseconds{500};
+  EXPECT_THROW(Relay::CheckOptions(options), ConfigError);
+  options.linger = milliseconds{499};
+  EXPECT_NO_THROW(Relay::CheckOptions(options));
+}
+
 TEST_F(RelayTest, BadOptionsAreConfigErrors) {
   const auto make = [&](RelayOptions options) {
     SinkMap sinks;

@@ -4,7 +4,9 @@
 //
 // Cardinality is bounded by construction: every series (a metric name plus one fixed set of label
 // values) is registered when a component starts, and the component keeps the returned reference.
-// A family holds at most kMaxSeriesPerFamily series; registering more throws. Hot paths then
+// A family holds at most kMaxSeriesPerFamily series, or what AllowSeries grants a family whose
+// series follow the configuration (one per target: SeriesPerTarget); registering more throws.
+// Hot paths then
 // touch atomics only: no lookup, allocation or lock per event (Counter::Increment is one atomic
 // add, Histogram::Observe a bucket search over its fixed bounds and three atomic adds).
 //
@@ -78,6 +80,13 @@ std::vector<double> LatencyBuckets();
 // Bucket bounds for batch sizes: 1 to 10000.
 std::vector<double> SizeBuckets();
 
+// The one rule for a family whose series follow the configuration, one series per configured
+// target (sink) of each database (outbox_relay_target_paused{target}, outbox_sink_reachable{sink};
+// with several databases, a database label too): databases x targets, and never less than
+// Registry::kMaxSeriesPerFamily. The configuration bounds such a family, not a constant: give the
+// result to Registry::AllowSeries before registering the family's series.
+std::size_t SeriesPerTarget(std::size_t databases, std::size_t targets);
+
 // One entry of the recent-errors sample.
 struct ErrorSample {
   std::chrono::system_clock::time_point time;
@@ -99,8 +108,15 @@ class Registry {
   // Registers the series `name`{labels} and returns it; registering the same series again returns
   // the same object. Throws std::invalid_argument for a malformed metric or label name, a label
   // set whose names differ from the family's, a name already registered as another type (or a
-  // histogram with other bounds), and std::length_error past kMaxSeriesPerFamily series.
+  // histogram with other bounds), and std::length_error past the family's limit of series
+  // (kMaxSeriesPerFamily unless AllowSeries granted more).
   // `help` is taken from the first registration of a family.
+  //
+  // AllowSeries lets the family `name` hold up to `limit` series (never fewer than
+  // kMaxSeriesPerFamily; the largest limit granted holds), for families whose series the
+  // configuration decides: pass SeriesPerTarget(...). Call it before registering them; a family
+  // need not exist yet.
+  void AllowSeries(std::string_view name, std::size_t limit);
   Counter& AddCounter(std::string_view name, std::string_view help, const Labels& labels = {});
   Gauge& AddGauge(std::string_view name, std::string_view help, const Labels& labels = {});
   Histogram& AddHistogram(std::string_view name, std::string_view help, std::vector<double> bounds,
@@ -110,7 +126,7 @@ class Registry {
   // counts grouped by label in a database): the family `name` then has exactly `series`, in that
   // order. The family is created on first use and must not also be registered with AddGauge
   // (nobody may hold a reference to one of its series). Cardinality stays bounded: the caller caps
-  // `series` (it throws std::length_error past kMaxSeriesPerFamily). Throws std::invalid_argument
+  // `series` (it throws std::length_error past the family's limit). Throws std::invalid_argument
   // like AddGauge, and when the series' label names differ from each other's or the family's.
   // An empty `series` leaves the family with HELP and TYPE only.
   void ReplaceGauges(std::string_view name, std::string_view help,
@@ -149,10 +165,14 @@ class Registry {
   // The family `name` (created when new), checked to be of `type`; mutex_ must be held.
   Family& FindOrCreate(std::string_view name, std::string_view help, int type,
                        const std::vector<double>* bounds, bool replaced);
+  // The most series the family `name` may hold; mutex_ must be held.
+  [[nodiscard]] std::size_t SeriesLimit(std::string_view name) const;
 
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Family>> families_;  // guarded by mutex_
   std::deque<ErrorSample> errors_;                 // guarded by mutex_
+  // AllowSeries' grants, by family name.
+  std::vector<std::pair<std::string, std::size_t>> series_limits_;  // guarded by mutex_
 };
 
 }  // namespace outbox::observe

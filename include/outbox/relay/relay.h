@@ -82,7 +82,12 @@ using SinkMap = std::map<std::string, std::unique_ptr<Sink>, std::less<>>;
 
 class Relay {
  public:
-  // Throws ConfigError for invalid options (naming the field) or an empty sink map.
+  // Throws ConfigError for invalid options, naming the field: what the constructor checks
+  // besides the sinks and the store, for a caller that validates without starting (outboxd
+  // --check-config).
+  static void CheckOptions(const RelayOptions& options);
+
+  // Throws ConfigError for invalid options (CheckOptions) or an empty sink map.
   Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr<Wakeup> wakeup,
         SinkMap sinks, LogFn log = {});
   ~Relay();

@@ -67,7 +67,11 @@ struct WalRelayCounters {
 
 class WalRelay {
  public:
-  // Throws ConfigError for invalid options (naming the field) or an empty sink map.
+  // Throws ConfigError for invalid options, naming the field: what the constructor checks
+  // besides the sinks, the source and the ledger (for outboxd --check-config).
+  static void CheckOptions(const WalRelayOptions& options);
+
+  // Throws ConfigError for invalid options (CheckOptions) or an empty sink map.
   WalRelay(WalRelayOptions options, std::unique_ptr<WalSource> source,
            std::unique_ptr<WalLedger> ledger, SinkMap sinks, LogFn log = {});
   ~WalRelay();
