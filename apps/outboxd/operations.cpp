@@ -18,6 +18,7 @@
 
 #include "duration.h"
 #include "message_json.h"
+#include "outbox/core/secrets.h"
 #include "outbox/core/version.h"
 #include "outbox/observe/http_server.h"
 #include "outbox/store/admin.h"
@@ -96,7 +97,7 @@ Response JsonReply(int status, const Json& body) {
 }
 
 Response ErrorReply(int status, const std::string& message) {
-  return JsonReply(status, Json{{"error", message}});
+  return JsonReply(status, Json{{"error", RedactKnownSecrets(message)}});
 }
 
 // Sets the criterion `key` of `filter`; false when `key` is not a filter's.
@@ -760,7 +761,7 @@ class Operations::Impl {
       read = stats;
     } catch (const std::exception& failure) {
       // Error texts of the store name the database without its password; mask anyway.
-      error = MaskPassword(failure.what());
+      error = RedactKnownSecrets(MaskPassword(failure.what()));
       store.reset();  // a fresh connection next time
     }
     bool changed = false;
