@@ -445,6 +445,19 @@ Config LoadConfig(const std::string& path, const GetenvFn& getenv) {
   return ParseConfig(text, path, getenv);
 }
 
+std::vector<std::string> Secrets(const Config& config) {
+  std::vector<std::string> secrets;
+  const auto add = [&secrets](std::vector<std::string> more) {
+    for (std::string& secret : more) secrets.push_back(std::move(secret));
+  };
+  if (config.database) add(config.database->Secrets());
+  for (const SinkConfig& sink : config.sinks) {
+    if (sink.settings) add(sink.settings->Secrets());
+  }
+  secrets.push_back(config.http.token);
+  return secrets;
+}
+
 std::string Describe(const Config& config) {
   config::TomlWriter out;
   out.Header("database");

@@ -129,6 +129,11 @@ Config ParseConfig(std::string_view toml_text, const std::string& origin, const 
 // in a URL or connection string replaced by ***. For --check-config.
 std::string Describe(const Config& config);
 
+// Every secret of the configuration, in the forms it may be quoted back in: the database's and
+// each sink's (StoreSettings/SinkSettings::Secrets) and [http] token. For the process's redactor
+// (outbox/core/secrets.h), which keeps them out of log lines, last_error and API answers.
+std::vector<std::string> Secrets(const Config& config);
+
 using config::MaskPassword;
 
 }  // namespace outbox::outboxd

@@ -27,6 +27,7 @@
 #include "operations.h"
 #include "outbox/core/error.h"
 #include "outbox/core/log_text.h"
+#include "outbox/core/secrets.h"
 #include "outbox/core/version.h"
 #include "outbox/observe/metrics.h"
 #include "outbox/relay/relay.h"
@@ -56,10 +57,11 @@ std::shared_ptr<spdlog::logger> MakeLogger(const outbox::outboxd::Config& config
 
 // Every log line of outboxd passes here, the libraries' (through the LogFn) and main's own. A
 // message may carry text from outside (abandon reasons, topics, ids, broker and database errors),
-// so it is sanitized here, once (outbox/core/log_text.h): the plain format escapes control
-// characters and invalid UTF-8 and bounds the length; the JSON format bounds the length and lets
-// the JSON library escape (invalid UTF-8 becomes U+FFFD). On the journal, a plain line starts
-// with its syslog priority ("<3>" for an error), so `journalctl -p warning` finds it.
+// so it is sanitized here, once (outbox/core/log_text.h): both formats redact the configured
+// secrets first (outbox/core/secrets.h); the plain format escapes control characters and invalid
+// UTF-8 and bounds the length; the JSON format bounds the length and lets the JSON library escape
+// (invalid UTF-8 becomes U+FFFD). On the journal, a plain line starts with its syslog priority
+// ("<3>" for an error), so `journalctl -p warning` finds it.
 outbox::LogFn MakeLogFn(std::shared_ptr<spdlog::logger> logger, bool json, bool journal) {
   return [logger = std::move(logger), json, journal](outbox::LogLevel level,
                                                      std::string_view message) {
@@ -252,6 +254,10 @@ int main(int argc, char** argv) {
   try {
     config = outbox::outboxd::LoadConfig(config_path);
     if (!log_level.empty()) config.log_level = log_level;
+    // From here on, no configured secret of 8 bytes or more appears in a log line, a failure's
+    // reason (last_error) or an API answer, whoever quotes it (outbox/core/secrets.h).
+    outbox::InstallKnownSecrets(
+        std::make_shared<const outbox::SecretRedactor>(outbox::outboxd::Secrets(config)));
     // What the libraries check beyond the file's syntax, as a start checks it.
     CheckStart(config);
     if (check_config) {

@@ -19,6 +19,7 @@
 #include "duration.h"
 #include "message_json.h"
 #include "outbox/core/log_text.h"
+#include "outbox/core/secrets.h"
 #include "outbox/core/utf8.h"
 #include "outbox/core/version.h"
 #include "outbox/observe/http_server.h"
@@ -100,7 +101,7 @@ Response JsonReply(int status, const Json& body) {
 }
 
 Response ErrorReply(int status, const std::string& message) {
-  return JsonReply(status, Json{{"error", message}});
+  return JsonReply(status, Json{{"error", RedactKnownSecrets(message)}});
 }
 
 // The longest value of a parameter or field (a topic, stream key or target: what the stores
@@ -844,7 +845,7 @@ class Operations::Impl {
       read = stats;
     } catch (const std::exception& failure) {
       // Error texts of the store name the database without its password; mask anyway.
-      error = MaskPassword(failure.what());
+      error = RedactKnownSecrets(MaskPassword(failure.what()));
       store.reset();  // a fresh connection next time
     }
     bool changed = false;

@@ -4,6 +4,8 @@
 #include <array>
 #include <cstdint>
 
+#include "outbox/core/secrets.h"
+
 namespace outbox {
 namespace {
 
@@ -102,7 +104,9 @@ void AppendCutNote(std::string& out, std::size_t cut_bytes) {
 }  // namespace
 
 std::string SanitizeForLog(std::string_view text, std::size_t max_bytes) {
-  if (text.size() <= max_bytes && IsCleanForLog(text)) return std::string{text};
+  std::string redacted = RedactKnownSecrets(text);
+  text = redacted;
+  if (text.size() <= max_bytes && IsCleanForLog(text)) return redacted;
   std::string out;
   out.reserve(std::min(text.size(), max_bytes) + 32);
   std::size_t at = 0;
@@ -120,7 +124,9 @@ std::string SanitizeForLog(std::string_view text, std::size_t max_bytes) {
 }
 
 std::string BoundForLog(std::string_view text, std::size_t max_bytes) {
-  if (text.size() <= max_bytes) return std::string{text};
+  std::string redacted = RedactKnownSecrets(text);
+  if (redacted.size() <= max_bytes) return redacted;
+  text = redacted;
   // Back to the lead byte of a sequence the bound splits; invalid UTF-8 is cut anywhere.
   std::size_t end = max_bytes;
   while (end > 0 && max_bytes - end < 3 &&

@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "outbox/core/clock.h"
+#include "outbox/core/secrets.h"
 
 namespace outbox::observe {
 namespace {
@@ -359,8 +360,9 @@ Histogram& Registry::AddHistogram(std::string_view name, std::string_view help,
 }
 
 void Registry::RecordError(std::string_view kind, std::string_view message) {
+  // Known secrets out before the cut (core/secrets.h): /api/outbox shows these.
   ErrorSample sample{std::chrono::system_clock::now(), std::string{Truncate(kind, 64)},
-                     std::string{Truncate(message, kMaxErrorMessageBytes)}};
+                     std::string{Truncate(RedactKnownSecrets(message), kMaxErrorMessageBytes)}};
   std::lock_guard lock(mutex_);
   if (errors_.size() >= kMaxRecentErrors) errors_.pop_front();
   errors_.push_back(std::move(sample));

@@ -708,11 +708,11 @@ class Relay::Engine {
         continue;
       }
       auto lane = [&batch, &deadline, sink = sink->second.get(), &indexes = indexes] {
-        if (indexes.size() == batch.size()) return sink->Publish(batch, deadline);
+        if (indexes.size() == batch.size()) return RedactReasons(sink->Publish(batch, deadline));
         std::vector<Envelope> group;
         group.reserve(indexes.size());
         for (const auto i : indexes) group.push_back(batch[i]);
-        return sink->Publish(group, deadline);
+        return RedactReasons(sink->Publish(group, deadline));
       };
       const auto policy = lanes.empty() ? std::launch::deferred : std::launch::async;
       lanes.emplace_back(target, std::async(policy, std::move(lane)));

@@ -853,7 +853,7 @@ class WalRelay::Engine {
         std::vector<Envelope> envelopes;
         envelopes.reserve(positions.size());
         for (const auto k : positions) envelopes.push_back(items[indexes[k]].envelope);
-        return sink->Publish(envelopes, deadline);
+        return RedactReasons(sink->Publish(envelopes, deadline));
       };
       const auto policy = lanes.empty() ? std::launch::deferred : std::launch::async;
       lanes.push_back({&target, &positions, std::async(policy, std::move(lane))});

@@ -36,6 +36,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -606,7 +607,11 @@ TEST(HttpSinkTest, PlaceholdersArePercentEncodedAndCannotChangeThePath) {
   for (std::size_t i = 0; i < topics.size(); ++i) {
     const auto requests = destinations[i]->WaitFor(1);
     ASSERT_EQ(requests.size(), 1U) << topics[i];
-    EXPECT_EQ(requests[0].path, "/hooks/" + PercentEncode(topics[i]) + "?from=outbox");
+    // A topic of dots only is a dot segment unless its dots are encoded too.
+    const std::string encoded = topics[i] == "."    ? "%2E"
+                                : topics[i] == ".." ? "%2E%2E"
+                                                    : PercentEncode(topics[i]);
+    EXPECT_EQ(requests[0].path, "/hooks/" + encoded + "?from=outbox");
     // (The receiver reads header values as Latin-1: only ASCII ones compare as they are.)
     if (!topics[i].ends_with("é")) {
       EXPECT_EQ(requests[0].Header("outbox-topic"), std::optional<std::string>{topics[i]});
@@ -628,6 +633,55 @@ TEST(HttpSinkTest, PlaceholdersArePercentEncodedAndCannotChangeThePath) {
             "/hooks/" + typed.name() + "?target=a%26b%3Dc&type=Order%2FPlaced");
   EXPECT_EQ(RequestOf(requests, without_type.id)->path,
             "/hooks/" + typed.name() + "?target=default&type=");
+}
+
+// RFC 3986's remove_dot_segments (5.2.4) on a path, as a proxy or server normalising it does
+// (without decoding %2E: that is the point).
+std::string RemoveDotSegments(std::string_view path) {
+  std::vector<std::string_view> kept;
+  std::size_t at = 1;  // after the leading '/'
+  while (at <= path.size()) {
+    const std::size_t slash = std::min(path.find('/', at), path.size());
+    const std::string_view segment = path.substr(at, slash - at);
+    if (segment == "..") {
+      if (!kept.empty()) kept.pop_back();
+    } else if (segment != ".") {
+      kept.push_back(segment);
+    }
+    at = slash + 1;
+  }
+  std::string out;
+  for (const std::string_view segment : kept) out += "/" + std::string{segment};
+  return out;
+}
+
+// Issue #39 (4): http://host/hooks/{topic}/tail with topic ".." was sent as /hooks/../tail, which
+// proxies normalise to /tail. Every topic's request now stays under /hooks/ however its path is
+// normalised: "." and ".." are sent as %2E and %2E%2E, '/' as %2F.
+TEST(HttpSinkTest, DotTopicsStayInsideThePrefix) {
+  webhook::SinkOptions options = SharedOptions();
+  options.url = SharedReceiver().BaseUrl() + "/hooks/{topic}/tail";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {".", "/hooks/%2E/tail"}, {"..", "/hooks/%2E%2E/tail"}, {"a/b", "/hooks/a%2Fb/tail"}};
+  std::vector<std::unique_ptr<Destination>> destinations;
+  std::vector<Envelope> batch;
+  for (const auto& [topic, path] : cases) {
+    // The receiver names a destination by the decoded path after /hooks/.
+    destinations.push_back(std::make_unique<Destination>(SharedReceiver(), topic + "/tail"));
+    batch.push_back(Make(topic));
+  }
+  ExpectAllPublished(Publish(options, batch), batch);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const auto requests = destinations[i]->WaitFor(1);
+    ASSERT_EQ(requests.size(), 1U) << cases[i].first;
+    EXPECT_EQ(requests[0].path, cases[i].second);
+    EXPECT_TRUE(RemoveDotSegments(requests[0].path).starts_with("/hooks/"))
+        << requests[0].path << " normalised is " << RemoveDotSegments(requests[0].path);
+    EXPECT_EQ(requests[0].Header("outbox-topic"), std::optional<std::string>{cases[i].first});
+  }
+  // What the test's normaliser would have made of the old requests.
+  EXPECT_EQ(RemoveDotSegments("/hooks/../tail"), "/tail");
+  EXPECT_EQ(RemoveDotSegments("/hooks/./tail"), "/hooks/tail");
 }
 
 // --- How answers are classified -----------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -21,6 +22,7 @@
 #include "outbox/core/error.h"
 #include "outbox/sink/http.h"
 #include "support/sink_type_test.h"
+#include "url.h"
 
 namespace outbox::webhook {
 namespace {
@@ -576,6 +578,45 @@ TEST(HttpSinkTypeTest, DescribeMasksEverySecret) {
                                    "whsec_", "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}) {
     EXPECT_EQ(described.find(secret), std::string::npos) << secret << " in\n" << described;
   }
+}
+
+// What the process's redactor gets from the table (core/secrets.h): every secret, in the forms an
+// endpoint may quote it back in.
+TEST(HttpSinkTypeTest, SecretsGivesEveryFormToRedact) {
+  const auto settings = ParseSink(
+      "url = \"https://relay:url-pa55word@hooks.example.com/in/{topic}\"\n"
+      "secrets = [\"" +
+      kSecret +
+      "\"]\n"
+      "headers = { Authorization = \"Basic YWRtaW46QkFTSUNQQVNTNTU=\", X-Api-Key = "
+      "\"api-key-123456\" }\n"
+      "proxy = \"http://proxyuser:pr0xy-pass@proxy.internal:3128\"\n");
+  const std::vector<std::string> secrets = settings->Secrets();
+  const auto has = [&secrets](const std::string& form) {
+    return std::find(secrets.begin(), secrets.end(), form) != secrets.end();
+  };
+  for (const std::string form :
+       {"url-pa55word", "relay:url-pa55word", "cmVsYXk6dXJsLXBhNTV3b3Jk", "pr0xy-pass",
+        "Basic YWRtaW46QkFTSUNQQVNTNTU=", "YWRtaW46QkFTSUNQQVNTNTU=", "admin:BASICPASS55",
+        "BASICPASS55", "api-key-123456"}) {
+    EXPECT_TRUE(has(form)) << form;
+  }
+  EXPECT_TRUE(has(kSecret));
+  EXPECT_TRUE(has(kSecret.substr(6)));  // the base64 after "whsec_"
+}
+
+// A placeholder's value stays inside its path segment: '/' encoded, and a value of dots only
+// ("." and "..", which would be a dot segment) as %2E each.
+TEST(HttpSinkTypeTest, PlaceholdersCannotLeaveTheirSegment) {
+  EXPECT_EQ(EncodePlaceholder("."), "%2E");
+  EXPECT_EQ(EncodePlaceholder(".."), "%2E%2E");
+  EXPECT_EQ(EncodePlaceholder("..."), "%2E%2E%2E");
+  EXPECT_EQ(EncodePlaceholder("a/b"), "a%2Fb");
+  EXPECT_EQ(EncodePlaceholder("../x"), "..%2Fx");  // one segment, not a dot segment
+  EXPECT_EQ(EncodePlaceholder("a.b"), "a.b");
+  EXPECT_EQ(EncodePlaceholder(".hidden"), ".hidden");
+  EXPECT_EQ(EncodePlaceholder("%2E"), "%252E");
+  EXPECT_EQ(EncodePlaceholder(""), "");
 }
 
 // OpenSink checks what the parser checks, for programs that build SinkOptions themselves, and

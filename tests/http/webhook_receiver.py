@@ -34,10 +34,13 @@ Control (the destination name percent-encoded as one path segment):
            {"ratio_503": 0.0, "ratio_429": 0.0, "retry_after": "1" or null,
             "retry_after_503": as retry_after unless given (null: 503s carry none), "delay_ms": 0,
             "seed": 1, "plan": [{"status": 429, "retry_after": "2", "delay_ms": 0,
-                                 "reset": false, "body": "...", "location": "..."}, ...]}
+                                 "reset": false, "body": "...", "location": "...",
+                                 "echo_headers": ["authorization"]}, ...]}
            Plan entries are used one per request, in order, before the random ratios apply. An
            entry's delay_ms (or else the destination's) is slept before answering; "reset": true
-           closes the connection with a RST without answering, after reading the whole request.
+           closes the connection with a RST without answering, after reading the whole request;
+           "echo_headers" appends the request's values of those headers (lower-case names) to
+           the body, " <name>=<value>" each, as an endpoint that quotes what it got.
     DELETE /_control/dest/<dest>            removes it (its requests stay recorded)
     GET    /_control/dest/<dest>/requests   every request to <dest>, in the order answers were
                                             decided (see Record below), as a JSON array
@@ -107,9 +110,10 @@ class Behaviour:
                 "reset": bool(entry.get("reset", False)),
                 "body": str(entry.get("body", "")),
                 "location": entry.get("location"),
+                "echo_headers": [str(name) for name in entry.get("echo_headers", []) or []],
             }
         answer = {"status": 200, "retry_after": None, "delay_ms": self.delay_ms, "reset": False,
-                  "body": "", "location": None}
+                  "body": "", "location": None, "echo_headers": []}
         draw = self.random.random()
         if draw < self.ratio_503:
             answer["status"] = 503
@@ -271,7 +275,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             extra.append(("Retry-After", answer["retry_after"]))
         if answer["location"] is not None:
             extra.append(("Location", str(answer["location"])))
-        self._answer(answer["status"], answer["body"], extra)
+        body = answer["body"]
+        for name in answer["echo_headers"]:
+            body += f" {name}={headers.get(name, '')}"
+        self._answer(answer["status"], body, extra)
         with _lock:
             record["sent_t"] = time.monotonic()  # the answer is in the kernel's hands
 

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "outbox/core/error.h"
 #include "outbox/sink/file_type.h"
@@ -1253,6 +1255,54 @@ TEST(ConfigTest, MaskPasswordMasksUpToTheLastAtAndEscapedSpaces) {
     EXPECT_EQ(MaskPassword(text).find("pw9"), std::string::npos) << MaskPassword(text);
     EXPECT_EQ(MaskPassword(text).find("zz"), std::string::npos) << MaskPassword(text);
   }
+}
+
+// Secrets(config): what outboxd's redactor gets (outbox/core/secrets.h), from every kind of
+// sink, the database and [http].
+TEST(ConfigTest, SecretsHasEverySecretOfTheConfiguration) {
+  const Config config = Parse(R"(
+[database]
+url = "postgresql://outbox:db-pass-5678@db/app"
+[sinks.default]
+type = "rabbitmq"
+url = "amqp://relay:amqp-pass-1234@mq:5672/"
+[sinks.nats]
+type = "nats"
+url = "nats://n1:4222,nats://u:nats-pass-1234@n2:4222"
+[sinks.nats-url-token]
+type = "nats"
+url = "nats://nats-token-1234@n1:4222"
+[sinks.nats-token]
+type = "nats"
+url = "nats://n1:4222"
+token = "nats-token-5678"
+[sinks.redis]
+type = "redis"
+url = "redis://:redis-pass-1234@r:6379"
+[sinks.kafka]
+type = "kafka"
+brokers = "k:9092"
+[sinks.kafka.librdkafka]
+"sasl.password" = "sasl-pass-1234"
+"client.id" = "not-a-secret"
+[sinks.hook]
+type = "http"
+url = "https://hooks.example.com/{topic}"
+headers = { Authorization = "Bearer bearer-token-1234" }
+[http]
+token = "api-token-1234"
+)");
+  const std::vector<std::string> secrets = Secrets(config);
+  const auto has = [&secrets](const std::string& secret) {
+    return std::find(secrets.begin(), secrets.end(), secret) != secrets.end();
+  };
+  for (const std::string secret :
+       {"db-pass-5678", "amqp-pass-1234", "nats-token-1234", "nats-pass-1234", "nats-token-5678",
+        "redis-pass-1234", "sasl-pass-1234", "bearer-token-1234", "api-token-1234"}) {
+    EXPECT_TRUE(has(secret)) << secret;
+  }
+  EXPECT_FALSE(has("not-a-secret"));
+  EXPECT_FALSE(has("relay"));  // a user name
 }
 
 }  // namespace

@@ -10,7 +10,8 @@ namespace outbox {
 enum class LogLevel : std::uint8_t { kDebug, kInfo, kWarn, kError };
 
 // Called from the thread that has something to say; must be thread-safe. Messages never contain
-// secrets (passwords are masked before they get here).
+// secrets on purpose (passwords are masked before they get here); what a broker quotes back is
+// redacted by the log sanitizer (log_text.h, secrets.h).
 using LogFn = std::function<void(LogLevel level, std::string_view message)>;
 
 }  // namespace outbox

@@ -7,7 +7,8 @@
 // What an endpoint receives, for an envelope `e`:
 //   request line  `method` (POST) to the `url` template expanded for e: {topic}, {target} and
 //                 {type} ("" when unset) are replaced by the envelope's fields, percent-encoded
-//                 (every byte but A-Z a-z 0-9 - . _ ~), so a topic cannot change the path
+//                 (every byte but A-Z a-z 0-9 - . _ ~; a value of dots only, "." or "..", as
+//                 %2E each), so a topic cannot change the path or leave its prefix
 //   body          e.payload, the bytes as stored
 //   headers       (names in lower case; HTTP/2 sends them so anyway)
 //     content-type            e.content_type

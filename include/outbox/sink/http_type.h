@@ -33,6 +33,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "outbox/sink/http.h"
 #include "outbox/sink/registry.h"
@@ -48,6 +49,7 @@ class SinkSettings final : public outbox::SinkSettings {
   // The URL's host and port, when the template leaves them fixed (no placeholder before the
   // path); otherwise none (there is no one endpoint to probe).
   [[nodiscard]] std::optional<SinkEndpoint> Endpoint() const override;
+  [[nodiscard]] std::vector<std::string> Secrets() const override;
   [[nodiscard]] const SinkOptions& options() const { return options_; }
 
  private:

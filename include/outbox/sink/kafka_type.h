@@ -32,6 +32,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "outbox/sink/kafka.h"
 #include "outbox/sink/registry.h"
@@ -46,6 +47,7 @@ class SinkSettings final : public outbox::SinkSettings {
   [[nodiscard]] std::unique_ptr<Sink> Open(const SinkContext& context) const override;
   // The first broker of the bootstrap list.
   [[nodiscard]] std::optional<SinkEndpoint> Endpoint() const override;
+  [[nodiscard]] std::vector<std::string> Secrets() const override;
   [[nodiscard]] const SinkOptions& options() const { return options_; }
 
  private:

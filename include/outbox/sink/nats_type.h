@@ -31,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "outbox/sink/nats.h"
 #include "outbox/sink/registry.h"
@@ -45,6 +46,7 @@ class SinkSettings final : public outbox::SinkSettings {
   [[nodiscard]] std::unique_ptr<Sink> Open(const SinkContext& context) const override;
   // The first server of the URL.
   [[nodiscard]] std::optional<SinkEndpoint> Endpoint() const override;
+  [[nodiscard]] std::vector<std::string> Secrets() const override;
   [[nodiscard]] const SinkOptions& options() const { return options_; }
 
  private:

@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "outbox/sink/rabbitmq.h"
 #include "outbox/sink/registry.h"
@@ -29,6 +30,7 @@ class SinkSettings final : public outbox::SinkSettings {
   void Describe(config::TomlWriter& out) const override;
   [[nodiscard]] std::unique_ptr<Sink> Open(const SinkContext& context) const override;
   [[nodiscard]] std::optional<SinkEndpoint> Endpoint() const override;
+  [[nodiscard]] std::vector<std::string> Secrets() const override;
   [[nodiscard]] const SinkOptions& options() const { return options_; }
 
  private:

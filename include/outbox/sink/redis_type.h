@@ -23,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "outbox/sink/redis.h"
 #include "outbox/sink/registry.h"
@@ -37,6 +38,7 @@ class SinkSettings final : public outbox::SinkSettings {
   [[nodiscard]] std::unique_ptr<Sink> Open(const SinkContext& context) const override;
   // The URL's host and port; none for a unix socket (the readiness check probes TCP only).
   [[nodiscard]] std::optional<SinkEndpoint> Endpoint() const override;
+  [[nodiscard]] std::vector<std::string> Secrets() const override;
   [[nodiscard]] const SinkOptions& options() const { return options_; }
 
  private:

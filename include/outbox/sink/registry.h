@@ -52,6 +52,10 @@ class SinkSettings {
   [[nodiscard]] virtual std::unique_ptr<Sink> Open(const SinkContext& context) const = 0;
   // The broker's address, when the readiness check should probe one.
   [[nodiscard]] virtual std::optional<SinkEndpoint> Endpoint() const { return std::nullopt; }
+  // Every secret the table holds (passwords, tokens, header values, signing secrets), in each
+  // form the broker may quote it back (core/secrets.h: HeaderSecretForms, UrlSecretForms), for
+  // the process's redactor: outboxd keeps them out of every log line, last_error and API answer.
+  [[nodiscard]] virtual std::vector<std::string> Secrets() const { return {}; }
 };
 
 struct SinkType {

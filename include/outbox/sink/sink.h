@@ -17,6 +17,7 @@
 #include "outbox/core/clock.h"
 #include "outbox/core/failure.h"
 #include "outbox/core/message.h"
+#include "outbox/core/secrets.h"
 
 namespace outbox {
 
@@ -28,6 +29,16 @@ struct PublishOutcome {
 
   [[nodiscard]] bool published() const { return !failure.has_value(); }
 };
+
+// `outcomes` with each failure's reason passed through RedactKnownSecrets (core/secrets.h): what a
+// broker or an endpoint answered may quote a configured secret. The relays pass every sink's
+// outcomes through it before anything stores (last_error), counts or logs them.
+inline std::vector<PublishOutcome> RedactReasons(std::vector<PublishOutcome> outcomes) {
+  for (PublishOutcome& outcome : outcomes) {
+    if (outcome.failure) outcome.failure->reason = RedactKnownSecrets(outcome.failure->reason);
+  }
+  return outcomes;
+}
 
 class Sink {
  public:

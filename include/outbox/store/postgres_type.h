@@ -12,6 +12,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "outbox/store/registry.h"
 
@@ -39,6 +40,8 @@ class StoreSettings final : public outbox::StoreSettings {
   [[nodiscard]] bool WalMode() const override { return wal_; }
   [[nodiscard]] std::unique_ptr<WalSource> OpenWalSource() const override;
   [[nodiscard]] std::unique_ptr<WalLedger> OpenWalLedger() const override;
+  // The password (and sslpassword) as libpq reads them, and as written in a URI's user info.
+  [[nodiscard]] std::vector<std::string> Secrets() const override;
   [[nodiscard]] const std::string& url() const { return url_; }
   [[nodiscard]] const std::string& schema() const { return schema_; }
 

@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "outbox/config/registry.h"
 #include "outbox/config/toml_table.h"
@@ -63,6 +64,9 @@ class StoreSettings {
   // timeout); zero leaves the database's default.
   [[nodiscard]] virtual std::unique_ptr<Admin> OpenAdmin(
       std::chrono::milliseconds statement_timeout) const = 0;
+  // Every secret the table holds (the database password), in each form the database may quote it
+  // back, for the process's redactor (core/secrets.h), as SinkSettings::Secrets.
+  [[nodiscard]] virtual std::vector<std::string> Secrets() const { return {}; }
 };
 
 struct StoreType {

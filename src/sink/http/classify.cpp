@@ -4,6 +4,7 @@
 #include <string>
 
 #include "outbox/core/log_text.h"
+#include "outbox/core/secrets.h"
 
 namespace outbox::webhook {
 namespace {
@@ -24,10 +25,14 @@ bool HandshakeRefused(CURLcode code, std::string_view detail) {
   return false;
 }
 
+// The start of `body` (itself the start of the answer's): known secrets redacted first
+// (core/secrets.h), a secret cut off at the end of the kept bytes too, so that neither cut shows
+// part of one.
 std::string Quote(std::string_view body) {
   if (body.empty()) return {};
-  return ": " + SanitizeForLog(body.substr(0, kQuotedBody)) +
-         (body.size() > kQuotedBody ? "..." : "");
+  const std::string redacted = RedactKnownSecrets(body, /*cut=*/true);
+  return ": " + SanitizeForLog(std::string_view{redacted}.substr(0, kQuotedBody)) +
+         (redacted.size() > kQuotedBody ? "..." : "");
 }
 
 }  // namespace

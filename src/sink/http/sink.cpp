@@ -26,7 +26,6 @@
 #include "outbox/core/ascii.h"
 #include "outbox/core/error.h"
 #include "outbox/core/log_text.h"
-#include "outbox/core/percent_decode.h"
 #include "outbox/core/version.h"
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/http.h"
@@ -567,7 +566,7 @@ std::vector<PublishOutcome> HttpSink::Publish(std::span<const Envelope> batch_en
     if (std::string problem = Problem(envelope); !problem.empty()) {
       batch.outcomes[i] = PublishOutcome{envelope.id, Failure{FailureKind::kPermanent, problem}};
     } else {
-      batch.urls[i] = url_.Expand(envelope, &PercentEncode);
+      batch.urls[i] = url_.Expand(envelope, &EncodePlaceholder);
       if (fixed != nullptr) {
         batch.hosts[i] = fixed;
       } else {

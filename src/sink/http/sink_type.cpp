@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "outbox/core/error.h"
+#include "outbox/core/secrets.h"
 #include "outbox/sink/http_type.h"
 #include "url.h"
 
@@ -14,6 +15,8 @@ namespace {
 using config::Fail;
 using config::Quoted;
 using std::chrono::milliseconds;
+
+constexpr std::string_view kSecretPrefix = "whsec_";
 
 constexpr std::int64_t kMaxInFlight = 10000;
 constexpr std::int64_t kMaxMessageBytes = std::int64_t{64} * 1024 * 1024;
@@ -192,6 +195,20 @@ std::optional<SinkEndpoint> SinkSettings::Endpoint() const {
       CheckUrl(options_.proxy.empty() ? SampleUrl(options_.url) : options_.proxy);
   if (!check.host) return SinkEndpoint{};
   return SinkEndpoint{check.host->name, check.host->port};
+}
+
+std::vector<std::string> SinkSettings::Secrets() const {
+  // libcurl sends the URL's (and the proxy's) user info as Basic authentication.
+  std::vector<std::string> secrets = UrlSecretForms(options_.url);
+  for (std::string& form : UrlSecretForms(options_.proxy)) secrets.push_back(std::move(form));
+  for (const auto& [header, value] : options_.headers) {
+    for (std::string& form : HeaderSecretForms(value)) secrets.push_back(std::move(form));
+  }
+  for (const std::string& secret : options_.secrets) {
+    secrets.push_back(secret);
+    if (secret.starts_with(kSecretPrefix)) secrets.push_back(secret.substr(kSecretPrefix.size()));
+  }
+  return secrets;
 }
 
 SinkType Type() { return {.name = std::string{kSinkName}, .parse = Parse}; }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "handles.h"
+#include "outbox/core/percent_decode.h"
 #include "outbox/sink/http.h"
 
 namespace outbox::webhook {
@@ -92,6 +93,16 @@ std::string SampleUrl(std::string_view text) {
     sample += text[at++];
   }
   return sample;
+}
+
+std::string EncodePlaceholder(std::string_view value) {
+  if (value.empty() || value.find_first_not_of('.') != std::string_view::npos) {
+    return PercentEncode(value);
+  }
+  std::string encoded;
+  encoded.reserve(value.size() * 3);
+  for (std::size_t i = 0; i < value.size(); ++i) encoded += "%2E";
+  return encoded;
 }
 
 std::string MaskUrl(std::string_view url) {

@@ -31,4 +31,13 @@ bool HostIsLiteral(std::string_view text);
 // The template with each placeholder replaced by a sample value, for checking it.
 std::string SampleUrl(std::string_view text);
 
+// A placeholder's value ({topic}, {target}, {type}) as it goes into the URL: percent-encoded
+// (PercentEncode: every byte but A-Z a-z 0-9 - . _ ~, so '/' is %2F and a value is never more
+// than part of one path segment), and a value made of dots only ("." and ".." above all) with
+// every dot as %2E. Kept as they are, "." and ".." would make a dot segment, which proxies and
+// servers resolve (http://host/hooks/{topic}/tail with topic ".." is /hooks/../tail, read as
+// /tail): encoded, the endpoint sees a path under the template's prefix (/hooks/%2E%2E/tail).
+// Any value, in the query too (where %2E decodes to '.' as well).
+std::string EncodePlaceholder(std::string_view value);
+
 }  // namespace outbox::webhook

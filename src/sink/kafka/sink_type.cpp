@@ -137,6 +137,14 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   }
 }
 
+std::vector<std::string> SinkSettings::Secrets() const {
+  std::vector<std::string> secrets;
+  for (const auto& [property, value] : options_.properties) {
+    if (IsSecretProperty(property)) secrets.push_back(value);
+  }
+  return secrets;
+}
+
 // librdkafka's lines go to the program's log (they went to stderr before).
 std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& context) const {
   SinkOptions options = options_;

@@ -1,7 +1,9 @@
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 
 #include "outbox/core/error.h"
+#include "outbox/core/secrets.h"
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/nats_type.h"
 
@@ -106,6 +108,21 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   out.String("tls_key_file", options_.tls_key_file);
   out.String("tls_server_name", options_.tls_server_name);
   out.String("envelope", EnvelopeStyleName(options_.envelope));
+}
+
+std::vector<std::string> SinkSettings::Secrets() const {
+  // Each server of the list may carry user info; a lone user there is a token.
+  std::vector<std::string> secrets;
+  std::string_view urls = options_.url;
+  while (!urls.empty()) {
+    const std::size_t comma = std::min(urls.find(','), urls.size());
+    for (std::string& form : UrlSecretForms(urls.substr(0, comma), /*lone_user_is_secret=*/true)) {
+      secrets.push_back(std::move(form));
+    }
+    urls.remove_prefix(std::min(comma + 1, urls.size()));
+  }
+  secrets.push_back(options_.token);
+  return secrets;
 }
 
 std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& context) const {

@@ -1,4 +1,5 @@
 #include "outbox/core/error.h"
+#include "outbox/core/secrets.h"
 #include "outbox/sink/host_port.h"
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/rabbitmq_type.h"
@@ -100,6 +101,8 @@ std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& /*context*/) const {
 std::optional<SinkEndpoint> SinkSettings::Endpoint() const {
   return AmqpEndpoint(options_.url).value_or(SinkEndpoint{});
 }
+
+std::vector<std::string> SinkSettings::Secrets() const { return UrlSecretForms(options_.url); }
 
 SinkType Type() { return {.name = std::string{kSinkName}, .parse = Parse}; }
 

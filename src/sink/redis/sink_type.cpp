@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "outbox/core/error.h"
+#include "outbox/core/secrets.h"
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/redis_type.h"
 
@@ -104,6 +105,8 @@ std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& context) const {
   options.lease = context.lease;
   return OpenSink(std::move(options));
 }
+
+std::vector<std::string> SinkSettings::Secrets() const { return UrlSecretForms(options_.url); }
 
 std::optional<SinkEndpoint> SinkSettings::Endpoint() const {
   const redis::Endpoint endpoint = ParseUrl(options_.url);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "outbox/core/percent_decode.h"
+#include "outbox/core/secrets.h"
 
 namespace outbox::postgres {
 namespace {
@@ -292,6 +293,21 @@ std::string MaskConninfo(std::string_view conninfo) {
   std::string masked = ReplaceSpans(conninfo, spans);
   if (!masked.empty() && SameButMasked(parsed, Parse(masked))) return masked;
   return Rebuild(parsed);
+}
+
+std::vector<std::string> ConninfoSecrets(std::string_view conninfo) {
+  std::vector<std::string> secrets = UrlSecretForms(conninfo);
+  const std::string_view prefix = UriPrefix(conninfo);
+  const Parsed parsed = Parse(conninfo);
+  if (!parsed.error.empty()) return secrets;
+  for (const Option& option : parsed.options) {
+    if (option.secret && option.value) secrets.push_back(*option.value);
+  }
+  const std::vector<Span> spans = prefix.empty() ? KeyValueSecretSpans(conninfo, parsed)
+                                                 : UriSecretSpans(conninfo, prefix.size(), parsed);
+  for (const Span& span : spans)
+    secrets.emplace_back(conninfo.substr(span.begin, span.end - span.begin));
+  return secrets;
 }
 
 }  // namespace outbox::postgres

@@ -4,6 +4,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace outbox::postgres {
 
@@ -22,5 +23,10 @@ namespace outbox::postgres {
 // not shown beyond its scheme: "postgresql://*** (not a valid connection string: <libpq's reason,
 // its quoted fragments hidden>)"; "*** (...)" for a key=value string.
 std::string MaskConninfo(std::string_view conninfo);
+
+// The secrets of `conninfo` (those MaskConninfo hides) as libpq reads them and as the string
+// spells them, and a URI's user info in the forms of UrlSecretForms (core/secrets.h); none for a
+// string libpq cannot parse (only the user info's forms).
+std::vector<std::string> ConninfoSecrets(std::string_view conninfo);
 
 }  // namespace outbox::postgres

@@ -63,6 +63,8 @@ std::unique_ptr<Store> StoreSettings::OpenStore(const RetryPolicy& retry,
       {.conninfo = url_, .schema = schema_, .retry = retry, .retention = retention});
 }
 
+std::vector<std::string> StoreSettings::Secrets() const { return ConninfoSecrets(url_); }
+
 std::unique_ptr<Wakeup> StoreSettings::OpenWakeup() const {
   return postgres::OpenWakeup(url_, schema_);
 }
