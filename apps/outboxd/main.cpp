@@ -298,7 +298,7 @@ int main(int argc, char** argv) {
     // database, PostgreSQL or SQLite.
     std::optional<outbox::outboxd::Operations> operations;
     operations.emplace(config, registry, relay.counters(), log_fn,
-                       [&relay] { return relay.paused_targets(); });
+                       [&relay] { return relay.paused_target_reasons(); });
     if (wal_relay) operations->SetWalCheck([&wal_relay] { return wal_relay->SlotProblem(); });
     operations->Start();
     const std::string sinks = std::to_string(config.sinks.size()) + " sink(s)";

@@ -277,6 +277,14 @@ class Relay::Engine {
 
   std::vector<std::string> paused_names() const {
     std::lock_guard lock(paused_names_mutex_);
+    std::vector<std::string> names;
+    names.reserve(paused_names_.size());
+    for (const auto& paused : paused_names_) names.push_back(paused.name);
+    return names;
+  }
+
+  std::vector<Relay::PausedTarget> paused_reasons() const {
+    std::lock_guard lock(paused_names_mutex_);
     return paused_names_;
   }
 
@@ -769,12 +777,16 @@ class Relay::Engine {
         continue;
       }
       if (found == paused_.end()) {
-        found = paused_.emplace(target, TargetPause{now, now, options_.min_backoff}).first;
+        found = paused_.emplace(target, TargetPause{now, now, options_.min_backoff, {}}).first;
         changed = true;
       } else {
         found->second.backoff = std::min(found->second.backoff * 2, options_.max_backoff);
       }
       found->second.probe_at = now + found->second.backoff;
+      if (found->second.reason != *reason) {
+        found->second.reason = *reason;
+        changed = true;
+      }
       metrics_.registry.RecordError(NameOf(FailureKind::kUnavailable), *reason);
       Log(LogLevel::kWarn, "sink '" + target + "' is unavailable: " + *reason +
                                "; its messages wait (no attempt spent, no lease kept) while other "
@@ -801,11 +813,11 @@ class Relay::Engine {
 
   // Publishes the paused set: gauges, counters, Relay::paused_targets().
   void PausesChanged() {
-    std::vector<std::string> names;
+    std::vector<Relay::PausedTarget> names;
     for (const auto& [target, gauge] : paused_gauges_) {
-      const bool paused = paused_.contains(target);
-      gauge->Set(paused ? 1.0 : 0.0);
-      if (paused) names.push_back(target);
+      const auto paused = paused_.find(target);
+      gauge->Set(paused != paused_.end() ? 1.0 : 0.0);
+      if (paused != paused_.end()) names.push_back({target, paused->second.reason});
     }
     counters_.broker_unavailable = !paused_.empty();
     metrics_.broker_unavailable.Set(paused_.empty() ? 0.0 : 1.0);
@@ -1014,11 +1026,12 @@ class Relay::Engine {
     SteadyClock::time_point since;
     SteadyClock::time_point probe_at;
     std::chrono::milliseconds backoff;
+    std::string reason;  // why, from its last batch
   };
   std::map<std::string, TargetPause, std::less<>> paused_;
   std::map<std::string, observe::Gauge*, std::less<>> paused_gauges_;  // one per sink
   mutable std::mutex paused_names_mutex_;
-  std::vector<std::string> paused_names_;  // for Relay::paused_targets()
+  std::vector<Relay::PausedTarget> paused_names_;  // for Relay::paused_targets()
   SteadyClock::time_point next_sweep_{};
   SteadyClock::time_point next_purge_{};
   mutable std::mutex stop_mutex_;
@@ -1061,6 +1074,9 @@ Relay::Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr
 Relay::~Relay() = default;
 
 std::vector<std::string> Relay::paused_targets() const { return engine_->paused_names(); }
+std::vector<Relay::PausedTarget> Relay::paused_target_reasons() const {
+  return engine_->paused_reasons();
+}
 
 void Relay::Run() { engine_->Run(); }
 
