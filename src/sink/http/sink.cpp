@@ -476,7 +476,10 @@ class HttpSink final : public Sink {
     host.backoff =
         host.backoff.count() == 0 ? kMinHostBackoff : std::min(host.backoff * 2, kMaxHostBackoff);
     if (now >= host.down_until) {
-      Log(LogLevel::kWarn, "webhook endpoint " + MaskUrl(request.url) + ": " + why +
+      // (Unreachable: the words the log has always had, which operators and tests look for.)
+      const bool unreachable = why.starts_with("cannot reach");
+      Log(LogLevel::kWarn, "webhook endpoint " + MaskUrl(request.url) +
+                               (unreachable ? " cannot be reached: " : ": ") + why +
                                "; nothing is sent to its host for " +
                                std::to_string(host.backoff.count()) + " ms");
     }
