@@ -370,7 +370,7 @@ class WalRelay::Engine {
       slot_problem_ = "the replication slot is gone: " + what;
     }
     next_slot_check_ = {};
-    if (!recovery_idle_) Recover();
+    if (epoch_ && !recovery_idle_) Recover();  // only the lease holder publishes
     Sleep(kSlotCheck);
   }
 

@@ -1127,6 +1127,38 @@ TEST_F(PgWalTest, WhatADroppedSlotHeldIsReadBackFromTheWalFiles) {
   EXPECT_TRUE(source->ReadWalFiles(recovery.until).transactions.empty());
 }
 
+// A writer's transaction left open after an enqueue holds a switch off, and the switch (queued
+// for its lock) holds every new enqueue back: bounded by outbox.switch_wait, after which the switch
+// fails, changes nothing, and the writers go on. The caller's own lock_timeout is kept.
+TEST_F(PgWalTest, ASwitchHeldOffByAnOpenTransactionGivesUpAfterTheWait) {
+  EnableWal();
+  Sql(conn(), "UPDATE " + S() + ".settings SET delivery = 'table'");
+  auto open = Connect();
+  Sql(open.get(), "BEGIN");
+  Scalar(open.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'k')");
+  Sql(conn(), "SET outbox.switch_wait = 1000");
+  const auto started = std::chrono::steady_clock::now();
+  const std::string error =
+      RunExpectingError(conn(), "UPDATE " + S() + ".settings SET delivery = 'wal'");
+  const auto took = std::chrono::steady_clock::now() - started;
+  EXPECT_NE(error.find("enqueues in transactions still open held the switch off for 1000 ms"),
+            std::string::npos)
+      << error;
+  EXPECT_GE(took, std::chrono::milliseconds{900});
+  EXPECT_LT(took, std::chrono::seconds{10});
+  EXPECT_EQ(Scalar(conn(), "SELECT delivery FROM " + S() + ".settings"), "table");
+  auto other = Connect();
+  EXPECT_EQ(Scalar(other.get(), "SELECT " + S() + ".enqueue('t', '{}')").size(), 36U);
+  Sql(open.get(), "COMMIT");
+  // Once nothing holds it off, it goes through, and the caller's lock_timeout is its own again.
+  Sql(conn(), "BEGIN");
+  Sql(conn(), "SET LOCAL lock_timeout = '7s'");
+  Sql(conn(), "UPDATE " + S() + ".settings SET delivery = 'wal'");
+  EXPECT_EQ(Scalar(conn(), "SHOW lock_timeout"), "7s");
+  Sql(conn(), "COMMIT");
+  EXPECT_EQ(Scalar(conn(), "SELECT delivery FROM " + S() + ".settings"), "wal");
+}
+
 TEST_F(PgWalTest, ACommitWithoutTheLeaseWritesNothing) {
   EnableWal();
   auto a = postgres::OpenWalLedger(PgUrl(), S());

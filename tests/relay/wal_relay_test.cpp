@@ -611,7 +611,9 @@ TEST_F(WalRelayTest, ABacklogIsPublishedWhileTheBatchBeforeIsCommitted) {
   std::atomic<int> commits{0};
   std::atomic<int> calls_at_first_commit{0};
   wrap_ledger_ = [&](std::unique_ptr<WalLedger> real) -> std::unique_ptr<WalLedger> {
-    return std::make_unique<HookedLedger>(std::move(real), [&](const WalCommit&) {
+    return std::make_unique<HookedLedger>(std::move(real), [&](const WalCommit& commit) {
+      // The fixture's switch to WAL mode leaves a mark in the slot, alone in a batch at times.
+      if (commit.seqs.empty()) return;
       if (commits++ != 0) return;
       WaitFor([&] { return sink->calls() >= 2; }, milliseconds{10000});
       calls_at_first_commit = sink->calls();

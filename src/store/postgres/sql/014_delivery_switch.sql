@@ -60,11 +60,23 @@ CREATE FUNCTION __SCHEMA__.switch_delivery(leaving_wal boolean, slot text) RETUR
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
   wait_ms bigint := coalesce(nullif(current_setting('outbox.switch_wait', true), ''), '30000')::bigint;
+  lock_timeout_before text := current_setting('lock_timeout');
 BEGIN
   IF leaving_wal AND slot IS NOT NULL AND wait_ms > 0 THEN
     PERFORM __SCHEMA__.wait_for_wal_relay(slot, pg_current_wal_insert_lsn(), wait_ms);
   END IF;
-  PERFORM pg_advisory_xact_lock(hashtext(__WAL_PREFIX__), 1);
+  -- Queued behind the enqueues in flight, the lock holds new ones back: a writer's transaction
+  -- left open would stall every writer. Bounded by the same wait, then nothing changes.
+  BEGIN
+    IF wait_ms > 0 THEN
+      PERFORM set_config('lock_timeout', wait_ms::text, true);
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext(__WAL_PREFIX__), 1);
+    PERFORM set_config('lock_timeout', lock_timeout_before, true);
+  EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION 'outbox: delivery was not changed: enqueues in transactions still open held the switch off for % ms (outbox.switch_wait); look for long transactions that enqueued (pg_stat_activity) and try again',
+      wait_ms USING ERRCODE = '55P03';
+  END;
   PERFORM setval('__SCHEMA__.delivery_switch', txid_current());
   IF leaving_wal AND slot IS NOT NULL AND wait_ms > 0 THEN
     PERFORM __SCHEMA__.wait_for_wal_relay(slot, pg_current_wal_insert_lsn(), wait_ms);
