@@ -179,13 +179,19 @@ Database OpenDatabase(const outbox::outboxd::Config& config) {
           database.OpenPartitionLeases()};
 }
 
+// What main will exit with once its drain is done; kDraining until then.
+constexpr int kDraining = -1;
+
 // Waits for SIGTERM/SIGINT on a thread of its own (the signals are blocked everywhere else): the
 // first asks the relay to drain, a second exits at once, and so does a drain that outlasts
-// `shutdown_timeout` (a broker that never confirms, a database that does not answer).
+// `shutdown_timeout` (a broker that never confirms, a database that does not answer). Once the
+// signal came, the process ends by shutdown_timeout whatever it waits for: a drain that finished
+// (`exit_code` set) but whose closing still waits (the stats thread on a silent database, issue
+// #40) exits with the drain's code at that time.
 void HandleSignals(const std::function<void()>& stop, outbox::outboxd::Operations* operations,
                    const outbox::LogFn& log, const std::shared_ptr<spdlog::logger>& logger,
                    const sigset_t& signals, std::chrono::milliseconds shutdown_timeout,
-                   const std::atomic<bool>& drained) {
+                   const std::atomic<int>& exit_code) {
   int signal = 0;
   if (sigwait(&signals, &signal) != 0) return;
   log(outbox::LogLevel::kInfo,
@@ -204,9 +210,15 @@ void HandleSignals(const std::function<void()>& stop, outbox::outboxd::Operation
     logger->flush();
     _exit(kExitSecondSignal);
   }
-  // Timed out (EAGAIN; EINTR cannot happen with every other signal's default action), unless
-  // main is on its way out already.
-  if (drained) return;
+  // Timed out (EAGAIN; EINTR cannot happen with every other signal's default action). Main may
+  // be on its way out already, or stuck closing after its drain: end it either way.
+  if (const int code = exit_code.load(); code != kDraining) {
+    log(outbox::LogLevel::kWarn,
+        "the drain finished, but closing did not within relay.shutdown_timeout (" +
+            std::to_string(shutdown_timeout.count()) + " ms): exiting");
+    logger->flush();
+    _exit(code);
+  }
   log(outbox::LogLevel::kError,
       "the drain did not finish within relay.shutdown_timeout (" +
           std::to_string(shutdown_timeout.count()) +
@@ -306,14 +318,14 @@ int main(int argc, char** argv) {
         "relaying " + config.database->Description() + " as " + config.instance + " to " + sinks;
     log_fn(outbox::LogLevel::kInfo, "outboxd " + std::string{outbox::kVersion} + " " + relaying);
     outbox::outboxd::Operations* operations_ptr = operations ? &*operations : nullptr;
-    std::atomic<bool> drained{false};
+    std::atomic<int> exit_code{kDraining};
     const auto stop = [&relay, &wal_relay] {
       relay.Stop();
       if (wal_relay) wal_relay->Stop();
     };
     std::thread signal_thread([&] {
       HandleSignals(stop, operations_ptr, log_fn, logger, signals, config.shutdown_timeout,
-                    drained);
+                    exit_code);
     });
     signal_thread.detach();  // it either exits the process or waits forever
     // Started: configuration read, database reached and its schema checked, sinks built.
@@ -347,7 +359,7 @@ int main(int argc, char** argv) {
       wal_relay->Stop();
       wal_thread.thread.join();
     }
-    drained = true;
+    exit_code = wal_failed ? kExitFailure : 0;
     if (operations) operations->Stop();
     const auto& counters = relay.counters();
     log_fn(outbox::LogLevel::kInfo,
