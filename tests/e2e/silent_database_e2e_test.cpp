@@ -189,6 +189,23 @@ TEST_F(SilentDatabaseTest, SigtermDuringAFreezeEndsWithinShutdownTimeout) {
   SigtermDuringTheFreezeEndsWithinShutdownTimeout();
 }
 
+TEST_F(SilentDatabaseTest, SigtermWhileStartingOnADatabaseThatNeverAnswersExitsAtOnce) {
+  // New connections are accepted and never answered: outboxd waits in its first connect (for
+  // connect_timeout, 60 s here) before it is ready.
+  proxy_->SetMode(TcpProxy::Mode::kBlackhole);
+  WriteConfig("60s");
+  relay_ = std::make_unique<ChildProcess>(
+      std::vector<std::string>{OUTBOXD_PATH, "--config", config_path_}, config_path_ + ".log",
+      Ready::None());
+  std::this_thread::sleep_for(seconds{1});
+  const auto signalled = steady_clock::now();
+  EXPECT_EQ(relay_->Stop(SIGTERM, seconds{30}), 0) << Log();
+  const double took = std::chrono::duration<double>(steady_clock::now() - signalled).count();
+  std::printf("[ silent ] SIGTERM while starting: exit after %.2f s\n", took);
+  EXPECT_LT(took, 1.5) << Log();
+  EXPECT_NE(Log().find("while starting: exiting"), std::string::npos) << Log();
+}
+
 TEST_F(SilentDatabaseTest, WalModePublishesWhatWasWrittenDuringAFreezeWithinTheDeadline) {
   slot_.emplace(schema_.name());
   WriteConfig("2s", "wal");
