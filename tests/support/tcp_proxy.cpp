@@ -100,12 +100,17 @@ TcpProxy::~TcpProxy() {
 }
 
 void TcpProxy::SetMode(Mode mode) {
-  {
-    std::lock_guard lock(mutex_);
-    if (mode == Mode::kFreeze && mode_ != Mode::kFreeze) ++freeze_requested_;
-    mode_ = mode;
-  }
+  std::unique_lock lock(mutex_);
+  const bool freeze = mode == Mode::kFreeze && mode_ != Mode::kFreeze;
+  const std::uint64_t ticket = freeze ? ++freeze_requested_ : 0;
+  mode_ = mode;
+  lock.unlock();
   Wake();
+  if (!freeze) return;
+  // Frozen before it returns: nothing the caller does next (a write that notifies the relay)
+  // may still pass through a connection that was open.
+  lock.lock();
+  done_.wait(lock, [&] { return freeze_done_ >= ticket || stop_; });
 }
 
 void TcpProxy::DropAll() {
@@ -142,7 +147,9 @@ void TcpProxy::Run() {
     }
     if (freezes > freeze_done_) {
       for (Link& link : links_) link.frozen = true;  // those open now; new ones are forwarded
+      std::lock_guard lock(mutex_);
       freeze_done_ = freezes;
+      done_.notify_all();
     }
     if (mode != Mode::kFreeze) {
       for (Link& link : links_) link.frozen = false;

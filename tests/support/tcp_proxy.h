@@ -20,7 +20,8 @@ class TcpProxy {
     kBlackhole,    // new connections are accepted and never answered
     // The connections open when it is set stop forwarding in both directions and are kept open
     // (nothing is read, nothing closed: a failed-over primary, a dropped route, a frozen VM);
-    // new connections are forwarded normally. Another mode thaws them.
+    // new connections are forwarded normally. Another mode thaws them. SetMode(kFreeze) returns
+    // once they are frozen.
     kFreeze,
   };
 
@@ -60,7 +61,7 @@ class TcpProxy {
   std::uint64_t drop_requested_ = 0;
   std::uint64_t drop_done_ = 0;
   std::uint64_t freeze_requested_ = 0;
-  std::uint64_t freeze_done_ = 0;
+  std::uint64_t freeze_done_ = 0;  // guarded by mutex_, like the others
 
   std::vector<Link> links_;  // proxy thread only
   std::thread thread_;
