@@ -249,6 +249,20 @@ ResultPtr Exec(PGconn* conn, std::string_view what, const std::string& sql,
                               binary_results ? 1 : 0));
   } else {
     const auto until = steady_clock::now() + deadline;
+    // Non-blocking while the statement is sent, so that a peer that stops reading cannot hold
+    // the send either (libpq's blocking flush waits without a timeout); blocking again after.
+    struct NonBlocking {
+      PGconn* conn;
+      bool was = PQisnonblocking(conn) != 0;
+      explicit NonBlocking(PGconn* c) : conn(c) {
+        if (!was) PQsetnonblocking(conn, 1);
+      }
+      NonBlocking(const NonBlocking&) = delete;
+      NonBlocking& operator=(const NonBlocking&) = delete;
+      ~NonBlocking() {
+        if (!was && PQstatus(conn) == CONNECTION_OK) PQsetnonblocking(conn, 0);
+      }
+    } non_blocking{conn};
     if (PQsendQueryParams(conn, sql.c_str(), static_cast<int>(params.size()), nullptr,
                           values.data(), lengths.data(), formats.data(),
                           binary_results ? 1 : 0) == 0) {
