@@ -222,16 +222,21 @@ class Relay::Engine {
         Linger();
         current = Claim();
         if (current.empty()) {
-          current = IdleUntilWork();
+          // A claim that failed is tried again after its backoff rather than going idle: the
+          // wake-up connection may be as silent as the store's was, and its deadline would hold
+          // back what is waiting (issue #40).
+          if (!claim_failed_) current = IdleUntilWork();
           continue;
         }
       }
-      WithdrawIdle();
       // Publish this batch on another thread while the database records the previous batch's
       // outcomes and claims the next one: the broker never waits for the database. Only a full
       // batch suggests there is more to claim.
       auto publishing =
           std::async(std::launch::async, [this, &current] { return Publish(current); });
+      // Once the batch is on its way: the wake-up connection may be the one that stopped
+      // answering (issue #40), and its deadline must not hold back what was claimed.
+      WithdrawIdle();
       const auto unrecorded = RecordReturned();
       std::vector<Envelope> next;
       if (!unrecorded && static_cast<int>(current.size()) >= options_.batch_size && !stopping()) {
@@ -323,7 +328,9 @@ class Relay::Engine {
 
   // Claims the next batch; `in_flight` are the messages claimed earlier and not yet settled.
   std::vector<Envelope> Claim(const std::vector<Envelope>& in_flight = {}) {
+    claim_failed_ = false;
     if (const auto error = ReconcileLeases(in_flight)) {
+      claim_failed_ = true;
       Backoff("giving back the leases of a failed claim failed: " + *error);
       return {};
     }
@@ -363,6 +370,7 @@ class Relay::Engine {
       // Its reply may have been lost after the database committed it: messages leased here that
       // this relay does not know. They go back before anything more is claimed (ReconcileLeases).
       reconcile_leases_ = true;
+      claim_failed_ = true;
       StoreFailed(error);
       Backoff("claim failed: " + Describe(error));
       return {};
@@ -1001,6 +1009,7 @@ class Relay::Engine {
   RelayCounters& counters_;
   std::string owner_;  // lease owner: instance name plus a per-run suffix
   std::chrono::milliseconds backoff_;
+  bool claim_failed_ = false;  // the last Claim failed (and backed off): claim again, not idle
   // Partition leases (when options_.partition_leases is set), shared with the heartbeat thread.
   std::mutex membership_mutex_;
   std::condition_variable membership_changed_;
