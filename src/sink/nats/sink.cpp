@@ -809,8 +809,7 @@ void NatsSink::ApplyAcks() {
       ++it;
       continue;
     }
-    // A state of the destination, not of the message (issue #40): no attempt spent.
-    Settle(index, MakeFailure(FailureKind::kUnavailable,
+    Settle(index, MakeFailure(FailureKind::kRejected,
                               "not permitted to publish to subject '" + subjects_[index] +
                                   "' (the server's Permissions Violation)"));
     --batch_->in_flight;

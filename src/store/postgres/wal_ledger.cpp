@@ -284,7 +284,10 @@ class PostgresWalLedger final : public WalLedger {
       return written;
     } catch (...) {
       // A lost connection has no transaction left; otherwise end this one.
-      if (transaction) RollbackQuietly(conn);
+      if (transaction && PQstatus(conn) == CONNECTION_OK &&
+          PQtransactionStatus(conn) != PQTRANS_IDLE) {
+        ResultPtr rollback{PQexec(conn, "ROLLBACK")};
+      }
       throw;
     }
   }
