@@ -183,7 +183,9 @@ std::string Age(const std::optional<std::chrono::milliseconds>& age) {
 }
 
 outbox::postgres::WalStatus ReadWal(const std::string& db, const std::string& schema) {
-  outbox::postgres::ConnPtr conn{PQconnectdb(db.c_str())};
+  // Keepalives, tcp_user_timeout and the statement deadline, as the relay's connections.
+  const outbox::postgres::ConnPtr conn =
+      outbox::postgres::Connect(db, outbox::postgres::StatementDeadline());
   if (PQstatus(conn.get()) != CONNECTION_OK) {
     throw outbox::StoreError(
         outbox::FailureKind::kUnavailable,

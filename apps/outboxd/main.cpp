@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <functional>
 #include <iostream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -179,20 +180,49 @@ Database OpenDatabase(const outbox::outboxd::Config& config) {
           database.OpenPartitionLeases()};
 }
 
-// Waits for SIGTERM/SIGINT on a thread of its own (the signals are blocked everywhere else): the
-// first asks the relay to drain, a second exits at once, and so does a drain that outlasts
-// `shutdown_timeout` (a broker that never confirms, a database that does not answer).
-void HandleSignals(const std::function<void()>& stop, outbox::outboxd::Operations* operations,
-                   const outbox::LogFn& log, const std::shared_ptr<spdlog::logger>& logger,
-                   const sigset_t& signals, std::chrono::milliseconds shutdown_timeout,
-                   const std::atomic<bool>& drained) {
+// What main will exit with once its drain is done; kDraining until then.
+constexpr int kDraining = -1;
+
+// What the signal thread needs of main: how to stop the relays while they exist, and the code main
+// will exit with once its drain is done.
+struct Shutdown {
+  std::mutex mutex;
+  std::function<void()> stop;                         // guarded by mutex; set while relays exist
+  outbox::outboxd::Operations* operations = nullptr;  // guarded by mutex; likewise
+  std::atomic<int> exit_code{kDraining};
+};
+
+// Waits for SIGTERM/SIGINT on a thread of its own (the signals are blocked everywhere else),
+// started before outboxd reaches the database: a signal while it starts (the database may not
+// answer) exits at once, 0, as nothing was claimed yet. Once the relays run, the first asks them to
+// drain, a second exits at once, and so does a drain that outlasts `shutdown_timeout` (a broker
+// that never confirms, a database that does not answer). The process ends by shutdown_timeout
+// whatever it waits for: a drain that finished (`exit_code` set) but whose closing still waits
+// (the stats thread on a silent database, issue #40) exits with the drain's code at that time.
+void HandleSignals(Shutdown& shutdown, const outbox::LogFn& log,
+                   const std::shared_ptr<spdlog::logger>& logger, const sigset_t& signals,
+                   std::chrono::milliseconds shutdown_timeout) {
+  const std::atomic<int>& exit_code = shutdown.exit_code;
   int signal = 0;
   if (sigwait(&signals, &signal) != 0) return;
-  log(outbox::LogLevel::kInfo,
-      "received " + std::string{strsignal(signal)} + ": draining (send it again to exit at once)");
-  outbox::outboxd::NotifyStopping(shutdown_timeout);
-  if (operations != nullptr) operations->BeginDrain();
-  stop();
+  {
+    // Held while the relays are asked to stop: main cannot destroy them meanwhile.
+    std::lock_guard lock(shutdown.mutex);
+    if (!shutdown.stop) {
+      const int code = exit_code.load();
+      log(outbox::LogLevel::kInfo,
+          "received " + std::string{strsignal(signal)} +
+              (code == kDraining ? " while starting: exiting (nothing was claimed yet)"
+                                 : " while closing: exiting"));
+      logger->flush();
+      _exit(code == kDraining ? 0 : code);
+    }
+    log(outbox::LogLevel::kInfo, "received " + std::string{strsignal(signal)} +
+                                     ": draining (send it again to exit at once)");
+    outbox::outboxd::NotifyStopping(shutdown_timeout);
+    if (shutdown.operations != nullptr) shutdown.operations->BeginDrain();
+    shutdown.stop();
+  }
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(shutdown_timeout);
   const timespec timeout{
       .tv_sec = static_cast<time_t>(seconds.count()),
@@ -204,9 +234,15 @@ void HandleSignals(const std::function<void()>& stop, outbox::outboxd::Operation
     logger->flush();
     _exit(kExitSecondSignal);
   }
-  // Timed out (EAGAIN; EINTR cannot happen with every other signal's default action), unless
-  // main is on its way out already.
-  if (drained) return;
+  // Timed out (EAGAIN; EINTR cannot happen with every other signal's default action). Main may
+  // be on its way out already, or stuck closing after its drain: end it either way.
+  if (const int code = exit_code.load(); code != kDraining) {
+    log(outbox::LogLevel::kWarn,
+        "the drain finished, but closing did not within relay.shutdown_timeout (" +
+            std::to_string(shutdown_timeout.count()) + " ms): exiting");
+    logger->flush();
+    _exit(code);
+  }
   log(outbox::LogLevel::kError,
       "the drain did not finish within relay.shutdown_timeout (" +
           std::to_string(shutdown_timeout.count()) +
@@ -273,6 +309,10 @@ int main(int argc, char** argv) {
   const bool journal = outbox::outboxd::StderrIsJournal();
   auto logger = MakeLogger(config, journal);
   const auto log_fn = MakeLogFn(logger, config.log_format == "json", journal);
+  Shutdown shutdown;
+  std::thread signal_thread(
+      [&] { HandleSignals(shutdown, log_fn, logger, signals, config.shutdown_timeout); });
+  signal_thread.detach();  // it either exits the process or waits forever
   try {
     // The relay and the operations side write into one registry; only it renders.
     outbox::observe::Registry registry;
@@ -298,24 +338,30 @@ int main(int argc, char** argv) {
     // database, PostgreSQL or SQLite.
     std::optional<outbox::outboxd::Operations> operations;
     operations.emplace(config, registry, relay.counters(), log_fn,
-                       [&relay] { return relay.paused_targets(); });
+                       [&relay] { return relay.paused_target_reasons(); });
     if (wal_relay) operations->SetWalCheck([&wal_relay] { return wal_relay->SlotProblem(); });
     operations->Start();
     const std::string sinks = std::to_string(config.sinks.size()) + " sink(s)";
     const std::string relaying =
         "relaying " + config.database->Description() + " as " + config.instance + " to " + sinks;
     log_fn(outbox::LogLevel::kInfo, "outboxd " + std::string{outbox::kVersion} + " " + relaying);
-    outbox::outboxd::Operations* operations_ptr = operations ? &*operations : nullptr;
-    std::atomic<bool> drained{false};
-    const auto stop = [&relay, &wal_relay] {
-      relay.Stop();
-      if (wal_relay) wal_relay->Stop();
-    };
-    std::thread signal_thread([&] {
-      HandleSignals(stop, operations_ptr, log_fn, logger, signals, config.shutdown_timeout,
-                    drained);
-    });
-    signal_thread.detach();  // it either exits the process or waits forever
+    // From here until the relays are destroyed, a signal drains them (Shutdown).
+    struct Armed {
+      Shutdown& shutdown;
+      ~Armed() {
+        std::lock_guard lock(shutdown.mutex);
+        shutdown.stop = nullptr;
+        shutdown.operations = nullptr;
+      }
+    } armed{shutdown};
+    {
+      std::lock_guard lock(shutdown.mutex);
+      shutdown.stop = [&relay, &wal_relay] {
+        relay.Stop();
+        if (wal_relay) wal_relay->Stop();
+      };
+      shutdown.operations = operations ? &*operations : nullptr;
+    }
     // Started: configuration read, database reached and its schema checked, sinks built.
     outbox::outboxd::NotifyReady(relaying);
     // A WAL relay that fails for good (not an outage, not a missing slot, which it reports and
@@ -347,7 +393,7 @@ int main(int argc, char** argv) {
       wal_relay->Stop();
       wal_thread.thread.join();
     }
-    drained = true;
+    shutdown.exit_code = wal_failed ? kExitFailure : 0;
     if (operations) operations->Stop();
     const auto& counters = relay.counters();
     log_fn(outbox::LogLevel::kInfo,

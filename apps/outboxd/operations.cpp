@@ -457,12 +457,12 @@ class Operations::Impl {
       }
     }
     if (relay_.broker_unavailable) {
-      const std::vector<std::string> paused =
-          paused_targets_ ? paused_targets_() : std::vector<std::string>{};
-      for (const std::string& target : paused) {
-        line(false, "target " + target +
-                        ": paused, its last batch found no broker; its messages wait, no attempt "
-                        "spent, and the other targets flow");
+      const std::vector<Relay::PausedTarget> paused =
+          paused_targets_ ? paused_targets_() : std::vector<Relay::PausedTarget>{};
+      for (const Relay::PausedTarget& target : paused) {
+        line(false, "target " + target.name + ": paused, its last batch found no broker" +
+                        (target.reason.empty() ? std::string{} : " (" + target.reason + ")") +
+                        "; its messages wait, no attempt spent, and the other targets flow");
       }
       if (paused.empty()) {  // resumed since the flag was read, or no names to tell
         line(false,

@@ -51,7 +51,7 @@ std::optional<std::string> ExposureWarning(const HttpConfig& http);
 class Operations {
  public:
   // The targets whose sink is paused right now (Relay::paused_targets), for /readyz.
-  using PausedTargetsFn = std::function<std::vector<std::string>()>;
+  using PausedTargetsFn = std::function<std::vector<Relay::PausedTarget>()>;
 
   // Registers its gauges in `registry`; starts nothing. `relay` must outlive this object.
   Operations(const Config& config, observe::Registry& registry, const RelayCounters& relay,

@@ -222,16 +222,21 @@ class Relay::Engine {
         Linger();
         current = Claim();
         if (current.empty()) {
-          current = IdleUntilWork();
+          // A claim that failed is tried again after its backoff rather than going idle: the
+          // wake-up connection may be as silent as the store's was, and its deadline would hold
+          // back what is waiting (issue #40).
+          if (!claim_failed_) current = IdleUntilWork();
           continue;
         }
       }
-      WithdrawIdle();
       // Publish this batch on another thread while the database records the previous batch's
       // outcomes and claims the next one: the broker never waits for the database. Only a full
       // batch suggests there is more to claim.
       auto publishing =
           std::async(std::launch::async, [this, &current] { return Publish(current); });
+      // Once the batch is on its way: the wake-up connection may be the one that stopped
+      // answering (issue #40), and its deadline must not hold back what was claimed.
+      WithdrawIdle();
       const auto unrecorded = RecordReturned();
       std::vector<Envelope> next;
       if (!unrecorded && static_cast<int>(current.size()) >= options_.batch_size && !stopping()) {
@@ -277,6 +282,14 @@ class Relay::Engine {
 
   std::vector<std::string> paused_names() const {
     std::lock_guard lock(paused_names_mutex_);
+    std::vector<std::string> names;
+    names.reserve(paused_names_.size());
+    for (const auto& paused : paused_names_) names.push_back(paused.name);
+    return names;
+  }
+
+  std::vector<Relay::PausedTarget> paused_reasons() const {
+    std::lock_guard lock(paused_names_mutex_);
     return paused_names_;
   }
 
@@ -315,7 +328,9 @@ class Relay::Engine {
 
   // Claims the next batch; `in_flight` are the messages claimed earlier and not yet settled.
   std::vector<Envelope> Claim(const std::vector<Envelope>& in_flight = {}) {
+    claim_failed_ = false;
     if (const auto error = ReconcileLeases(in_flight)) {
+      claim_failed_ = true;
       Backoff("giving back the leases of a failed claim failed: " + *error);
       return {};
     }
@@ -355,6 +370,7 @@ class Relay::Engine {
       // Its reply may have been lost after the database committed it: messages leased here that
       // this relay does not know. They go back before anything more is claimed (ReconcileLeases).
       reconcile_leases_ = true;
+      claim_failed_ = true;
       StoreFailed(error);
       Backoff("claim failed: " + Describe(error));
       return {};
@@ -769,12 +785,16 @@ class Relay::Engine {
         continue;
       }
       if (found == paused_.end()) {
-        found = paused_.emplace(target, TargetPause{now, now, options_.min_backoff}).first;
+        found = paused_.emplace(target, TargetPause{now, now, options_.min_backoff, {}}).first;
         changed = true;
       } else {
         found->second.backoff = std::min(found->second.backoff * 2, options_.max_backoff);
       }
       found->second.probe_at = now + found->second.backoff;
+      if (found->second.reason != *reason) {
+        found->second.reason = *reason;
+        changed = true;
+      }
       metrics_.registry.RecordError(NameOf(FailureKind::kUnavailable), *reason);
       Log(LogLevel::kWarn, "sink '" + target + "' is unavailable: " + *reason +
                                "; its messages wait (no attempt spent, no lease kept) while other "
@@ -801,11 +821,11 @@ class Relay::Engine {
 
   // Publishes the paused set: gauges, counters, Relay::paused_targets().
   void PausesChanged() {
-    std::vector<std::string> names;
+    std::vector<Relay::PausedTarget> names;
     for (const auto& [target, gauge] : paused_gauges_) {
-      const bool paused = paused_.contains(target);
-      gauge->Set(paused ? 1.0 : 0.0);
-      if (paused) names.push_back(target);
+      const auto paused = paused_.find(target);
+      gauge->Set(paused != paused_.end() ? 1.0 : 0.0);
+      if (paused != paused_.end()) names.push_back({target, paused->second.reason});
     }
     counters_.broker_unavailable = !paused_.empty();
     metrics_.broker_unavailable.Set(paused_.empty() ? 0.0 : 1.0);
@@ -989,6 +1009,7 @@ class Relay::Engine {
   RelayCounters& counters_;
   std::string owner_;  // lease owner: instance name plus a per-run suffix
   std::chrono::milliseconds backoff_;
+  bool claim_failed_ = false;  // the last Claim failed (and backed off): claim again, not idle
   // Partition leases (when options_.partition_leases is set), shared with the heartbeat thread.
   std::mutex membership_mutex_;
   std::condition_variable membership_changed_;
@@ -1014,11 +1035,12 @@ class Relay::Engine {
     SteadyClock::time_point since;
     SteadyClock::time_point probe_at;
     std::chrono::milliseconds backoff;
+    std::string reason;  // why, from its last batch
   };
   std::map<std::string, TargetPause, std::less<>> paused_;
   std::map<std::string, observe::Gauge*, std::less<>> paused_gauges_;  // one per sink
   mutable std::mutex paused_names_mutex_;
-  std::vector<std::string> paused_names_;  // for Relay::paused_targets()
+  std::vector<Relay::PausedTarget> paused_names_;  // for Relay::paused_targets()
   SteadyClock::time_point next_sweep_{};
   SteadyClock::time_point next_purge_{};
   mutable std::mutex stop_mutex_;
@@ -1061,6 +1083,9 @@ Relay::Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr
 Relay::~Relay() = default;
 
 std::vector<std::string> Relay::paused_targets() const { return engine_->paused_names(); }
+std::vector<Relay::PausedTarget> Relay::paused_target_reasons() const {
+  return engine_->paused_reasons();
+}
 
 void Relay::Run() { engine_->Run(); }
 

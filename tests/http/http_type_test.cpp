@@ -108,6 +108,7 @@ TEST(HttpSinkTypeTest, DefaultsInDescribe) {
             "connect_timeout = \"5s\"\n"
             "request_timeout = \"30s\"\n"
             "retry_statuses = []\n"
+            "abandon_statuses = []\n"
             "max_retry_after = \"10m\"\n"
             "max_message_bytes = 1048576\n"
             "http_version = \"auto\"\n"
@@ -180,6 +181,7 @@ TEST(HttpSinkTypeTest, EveryKey) {
             "connect_timeout = \"1500ms\"\n"
             "request_timeout = \"2m\"\n"
             "retry_statuses = [404, 409]\n"
+            "abandon_statuses = []\n"
             "max_retry_after = \"90s\"\n"
             "max_message_bytes = 4096\n"
             "http_version = \"1.1\"\n"
@@ -464,6 +466,23 @@ TEST(HttpSinkTypeTest, BadValuesNameTheirKey) {
   const auto [status_key, status_message] = ErrorOf(Url() + "retry_statuses = [404, 503]\n");
   EXPECT_NE(status_message.find("503"), std::string::npos) << status_message;
 
+  // abandon_statuses (issue #40): 4xx or 5xx, never one that asks to wait, nor one retried.
+  for (const std::string bad : {"[200]", "[399]", "[600]", "[408]", "[429]", "[503]", "[\"404\"]",
+                                "404", "\"404\"", "[404.0]", "[[404]]", "{}"}) {
+    EXPECT_EQ(KeyOf(Url() + "abandon_statuses = " + bad + "\n"), "sinks.events.abandon_statuses")
+        << bad;
+  }
+  EXPECT_EQ(KeyOf(Url() + "retry_statuses = [404]\nabandon_statuses = [410, 404]\n"),
+            "sinks.events.abandon_statuses");
+  const auto [both_key, both_message] =
+      ErrorOf(Url() + "retry_statuses = [404]\nabandon_statuses = [404]\n");
+  EXPECT_NE(both_message.find("retry_statuses lists too"), std::string::npos) << both_message;
+  const auto [wait_key, wait_message] = ErrorOf(Url() + "abandon_statuses = [429]\n");
+  EXPECT_NE(wait_message.find("asks to wait"), std::string::npos) << wait_message;
+  EXPECT_EQ(
+      OptionsOf(ParseSink(Url() + "abandon_statuses = [404, 410, 501, 403]\n")).abandon_statuses,
+      (std::vector<int>{404, 410, 501, 403}));
+
   // max_message_bytes
   EXPECT_EQ(KeyOf(Url() + "max_message_bytes = 0\n"), "sinks.events.max_message_bytes");
   EXPECT_EQ(KeyOf(Url() + "max_message_bytes = 67108865\n"), "sinks.events.max_message_bytes");
@@ -662,6 +681,16 @@ TEST(HttpSinkTypeTest, OpenSinkValidatesWithoutConnecting) {
   bad = options;
   bad.retry_statuses = {500};
   EXPECT_EQ(key_of(bad), "retry_statuses");
+  bad = options;
+  bad.abandon_statuses = {429};
+  EXPECT_EQ(key_of(bad), "abandon_statuses");
+  bad = options;
+  bad.abandon_statuses = {200};
+  EXPECT_EQ(key_of(bad), "abandon_statuses");
+  bad = options;
+  bad.retry_statuses = {404};
+  bad.abandon_statuses = {404};
+  EXPECT_EQ(key_of(bad), "abandon_statuses");
   bad = options;
   bad.max_retry_after = milliseconds{999};
   EXPECT_EQ(key_of(bad), "max_retry_after");

@@ -36,6 +36,10 @@ Control (the destination name percent-encoded as one path segment):
             "seed": 1, "plan": [{"status": 429, "retry_after": "2", "delay_ms": 0,
                                  "reset": false, "body": "...", "location": "...",
                                  "echo_headers": ["authorization"]}, ...]}
+           {"refuse_status": 401, "refuse_seconds": 15.0}: every request that arrives within
+           refuse_seconds of the destination's creation (or replacement) is answered
+           refuse_status at once (an endpoint that refuses the relay's credentials for a while),
+           before the plan and the ratios apply.
            Plan entries are used one per request, in order, before the random ratios apply. An
            entry's delay_ms (or else the destination's) is slept before answering; "reset": true
            closes the connection with a RST without answering, after reading the whole request;
@@ -97,9 +101,15 @@ class Behaviour:
         if not isinstance(plan, list) or not all(isinstance(p, dict) for p in plan):
             raise ValueError("plan must be an array of objects")
         self.plan = list(plan)
+        self.refuse_status = int(spec.get("refuse_status", 401) or 401)
+        self.refuse_until = time.monotonic() + float(spec.get("refuse_seconds", 0) or 0)
 
     def next_answer(self):
         """What to answer the next request with (called under _lock)."""
+        if time.monotonic() < self.refuse_until:
+            return {"status": self.refuse_status, "retry_after": None, "delay_ms": 0,
+                    "reset": False, "body": "credentials refused (for now)", "location": None,
+                    "echo_headers": []}
         if self.plan:
             entry = self.plan.pop(0)
             retry_after = entry.get("retry_after")

@@ -105,7 +105,8 @@ TEST(KafkaClassifyTest, EachReportErrorHasItsKind) {
   EXPECT_EQ(kind(RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION, kNot), FailureKind::kPermanent);
   EXPECT_EQ(kind(RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART, kNot), FailureKind::kRejected);
   EXPECT_EQ(kind(RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC, kNot), FailureKind::kRejected);
-  EXPECT_EQ(kind(RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED, kNot), FailureKind::kRejected);
+  EXPECT_EQ(kind(RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED, kNot), FailureKind::kUnavailable);
+  EXPECT_EQ(kind(RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED, kNot), FailureKind::kUnavailable);
   EXPECT_EQ(kind(RD_KAFKA_RESP_ERR_PRODUCER_FENCED, kNot), FailureKind::kRejected);
   EXPECT_EQ(kind(RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN, kNot), FailureKind::kUnavailable);
   EXPECT_EQ(kind(RD_KAFKA_RESP_ERR__TRANSPORT, kNot), FailureKind::kUnavailable);
@@ -479,6 +480,29 @@ TEST(KafkaSinkTest, TooLargeWithItsHeadersOrByTheBrokerIsPermanent) {
 
   const auto records = Consumer(cluster.bootstraps()).ReadAll(topic, 3);
   EXPECT_EQ(records.size(), 3U);
+}
+
+// Issue #40: the broker refuses the producer the topic (TOPIC_AUTHORIZATION_FAILED, as the mock
+// cluster answers a produce request): a state of the destination, unavailable (no attempt
+// spent). librdkafka then remembers the refusal for the topic until its next metadata refresh:
+// the next message is refused at enqueue, unavailable too. Other topics go on.
+TEST(KafkaSinkTest, TopicAuthorizationFailedIsUnavailable) {
+  MockCluster cluster;
+  const std::string topic = "acl";
+  cluster.CreateTopic(topic, 1);
+  auto sink = kafka::OpenSink(Options(cluster));
+  cluster.FailProduce({RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED});
+  const std::vector<Envelope> refused = {MakeEnvelope(topic)};
+  const auto outcomes = sink->Publish(refused, In(seconds{10}));
+  ExpectEvery(outcomes, refused, FailureKind::kUnavailable);
+  EXPECT_NE(Describe(outcomes.at(0)).find("TOPIC_AUTHORIZATION_FAILED"), std::string::npos)
+      << Describe(outcomes[0]);
+  const std::vector<Envelope> next = {MakeEnvelope(topic)};
+  ExpectEvery(sink->Publish(next, In(seconds{10})), next, FailureKind::kUnavailable);
+  const std::string other = "acl-other";
+  cluster.CreateTopic(other, 1);
+  const std::vector<Envelope> elsewhere = {MakeEnvelope(other)};
+  ExpectEvery(sink->Publish(elsewhere, In(seconds{10})), elsewhere);
 }
 
 // A produce response that comes after the deadline (outcome unknown, published again: the

@@ -568,8 +568,9 @@ TEST(NatsSinkTest, UserAndPasswordFromTheUrl) {
 }
 
 // A subject the relay's user may not publish to: the server answers with an -ERR and no reply;
-// the sink rejects those messages at once (not at the deadline) and logs it once.
-TEST(NatsSinkTest, PublishPermissionViolationsAreRejectedAtOnce) {
+// the sink answers those messages at once (not at the deadline), unavailable (issue #40: a state
+// of the destination, no attempt spent), and logs it once.
+TEST(NatsSinkTest, PublishPermissionViolationsAreUnavailableAtOnce) {
   NatsServer server(
       "authorization {\n  users = [ { user: \"relay\", password: \"pw\", permissions: {\n"
       "    publish: { allow: [\"outbox.ok.>\", \"_INBOX.>\", \"$JS.API.>\"] },\n"
@@ -592,7 +593,8 @@ TEST(NatsSinkTest, PublishPermissionViolationsAreRejectedAtOnce) {
   for (std::size_t i = 0; i < batch.size(); ++i) {
     if (i == 1 || i == 4) {
       ASSERT_FALSE(outcomes[i].published()) << i;
-      EXPECT_EQ(outcomes[i].failure->kind, FailureKind::kRejected) << outcomes[i].failure->reason;
+      EXPECT_EQ(outcomes[i].failure->kind, FailureKind::kUnavailable)
+          << outcomes[i].failure->reason;
       EXPECT_NE(outcomes[i].failure->reason.find("outbox.denied.a"), std::string::npos)
           << outcomes[i].failure->reason;
     } else {

@@ -141,6 +141,24 @@ TEST(ConfigTest, ExampleFileIsValidAndStatesTheDefaults) {
   EXPECT_EQ(file.envelope, file::SinkOptions{}.envelope);
 }
 
+TEST(ConfigTest, StatementDeadlineIsReadValidatedAndDescribed) {
+  EXPECT_EQ(Pg(Parse(kMinimal)).statement_deadline(), std::chrono::seconds{15});
+  EXPECT_NE(Describe(Parse(kMinimal)).find("statement_deadline = \"15s\""), std::string::npos)
+      << Describe(Parse(kMinimal));
+  const auto with = [](std::string_view value) {
+    return "[database]\nurl = \"x\"\nstatement_deadline = " + std::string{value} +
+           "\n[sinks.default]\ntype = \"file\"\n";
+  };
+  EXPECT_EQ(Pg(Parse(with("\"2s\""))).statement_deadline(), std::chrono::seconds{2});
+  EXPECT_EQ(Pg(Parse(with("\"0s\""))).statement_deadline(), std::chrono::milliseconds{0});
+  ExpectError(with("\"500ms\""), "database.statement_deadline",
+              "must be at least 1s (or \"0s\" to wait for the database without a deadline), got "
+              "500ms");
+  ExpectError(with("\"2h\""), "database.statement_deadline", "must be between 0s and 1h");
+  ExpectError(with("\"soon\""), "database.statement_deadline", "");
+  ExpectError(with("15"), "database.statement_deadline", "(a string)");
+}
+
 TEST(ConfigTest, WalModeIsReadAndDescribed) {
   const Config config =
       Parse("[database]\nurl = \"x\"\nmode = \"wal\"\n[sinks.default]\ntype = \"file\"\n");

@@ -384,7 +384,8 @@ TEST(OperationsTest, ReadinessNamesEachPausedTarget) {
       std::make_shared<const postgres::StoreSettings>("postgresql://127.0.0.1:1/none", "outbox");
   observe::Registry registry;
   RelayCounters counters;
-  std::vector<std::string> paused{"other", "audit-log"};
+  std::vector<Relay::PausedTarget> paused{
+      {"other", "the endpoint refuses the relay (its credentials): HTTP 401"}, {"audit-log", ""}};
   Operations operations(config, registry, counters, LogFn{}, [&paused] { return paused; });
   EXPECT_EQ(operations.CheckReadiness().report.find("paused"), std::string::npos);
   counters.broker_unavailable = true;
@@ -394,6 +395,11 @@ TEST(OperationsTest, ReadinessNamesEachPausedTarget) {
             std::string::npos)
       << readiness.report;
   EXPECT_NE(readiness.report.find("target audit-log: paused"), std::string::npos)
+      << readiness.report;
+  // Why (issue #40): the reason of its last batch.
+  EXPECT_NE(readiness.report.find(
+                "found no broker (the endpoint refuses the relay (its credentials): HTTP 401)"),
+            std::string::npos)
       << readiness.report;
   // Resumed between the flag and the names: still not ready, and it says so without a name.
   paused.clear();

@@ -654,6 +654,53 @@ TEST_F(PgLogicalStreamTest, SilentServerIsUnavailableAfterTheSilenceLimit) {
   EXPECT_LT(steady_clock::now() - held, kSilence + milliseconds{1000});
 }
 
+// The default silence limit is the statement deadline when that is shorter (issue #40): a stream
+// whose connection froze (nothing forwarded either way, the socket kept open) is given up at it.
+TEST_F(PgLogicalStreamTest, AFrozenStreamIsGivenUpAtTheStatementDeadline) {
+  TcpProxy proxy{"127.0.0.1", PgPort()};
+  constexpr milliseconds kDeadline{1500};
+  postgres::SetStatementDeadline(kDeadline);
+  auto stream = slot_.Stream({}, ConninfoVia(proxy.port()));  // silence limit: the default
+  postgres::SetStatementDeadline(postgres::kDefaultStatementDeadline);
+  stream->Start(0);
+  ASSERT_NO_THROW(stream->Next(milliseconds{300}));
+  proxy.SetMode(TcpProxy::Mode::kFreeze);
+  const auto frozen = steady_clock::now();
+  try {
+    const auto until = frozen + kLimit;
+    while (steady_clock::now() < until) stream->Next(milliseconds{100});
+    FAIL() << "no error from a frozen stream";
+  } catch (const StoreError& error) {
+    EXPECT_EQ(error.kind(), FailureKind::kUnavailable) << error.what();
+  }
+  EXPECT_LT(steady_clock::now() - frozen, kDeadline + milliseconds{1000});
+  // A new connection goes through the same proxy (once the frozen walsender is ended).
+  Sql(slot_.conn(),
+      "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE "
+      "slot_name = '" +
+          slot_.slot() + "' AND active_pid IS NOT NULL");
+  Emit(slot_.conn(), slot_.prefix(), {"after the freeze"});
+  StartWhenFree(*stream, 0);
+  EXPECT_EQ(Contents(Collect(*stream, 1)), (std::vector<std::string>{"after the freeze"}));
+}
+
+// Starting on a server that accepts the connection and never answers ends at the deadline.
+TEST_F(PgLogicalStreamTest, StartOnAServerThatNeverAnswersEndsAtTheDeadline) {
+  TcpProxy proxy{"127.0.0.1", PgPort()};
+  proxy.SetMode(TcpProxy::Mode::kBlackhole);
+  postgres::SetStatementDeadline(milliseconds{2000});  // connect_timeout 2 s
+  auto stream = slot_.Stream({}, ConninfoVia(proxy.port()));
+  postgres::SetStatementDeadline(postgres::kDefaultStatementDeadline);
+  const auto start = steady_clock::now();
+  try {
+    stream->Start(0);
+    FAIL() << "started on a server that never answers";
+  } catch (const StoreError& error) {
+    EXPECT_EQ(error.kind(), FailureKind::kUnavailable) << error.what();
+  }
+  EXPECT_LT(steady_clock::now() - start, milliseconds{4000});
+}
+
 TEST_F(PgLogicalStreamTest, MissingSlotIsPermanentAndSaysHowToRecover) {
   auto stream = slot_.Stream(Unique("missing"));
   try {

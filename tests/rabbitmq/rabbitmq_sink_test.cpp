@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <set>
 #include <string>
@@ -392,6 +393,51 @@ TEST(RabbitSinkTest, MissingExchangeIsRejectedByNameAndTheChannelIsReopened) {
                                              "exchange '" + missing + "' in vhost '/')");
 
   // The next Publish on the same sink reopens the channel.
+  const auto good = MakeEnvelopes(queue, 3);
+  ExpectAllPublished(sink->Publish(good, In(milliseconds{5000})), good);
+  EXPECT_EQ(Ids(admin.Consume(queue, 3)), Ids(good));
+}
+
+// Issue #40: an exchange the relay's user may not write to (ACCESS_REFUSED, which closes the
+// channel) is a state of the destination: unavailable, no attempt spent; the channel is reopened
+// and the next publish, to an exchange it may write, goes. A user of the test's own
+// (scripts/services rabbitmqctl), deleted at the end.
+TEST(RabbitSinkTest, AccessRefusedIsUnavailableAndTheChannelIsReopened) {
+  Admin admin;
+  const std::string queue = UniqueName("after-403");
+  admin.DeclareQueue(queue);
+  const std::string denied = UniqueName("denied");
+  admin.DeclareExchange(denied, "direct");
+  const std::string user = UniqueName("outbox-limited");
+  const std::string ctl = std::string{PROJECT_SOURCE_DIR} + "/scripts/services rabbitmqctl ";
+  ASSERT_EQ(std::system((ctl + "add_user " + user + " limited-Pw-4031 >/dev/null").c_str()), 0);
+  struct DeleteUser {
+    std::string command;
+    ~DeleteUser() { (void)std::system(command.c_str()); }
+  } delete_user{ctl + "delete_user " + user + " >/dev/null"};
+  // Writes to the default exchange only.
+  ASSERT_EQ(
+      std::system((ctl + "set_permissions -p / " + user + " '^$' '^amq\\.default$' '.*' >/dev/null")
+                      .c_str()),
+      0);
+  rabbitmq::SinkOptions options = Options();
+  const std::string url = AmqpUrl();
+  options.url = "amqp://" + user + ":limited-Pw-4031@" + url.substr(url.find('@') + 1);
+  options.exchange = "{type}";  // "" (the default exchange) when the envelope has no type
+  auto sink = Open(options);
+
+  std::vector<Envelope> bad = MakeEnvelopes(queue, 1);
+  bad[0].type = denied;
+  const auto outcomes = sink->Publish(bad, In(milliseconds{5000}));
+  ASSERT_EQ(outcomes.size(), 1U);
+  ASSERT_FALSE(outcomes[0].published());
+  EXPECT_EQ(outcomes[0].failure->kind, FailureKind::kUnavailable) << outcomes[0].failure->reason;
+  EXPECT_NE(outcomes[0].failure->reason.find("ACCESS_REFUSED"), std::string::npos)
+      << outcomes[0].failure->reason;
+  EXPECT_NE(outcomes[0].failure->reason.find("not permitted to publish to exchange '" + denied),
+            std::string::npos)
+      << outcomes[0].failure->reason;
+
   const auto good = MakeEnvelopes(queue, 3);
   ExpectAllPublished(sink->Publish(good, In(milliseconds{5000})), good);
   EXPECT_EQ(Ids(admin.Consume(queue, 3)), Ids(good));

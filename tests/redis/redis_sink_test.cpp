@@ -460,6 +460,40 @@ TEST(RedisOwnServerTest, AclUserAuthenticatesAndAWrongPasswordIsAClearFailure) {
   EXPECT_EQ(server.Client().Length("acl"), 3);
 }
 
+// Issue #40: a key the ACL denies the relay's user (NOPERM) is a state of the destination: those
+// messages are unavailable (no attempt spent), the others written; once the ACL allows the key,
+// they go.
+TEST(RedisOwnServerTest, NopermIsUnavailableForThatKeyOnly) {
+  RedisServer server;
+  server.Client().Ok(
+      {"ACL", "SETUSER", "relay", "on", ">s3cret-Pw", "~ok:*", "~outbox:*", "&*", "+@all"});
+  redis::SinkOptions options;
+  options.url = "redis://relay:s3cret-Pw@127.0.0.1:" + std::to_string(server.port());
+  options.stream = "{topic}";
+  auto sink = redis::OpenSink(options);
+  auto batch = MakeEnvelopes("ok:a", 4);
+  batch[1].topic = "denied:a";
+  batch[3].topic = "denied:a";
+  const auto outcomes = sink->Publish(batch, In(milliseconds{5000}));
+  ASSERT_EQ(outcomes.size(), 4U);
+  for (const std::size_t i : {1U, 3U}) {
+    ASSERT_FALSE(outcomes[i].published()) << i;
+    EXPECT_EQ(outcomes[i].failure->kind, FailureKind::kUnavailable) << outcomes[i].failure->reason;
+    EXPECT_NE(outcomes[i].failure->reason.find("NOPERM"), std::string::npos)
+        << outcomes[i].failure->reason;
+    EXPECT_NE(outcomes[i].failure->reason.find("denied:a"), std::string::npos)
+        << outcomes[i].failure->reason;
+  }
+  EXPECT_TRUE(outcomes[0].published());
+  EXPECT_TRUE(outcomes[2].published());
+  EXPECT_EQ(server.Client().Length("ok:a"), 2);
+
+  server.Client().Ok({"ACL", "SETUSER", "relay", "~denied:*"});
+  const std::vector<Envelope> again{batch[1], batch[3]};
+  ExpectAllPublished(sink->Publish(again, In(milliseconds{5000})), again);
+  EXPECT_EQ(server.Client().Length("denied:a"), 2);
+}
+
 TEST(RedisOwnServerTest, PasswordOnlyAndADatabase) {
   RedisServer server({"--requirepass", "pw-only"});
   redis::SinkOptions options;

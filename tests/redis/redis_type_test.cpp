@@ -269,7 +269,7 @@ TEST(RedisClassifyTest, ErrorRepliesBecomeFailureKinds) {
       {"MISCONF Redis is configured to save RDB snapshots", FailureKind::kUnavailable, true},
       {"WRONGTYPE Operation against a key holding the wrong kind of value", FailureKind::kRejected,
        false},
-      {"NOPERM this user has no permissions to access one of the keys", FailureKind::kRejected,
+      {"NOPERM this user has no permissions to access one of the keys", FailureKind::kUnavailable,
        false},
       {"ERR unknown command 'XADD'", FailureKind::kRejected, false},
       {"CROSSSLOT Keys in request don't hash to the same slot", FailureKind::kRejected, false},

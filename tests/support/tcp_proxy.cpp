@@ -100,11 +100,17 @@ TcpProxy::~TcpProxy() {
 }
 
 void TcpProxy::SetMode(Mode mode) {
-  {
-    std::lock_guard lock(mutex_);
-    mode_ = mode;
-  }
+  std::unique_lock lock(mutex_);
+  const bool freeze = mode == Mode::kFreeze && mode_ != Mode::kFreeze;
+  const std::uint64_t ticket = freeze ? ++freeze_requested_ : 0;
+  mode_ = mode;
+  lock.unlock();
   Wake();
+  if (!freeze) return;
+  // Frozen before it returns: nothing the caller does next (a write that notifies the relay)
+  // may still pass through a connection that was open.
+  lock.lock();
+  done_.wait(lock, [&] { return freeze_done_ >= ticket || stop_; });
 }
 
 void TcpProxy::DropAll() {
@@ -131,11 +137,22 @@ void TcpProxy::Run() {
   for (;;) {
     Mode mode = Mode::kForward;
     std::uint64_t drops = 0;
+    std::uint64_t freezes = 0;
     {
       std::lock_guard lock(mutex_);
       if (stop_) return;
       mode = mode_;
       drops = drop_requested_;
+      freezes = freeze_requested_;
+    }
+    if (freezes > freeze_done_) {
+      for (Link& link : links_) link.frozen = true;  // those open now; new ones are forwarded
+      std::lock_guard lock(mutex_);
+      freeze_done_ = freezes;
+      done_.notify_all();
+    }
+    if (mode != Mode::kFreeze) {
+      for (Link& link : links_) link.frozen = false;
     }
     if (drops > drop_done_) {
       for (Link& link : links_) CloseLink(link);
@@ -150,7 +167,7 @@ void TcpProxy::Run() {
     fds.push_back({.fd = wake_[0], .events = POLLIN, .revents = 0});
     fds.push_back({.fd = listen_fd_, .events = POLLIN, .revents = 0});
     for (const Link& link : links_) {
-      const bool forward = link.upstream >= 0;
+      const bool forward = link.upstream >= 0 && !link.frozen;
       const short client_events = forward ? short{POLLIN} : short{0};
       fds.push_back({.fd = link.client, .events = client_events, .revents = 0});
       const bool read_upstream = forward && mode != Mode::kHoldReplies;
@@ -190,6 +207,12 @@ void TcpProxy::Run() {
       const short client_events = fds[2 + 2 * i].revents;
       const short upstream_events = fds[3 + 2 * i].revents;
       bool alive = true;
+      if (link.frozen) {
+        // Nothing moves; only a side that failed (reset, both ways closed) ends it, rather than
+        // spin on its hang-up.
+        if (((client_events | upstream_events) & (POLLHUP | POLLERR)) != 0) CloseLink(link);
+        continue;
+      }
       // A side that is not read still reports a hang-up: close the link rather than spin.
       if (link.upstream < 0 && (client_events & (POLLHUP | POLLERR)) != 0) alive = false;
       if (link.upstream >= 0 && mode == Mode::kHoldReplies &&

@@ -1,7 +1,7 @@
 #pragma once
 // A loopback TCP proxy in front of a test server (broker or database), to break connections on
 // purpose: forward, hold the server's replies (so no confirm or result arrives), swallow new
-// connections, drop everything.
+// connections, freeze the open ones (a silent peer), drop everything.
 
 #include <condition_variable>
 #include <cstdint>
@@ -18,6 +18,11 @@ class TcpProxy {
     kForward,      // both directions
     kHoldReplies,  // client to broker only; the broker's bytes wait in the kernel
     kBlackhole,    // new connections are accepted and never answered
+    // The connections open when it is set stop forwarding in both directions and are kept open
+    // (nothing is read, nothing closed: a failed-over primary, a dropped route, a frozen VM);
+    // new connections are forwarded normally. Another mode thaws them. SetMode(kFreeze) returns
+    // once they are frozen.
+    kFreeze,
   };
 
   // Listens on 127.0.0.1 on `listen_port` (0: a free port) and forwards to
@@ -36,6 +41,7 @@ class TcpProxy {
   struct Link {
     int client = -1;
     int upstream = -1;  // -1 for a blackholed connection
+    bool frozen = false;
   };
 
   void Run();
@@ -54,6 +60,8 @@ class TcpProxy {
   bool stop_ = false;
   std::uint64_t drop_requested_ = 0;
   std::uint64_t drop_done_ = 0;
+  std::uint64_t freeze_requested_ = 0;
+  std::uint64_t freeze_done_ = 0;  // guarded by mutex_, like the others
 
   std::vector<Link> links_;  // proxy thread only
   std::thread thread_;

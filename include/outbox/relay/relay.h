@@ -106,6 +106,13 @@ class Relay {
   [[nodiscard]] const RelayCounters& counters() const { return counters_; }
   // The targets whose sink is paused as unavailable right now, by name. Thread-safe.
   [[nodiscard]] std::vector<std::string> paused_targets() const;
+  // The same, each with why: the reason of its last batch's first outcome, e.g. "the endpoint
+  // refuses the relay: HTTP 401 ...". Thread-safe.
+  struct PausedTarget {
+    std::string name;
+    std::string reason;
+  };
+  [[nodiscard]] std::vector<PausedTarget> paused_target_reasons() const;
 
  private:
   class Engine;

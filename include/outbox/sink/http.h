@@ -40,14 +40,20 @@
 //
 // How answers are classified (outbox/core/failure.h):
 //   2xx              published.
-//   kRejected        408, 429 and every 5xx, and the statuses listed in `retry_statuses`; 3xx
-//                    (redirects are not followed: the reason names the Location); 1xx and any
-//                    other status outside 2xx-5xx. Retried with the relay's backoff.
-//   kPermanent       every other 4xx (400, 401, 403, 404, 410, 413, 422, ...: the request is wrong
-//                    as it is, sending it again changes nothing; list a status in
-//                    `retry_statuses` to have it retried instead); never sent: a payload over
-//                    `max_message_bytes`, a URL that is not a valid http(s) URL once expanded, a
-//                    header name that is not an HTTP token or a value with CR, LF or NUL.
+//   kRejected        every status outside 2xx that the rows below do not name: 404, 405,
+//                    409, 410, the other 4xx, 408, 429, every 5xx, the statuses listed in
+//                    `retry_statuses`; 3xx (redirects are not followed: the reason names the
+//                    Location); 1xx. Retried with the relay's backoff, an attempt spent.
+//   kPermanent       400, 413, 415, 422 (the message itself can never be accepted) and the
+//                    statuses listed in `abandon_statuses`, unless listed in `retry_statuses`;
+//                    never sent: a payload over `max_message_bytes`, a URL that is not a valid
+//                    http(s) URL once expanded, a header name that is not an HTTP token or a value
+//                    with CR, LF or NUL.
+//   kUnavailable     401, 403, 407 (unless listed): the endpoint refuses the relay itself, a
+//                    state of the destination. The host is paused as if unreachable (below),
+//                    unless it accepted a request sent after its last such refusal within the
+//                    last minute: then the refusal is this message's (kRejected, an attempt
+//                    spent), e.g. a 403 for one path while the others are accepted.
 //   kUnavailable     not sent, nothing wrong with the message: the host cannot be reached (name
 //                    not found, connection refused, connect timeout, TLS handshake or certificate
 //                    refused): the sink then sends nothing to that host for 100 ms, doubling up to
@@ -55,10 +61,11 @@
 //                    (below) and the time is not up; the deadline passed (or less than 20 ms of
 //                    it were left) before the message's turn; an earlier message of its stream
 //                    in this batch was unavailable.
-//   kOutcomeUnknown  sent, no answer: the connection broke, the request timed out, the deadline
-//                    passed; or not sent because an earlier message of its stream in this batch
-//                    failed otherwise (it must go after it). Sent again later, the endpoint gets
-//                    the same webhook-id twice.
+//   kOutcomeUnknown  sent, no answer: the connection broke, the request timed out (its whole
+//                    `request_timeout`, also when libcurl had not found it a connection yet: that
+//                    request's problem, not its host's), the deadline passed; or not sent because
+//                    an earlier message of its stream in this batch failed otherwise (it must go
+//                    after it). Sent again later, the endpoint gets the same webhook-id twice.
 // Retry-After: a 429 or 503 answer with Retry-After (seconds or an HTTP date; at most
 // `max_retry_after` is honoured) makes the sink send nothing more to that host (scheme, name and
 // port) until then; a 429 without it, for 1 s. Other hosts go on. Requests already on the wire
@@ -70,7 +77,9 @@
 // stream key have no order among themselves.
 //
 // Timeouts: connect (TCP and TLS) within `connect_timeout`, the whole request within
-// `request_timeout`, and neither beyond the Publish deadline.
+// `request_timeout`, and neither beyond the Publish deadline. A host counts as down after request
+// timeouts only when 3 different messages in a row timed out with no answer of any kind from the
+// host in between (then as unreachable: nothing sent to it for 100 ms, doubling up to 5 s).
 //
 // Threading: one thread calls Publish or Close at a time; all I/O happens inside Publish, on the
 // calling thread. Connections stay open between calls (libcurl's connection cache).
@@ -114,8 +123,12 @@ struct SinkOptions {
   std::size_t max_in_flight = 64;
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds request_timeout{30000};
-  // 4xx statuses that are retried (kRejected) rather than permanent; 408 and 429 always are.
+  // 4xx statuses that are retried with an attempt spent (kRejected) whatever their default (400,
+  // 413, 415, 422 are otherwise abandoned; 401, 403, 407 otherwise pause the host).
   std::vector<int> retry_statuses;
+  // 4xx and 5xx statuses abandoned at once (kPermanent), besides 400, 413, 415 and 422; never 408,
+  // 429 or 503 (they ask to wait), nor one listed in retry_statuses.
+  std::vector<int> abandon_statuses;
   // The longest Retry-After honoured; a longer one waits this long.
   std::chrono::milliseconds max_retry_after{std::chrono::minutes{10}};
   // The largest payload; larger ones are kPermanent without being sent.

@@ -12,7 +12,8 @@
 //   max_in_flight = 64         # requests in flight per host, 1 to 10000
 //   connect_timeout = "5s"     # 1ms to 10m
 //   request_timeout = "30s"    # the whole request, 1ms to 1h
-//   retry_statuses = []        # 4xx statuses retried instead of abandoned (408, 429 always are)
+//   retry_statuses = []        # 4xx statuses retried with an attempt spent, whatever their default
+//   abandon_statuses = []      # 4xx/5xx abandoned at once besides 400, 413, 415, 422
 //   max_retry_after = "10m"    # the longest Retry-After honoured, 1s to 24h
 //   max_message_bytes = 1048576  # 1 to 64 MiB
 //   http_version = "auto"      # "auto", "1.1" or "2"

@@ -39,9 +39,11 @@
 //                    INVALID_TOPIC_EXCEPTION, RECORD_LIST_TOO_LARGE, an empty topic name.
 //   kRejected        the topic does not exist (UNKNOWN_TOPIC_OR_PART, librdkafka's UNKNOWN_TOPIC
 //                    once topic.metadata.propagation.max.ms has passed: 5 s here unless set),
-//                    authorization failures, and any other error the broker answered with when
-//                    librdkafka knows the message was not written.
-//   kUnavailable     never written: the brokers are down or unreachable, or the deadline passed
+//                    and any other error the broker answered with when librdkafka knows the
+//                    message was not written.
+//   kUnavailable     never written: the brokers are down or unreachable; the producer may not
+//                    write there (TOPIC_ / CLUSTER_AUTHORIZATION_FAILED: a state of the
+//                    destination, issue #40); or the deadline passed
 //                    while the message was still queued in the client (it is then purged, so it
 //                    is not sent later), or the client's queue stayed full until the deadline.
 //   kOutcomeUnknown  may have been written: sent, and no report by the deadline (it may still be

@@ -49,10 +49,12 @@
 //                    deadline passed); JetStream answered that it cannot store anything now
 //                    (insufficient resources, stream offline, JetStream not available); "no
 //                    responders" followed by the loss of the connection in the same batch (a
-//                    server shutting down stops JetStream first, and answers so meanwhile).
-//   kRejected        no stream listens on the subject ("no responders"); the server refused the
-//                    publish (Permissions Violation: no reply comes, the sink answers at once and
-//                    logs it once per subject); any other error ack of JetStream, with its text
+//                    server shutting down stops JetStream first, and answers so meanwhile); the
+//                    server refused the publish (Permissions Violation: a state of the
+//                    destination, issue #40; no reply comes, the sink answers at once and logs it
+//                    once per subject).
+//   kRejected        no stream listens on the subject ("no responders"); any other error ack of
+//                    JetStream, with its text
 //                    and code (wrong expected stream, 10060; stream sealed, 10109; maximum
 //                    messages or bytes with discard new, 10077; ...).
 //   kPermanent       cannot be sent as it is, never sent: payload over `max_message_bytes`, payload

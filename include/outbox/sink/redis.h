@@ -52,8 +52,10 @@
 //                    reloading the script: after such a reply nothing more of the batch is sent;
 //                    not sent because the batch stopped before the message's turn (connection
 //                    lost, deadline passed).
-//   kRejected        WRONGTYPE (the stream key holds another type), NOPERM, and any other error
-//                    reply, with the server's text ("ERR ...").
+//                    NOPERM (the ACL denies the relay's user that key): a state of the
+//                    destination, not of the message (issue #40); other keys go on.
+//   kRejected        WRONGTYPE (the stream key holds another type) and any other error reply,
+//                    with the server's text ("ERR ...").
 //   kPermanent       cannot be written as it is, never sent: the entry (field names and values
 //                    together) over `max_message_bytes`; the stream template expanding to an
 //                    empty key.

@@ -7,9 +7,12 @@
 //   schema = "outbox"   # a plain lower-case identifier; migrated by `outboxctl migrate`
 //   mode = "table"      # "wal": also relay the messages outbox.enqueue writes to the WAL
 //                       # (outbox/store/wal.h; the slot: `outboxctl migrate --wal-slot`)
+//   statement_deadline = "15s"  # the longest wait for any answer of the database before the
+//                       # connection is given up and opened again (1s..1h; "0s": none)
 //
 // Several relays may share one database: outboxd always takes partition leases here.
 
+#include <chrono>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,8 +26,12 @@ inline constexpr const char* kDatabaseUrlEnv = "OUTBOX_DATABASE_URL";
 
 class StoreSettings final : public outbox::StoreSettings {
  public:
-  StoreSettings(std::string url, std::string schema, bool wal = false)
-      : url_(std::move(url)), schema_(std::move(schema)), wal_(wal) {}
+  StoreSettings(std::string url, std::string schema, bool wal = false,
+                std::chrono::milliseconds statement_deadline = std::chrono::seconds{15})
+      : url_(std::move(url)),
+        schema_(std::move(schema)),
+        wal_(wal),
+        deadline_(statement_deadline) {}
   void Describe(config::TomlWriter& out) const override;
   [[nodiscard]] std::string Description() const override { return "schema " + schema_; }
   [[nodiscard]] std::unique_ptr<Store> OpenStore(const RetryPolicy& retry,
@@ -44,11 +51,14 @@ class StoreSettings final : public outbox::StoreSettings {
   [[nodiscard]] std::vector<std::string> Secrets() const override;
   [[nodiscard]] const std::string& url() const { return url_; }
   [[nodiscard]] const std::string& schema() const { return schema_; }
+  [[nodiscard]] std::chrono::milliseconds statement_deadline() const { return deadline_; }
 
  private:
   std::string url_;  // a libpq URI or key=value string
   std::string schema_;
   bool wal_ = false;
+  // [database] statement_deadline: every Open* makes it the process's StatementDeadline().
+  std::chrono::milliseconds deadline_;
 };
 
 // type = "postgres".

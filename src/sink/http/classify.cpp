@@ -39,8 +39,32 @@ std::string Quote(std::string_view body) {
 
 bool HonoursRetryAfter(long status) { return status == 429 || status == 503; }
 
-std::optional<Failure> ClassifyStatus(long status, const std::vector<int>& retry_statuses,
-                                      std::string_view body, std::string_view location) {
+namespace {
+
+bool Listed(const std::vector<int>& list, long status) {
+  return std::find(list.begin(), list.end(), status) != list.end();
+}
+
+// The statuses that say the message itself can never be accepted as it is.
+bool NeverAccepted(long status) {
+  return status == 400 || status == 413 || status == 415 || status == 422;
+}
+
+}  // namespace
+
+std::string_view RefusalOf(long status) {
+  if (status == 401) return "its credentials";
+  if (status == 407) return "its proxy credentials";
+  return "its permissions";
+}
+
+bool RefusesRelay(long status, const StatusLists& lists) {
+  return (status == 401 || status == 403 || status == 407) && !Listed(lists.retry, status) &&
+         !Listed(lists.abandon, status);
+}
+
+std::optional<Failure> ClassifyStatus(long status, const StatusLists& lists, std::string_view body,
+                                      std::string_view location) {
   if (status >= 200 && status < 300) return std::nullopt;
   const std::string code = "HTTP " + std::to_string(status);
   if (status >= 300 && status < 400) {
@@ -50,13 +74,25 @@ std::optional<Failure> ClassifyStatus(long status, const std::vector<int>& retry
             (location.empty() ? std::string{"(no Location)"} : SanitizeForLog(location)) +
             "; redirects are not followed (point url at the final address)"};
   }
-  const bool listed =
-      std::find(retry_statuses.begin(), retry_statuses.end(), status) != retry_statuses.end();
-  if (status >= 400 && status < 500 && status != 408 && status != 429 && !listed) {
+  if (RefusesRelay(status, lists)) return Failure{FailureKind::kUnavailable, code + Quote(body)};
+  if (Listed(lists.retry, status)) return Failure{FailureKind::kRejected, code + Quote(body)};
+  if (NeverAccepted(status) || Listed(lists.abandon, status)) {
     return Failure{FailureKind::kPermanent,
-                   code + Quote(body) + " (a 4xx is not retried unless listed in retry_statuses)"};
+                   code + Quote(body) +
+                       (NeverAccepted(status) ? " (the message cannot be accepted as it is)"
+                                              : " (listed in abandon_statuses)")};
   }
   return Failure{FailureKind::kRejected, code + Quote(body)};
+}
+
+Failure ClassifyTimeout(bool sent, std::string_view timeout_name) {
+  if (sent) {
+    return Failure{FailureKind::kOutcomeUnknown,
+                   "sent, no answer within " + std::string{timeout_name}};
+  }
+  return Failure{FailureKind::kOutcomeUnknown,
+                 "not sent within " + std::string{timeout_name} +
+                     ": it got no connection to its host in that time"};
 }
 
 Failure ClassifyError(CURLcode code, bool sent, std::string_view detail) {

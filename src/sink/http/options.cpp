@@ -93,6 +93,21 @@ void ValidateOptions(const SinkOptions& options) {
                                               std::to_string(status));
     }
   }
+  for (const int status : options.abandon_statuses) {
+    if (status < 400 || status > 599) {
+      throw ConfigError("abandon_statuses",
+                        "lists 4xx or 5xx statuses, got " + std::to_string(status));
+    }
+    if (status == 408 || status == 429 || status == 503) {
+      throw ConfigError("abandon_statuses", "cannot list " + std::to_string(status) +
+                                                ": it asks to wait and is always retried");
+    }
+    if (std::find(options.retry_statuses.begin(), options.retry_statuses.end(), status) !=
+        options.retry_statuses.end()) {
+      throw ConfigError("abandon_statuses",
+                        "lists " + std::to_string(status) + ", which retry_statuses lists too");
+    }
+  }
   if (options.max_retry_after.count() < 1000) {
     throw ConfigError("max_retry_after", "must be at least 1s");
   }

@@ -2,7 +2,8 @@
 // inside Publish. A batch becomes per-host queues of requests that may go now (messages without a
 // stream, and the first message of each stream); a stream's next message joins its host's queue
 // when the one before it was answered 2xx. Nothing is sent to a host that asked to wait
-// (Retry-After) or that could not be reached a moment ago.
+// (Retry-After), that could not be reached a moment ago, or that refused the relay itself (401,
+// 403, 407). A request that times out is its own message's problem, not its host's (issue #40).
 
 #include <curl/curl.h>
 
@@ -44,6 +45,12 @@ constexpr milliseconds kMinHostBackoff{100};
 constexpr milliseconds kMaxHostBackoff{5000};
 // A 429 without Retry-After: the host gets nothing for this long.
 constexpr milliseconds kTooManyRequestsPause{1000};
+// Request timeouts of this many different messages in a row, with no answer from their host in
+// between, make the host count as down.
+constexpr std::size_t kTimeoutsForDown = 3;
+// A refusal of the relay (401, 403, 407) is remembered this long: within it, a host that accepted
+// a request sent after its last refusal blames the next refusal on the message.
+constexpr std::chrono::seconds kRefusalMemory{60};
 // How much of a refused header name a failure's reason quotes.
 constexpr std::size_t kQuotedNameBytes = 64;
 // How much of an answer's body is kept, to quote in a failure's reason.
@@ -55,6 +62,12 @@ constexpr milliseconds kLongestPoll{1000};
 
 milliseconds Until(SteadyClock::time_point when, SteadyClock::time_point now) {
   return std::max(milliseconds{0}, std::chrono::ceil<milliseconds>(when - now));
+}
+
+// "5 s", "1500 ms": a timeout as a reason quotes it.
+std::string TimeoutText(milliseconds timeout) {
+  if (timeout.count() % 1000 == 0) return std::to_string(timeout.count() / 1000) + " s";
+  return std::to_string(timeout.count()) + " ms";
 }
 
 // "name: value" as curl_slist takes it; "name;" sends an empty value ("name:" would remove it).
@@ -107,9 +120,15 @@ class HttpSink final : public Sink {
   struct HostState {
     SteadyClock::time_point wait_until;  // Retry-After
     std::string wait_reason;
-    SteadyClock::time_point down_until;  // could not be reached
+    SteadyClock::time_point down_until;  // could not be reached, or refused the relay
     milliseconds backoff{0};
-    std::string down_reason;
+    std::string down_reason;  // "cannot reach the endpoint: ...", "the endpoint refuses ..."
+    // The messages whose requests timed out since the host last answered anything.
+    std::vector<Uuid> timed_out;
+    // The last refusal of the relay (401, 403, 407), and whether a request sent after it was
+    // accepted (2xx): then the next refusal is the message's.
+    std::optional<SteadyClock::time_point> refused_at;
+    bool accepted_since_refusal = false;
     // Within one Publish: requests in flight, and the batch indexes that may go now.
     std::size_t in_flight = 0;
     std::deque<std::size_t> ready;
@@ -124,6 +143,9 @@ class HttpSink final : public Sink {
     std::string url;
     std::string body_start;  // the start of the answer's body
     bool sent = false;       // a connection was made or reused for it: it may have arrived
+    SteadyClock::time_point started;
+    milliseconds timeout{0};    // CURLOPT_TIMEOUT_MS as set
+    bool deadline_cut = false;  // the Publish deadline, not request_timeout, set `timeout`
     std::array<char, CURL_ERROR_SIZE> error{};
   };
 
@@ -329,10 +351,9 @@ class HttpSink final : public Sink {
                                " ms more (" + host->wait_reason + ")",
                            left};
         } else if (now < host->down_until) {
-          refuse =
-              Failure{FailureKind::kUnavailable,
-                      "cannot reach the endpoint: " + host->down_reason + "; trying again in " +
-                          std::to_string(Until(host->down_until, now).count()) + " ms"};
+          refuse = Failure{FailureKind::kUnavailable,
+                           host->down_reason + "; trying again in " +
+                               std::to_string(Until(host->down_until, now).count()) + " ms"};
         }
         if (refuse) {
           while (!host->ready.empty()) {
@@ -375,6 +396,9 @@ class HttpSink final : public Sink {
     const milliseconds left = Until(deadline, SteadyClock::now());
     const long total = static_cast<long>(
         std::max<std::int64_t>(1, std::min(options_.request_timeout, left).count()));
+    request->started = SteadyClock::now();
+    request->timeout = milliseconds{total};
+    request->deadline_cut = left < options_.request_timeout;
     const long connect = static_cast<long>(
         std::max<std::int64_t>(1, std::min(options_.connect_timeout, left).count()));
     curl_easy_setopt(easy, CURLOPT_URL, request->url.c_str());
@@ -400,20 +424,29 @@ class HttpSink final : public Sink {
     curl_easy_setopt(easy, CURLOPT_PATH_AS_IS, 1L);
     curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, total);
     curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, connect);
-    curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
     curl_easy_setopt(easy, CURLOPT_PROXY, options_.proxy.c_str());
+    // PIPEWAIT (wait for a connection being made to say whether it multiplexes, rather than open
+    // another) only where the answer comes with the connection: TLS's ALPN, or HTTP/2 by prior
+    // knowledge. On plain HTTP with "auto" (HTTP/1.1 there), a connection says so only with its
+    // first answer: every other request to the host waited in libcurl behind one that was never
+    // answered, and then failed at once with its request timeout spent ("Failed to resolve host
+    // ... with timeout after 0 ms").
+    const bool https = request->url.starts_with("https:");
     switch (options_.http_version) {
       case HttpVersion::kAuto:
-        curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_2TLS));
+        curl_easy_setopt(easy, CURLOPT_HTTP_VERSION,
+                         static_cast<long>(https ? CURL_HTTP_VERSION_2TLS : CURL_HTTP_VERSION_1_1));
+        curl_easy_setopt(easy, CURLOPT_PIPEWAIT, https ? 1L : 0L);
         break;
       case HttpVersion::kHttp1:
         curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
+        curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 0L);
         break;
       case HttpVersion::kHttp2:
         curl_easy_setopt(easy, CURLOPT_HTTP_VERSION,
-                         static_cast<long>(request->url.starts_with("https:")
-                                               ? CURL_HTTP_VERSION_2TLS
-                                               : CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE));
+                         static_cast<long>(https ? CURL_HTTP_VERSION_2TLS
+                                                 : CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE));
+        curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
         break;
     }
     if (!options_.tls_ca_file.empty()) {
@@ -436,6 +469,24 @@ class HttpSink final : public Sink {
     running_.push_back(std::move(request));
   }
 
+  // The host is told nothing for a while, doubling: it cannot be reached, or refuses the relay.
+  // `why` starts "cannot reach the endpoint: " or "the endpoint refuses the relay (".
+  void HostDown(HostState& host, const Request& request, const std::string& why,
+                SteadyClock::time_point now) {
+    host.backoff =
+        host.backoff.count() == 0 ? kMinHostBackoff : std::min(host.backoff * 2, kMaxHostBackoff);
+    if (now >= host.down_until) {
+      // (Unreachable: the words the log has always had, which operators and tests look for.)
+      const bool unreachable = why.starts_with("cannot reach");
+      Log(LogLevel::kWarn, "webhook endpoint " + MaskUrl(request.url) +
+                               (unreachable ? " cannot be reached: " : ": ") + why +
+                               "; nothing is sent to its host for " +
+                               std::to_string(host.backoff.count()) + " ms");
+    }
+    host.down_until = now + host.backoff;
+    host.down_reason = why;
+  }
+
   // A request ended: its outcome, and what it says about its host.
   void Finish(Batch& batch, Request& request, CURLcode code) {
     HostState& host = *request.host;
@@ -452,30 +503,53 @@ class HttpSink final : public Sink {
         curl_easy_getinfo(easy, CURLINFO_REQUEST_SIZE, &written);
         sent = written > 0;
       }
-      Failure failure = ClassifyError(code, sent, request.error.data());
-      if (failure.kind == FailureKind::kUnavailable) {
-        host.backoff = host.backoff.count() == 0 ? kMinHostBackoff
-                                                 : std::min(host.backoff * 2, kMaxHostBackoff);
-        if (now >= host.down_until) {
-          Log(LogLevel::kWarn, "webhook endpoint " + MaskUrl(request.url) + " cannot be reached: " +
-                                   failure.reason + "; nothing is sent to its host for " +
-                                   std::to_string(host.backoff.count()) + " ms");
+      // Its whole timeout ran out (not the connect timeout, which ends sooner): this request's
+      // problem, whatever libcurl's text says, unless it keeps happening with nothing answered.
+      if (code == CURLE_OPERATION_TIMEDOUT &&
+          now - request.started + milliseconds{5} >= request.timeout) {
+        const std::string limit =
+            request.deadline_cut
+                ? "the publish deadline (relay.publish_timeout)"
+                : "request_timeout (" + TimeoutText(options_.request_timeout) + ")";
+        Failure failure = ClassifyTimeout(sent, limit);
+        const Uuid& id = batch.envelopes[request.index].id;
+        if (host.timed_out.size() < kTimeoutsForDown &&
+            std::find(host.timed_out.begin(), host.timed_out.end(), id) == host.timed_out.end()) {
+          host.timed_out.push_back(id);
         }
-        host.down_until = now + host.backoff;
-        host.down_reason = failure.reason;
+        if (host.timed_out.size() >= kTimeoutsForDown) {
+          HostDown(host, request,
+                   "cannot reach the endpoint: requests of " + std::to_string(kTimeoutsForDown) +
+                       " different messages in a row got no answer within " + limit +
+                       ", and it answered nothing in between",
+                   now);
+        }
+        Decide(batch, request.index, std::move(failure));
+        return;
       }
+      Failure failure = ClassifyError(code, sent, request.error.data());
+      if (failure.kind == FailureKind::kUnavailable) HostDown(host, request, failure.reason, now);
       Decide(batch, request.index, std::move(failure));
       return;
     }
-    host.backoff = milliseconds{0};
-    host.down_until = {};
+    host.timed_out.clear();
     long status = 0;
     curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
     const char* location = nullptr;
     if (status >= 300 && status < 400) curl_easy_getinfo(easy, CURLINFO_REDIRECT_URL, &location);
+    const StatusLists lists{options_.retry_statuses, options_.abandon_statuses};
     std::optional<Failure> failure =
-        ClassifyStatus(status, options_.retry_statuses, request.body_start,
+        ClassifyStatus(status, lists, request.body_start,
                        location == nullptr ? std::string_view{} : std::string_view{location});
+    if (RefusesRelay(status, lists)) {
+      Refused(batch, request, status, *failure, now);
+      return;
+    }
+    host.backoff = milliseconds{0};
+    host.down_until = {};
+    if (!failure && host.refused_at && request.started > *host.refused_at) {
+      host.accepted_since_refusal = true;
+    }
     if (failure && HonoursRetryAfter(status)) {
       curl_off_t retry_after = 0;
       curl_easy_getinfo(easy, CURLINFO_RETRY_AFTER, &retry_after);
@@ -494,6 +568,34 @@ class HttpSink final : public Sink {
         }
         failure->retry_after = wait;
       }
+    }
+    Decide(batch, request.index, std::move(failure));
+  }
+
+  // The endpoint refused the relay itself (401, 403, 407; `failure` is kUnavailable). The host's
+  // problem: it is paused as if unreachable and the message waits, no attempt spent. Unless the
+  // host accepted a request sent after its last refusal (within kRefusalMemory): its credentials
+  // work, so this refusal is about this message (e.g. a 403 on one path while the others are
+  // accepted): kRejected, an attempt spent. Either way the refusal is remembered, so that a host
+  // that refuses everything from now on (rotated credentials) is blamed from its next refusal.
+  void Refused(Batch& batch, const Request& request, long status, Failure failure,
+               SteadyClock::time_point now) {
+    HostState& host = *request.host;
+    if (host.refused_at && now - *host.refused_at > kRefusalMemory) {
+      host.accepted_since_refusal = false;
+    }
+    const bool message_only = host.refused_at && host.accepted_since_refusal;
+    host.refused_at = now;
+    host.accepted_since_refusal = false;
+    if (message_only) {
+      failure.kind = FailureKind::kRejected;
+      failure.reason +=
+          "; counted against this message: its host accepted other requests since "
+          "its last refusal";
+    } else {
+      failure.reason = "the endpoint refuses the relay (" + std::string{RefusalOf(status)} +
+                       "): " + failure.reason + "; no attempt spent";
+      HostDown(host, request, failure.reason, now);
     }
     Decide(batch, request.index, std::move(failure));
   }

@@ -1,5 +1,6 @@
 // type = "http" (sink/http_type.h): the [sinks.<name>] table read into SinkOptions.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <sstream>
@@ -66,23 +67,44 @@ void ReadHeaders(const config::Section& sink, SinkOptions& options) {
   }
 }
 
-void ReadRetryStatuses(const config::Section& sink, SinkOptions& options) {
-  const config::TomlValue* value = sink.Find("retry_statuses");
-  if (value == nullptr) return;
-  if (!value->is_array()) {
-    Fail(sink.Key("retry_statuses"),
-         "expected an array of integers, got " + config::TypeName(value->type()), value);
-  }
-  for (const config::TomlValue& entry : value->as_array()) {
-    if (!entry.is_integer()) {
-      Fail(sink.Key("retry_statuses"), "expected an array of integers (4xx statuses)", &entry);
+// retry_statuses (4xx) and abandon_statuses (4xx, 5xx but 408, 429, 503; none in both): arrays of
+// integers.
+void ReadStatuses(const config::Section& sink, SinkOptions& options) {
+  const auto read = [&sink](const std::string& key, int highest, std::vector<int>& out) {
+    const config::TomlValue* value = sink.Find(key);
+    if (value == nullptr) return;
+    if (!value->is_array()) {
+      Fail(sink.Key(key), "expected an array of integers, got " + config::TypeName(value->type()),
+           value);
     }
-    const std::int64_t status = entry.as_integer();
-    if (status < 400 || status > 499) {
-      Fail(sink.Key("retry_statuses"),
-           "lists 4xx statuses (5xx are always retried), got " + std::to_string(status), &entry);
+    const std::string what = highest == 499 ? "4xx statuses" : "4xx or 5xx statuses";
+    for (const config::TomlValue& entry : value->as_array()) {
+      if (!entry.is_integer())
+        Fail(sink.Key(key), "expected an array of integers (" + what + ")", &entry);
+      const std::int64_t status = entry.as_integer();
+      if (status < 400 || status > highest) {
+        Fail(sink.Key(key),
+             "lists " + what + (highest == 499 ? " (5xx are always retried)" : "") + ", got " +
+                 std::to_string(status),
+             &entry);
+      }
+      out.push_back(static_cast<int>(status));
     }
-    options.retry_statuses.push_back(static_cast<int>(status));
+  };
+  read("retry_statuses", 499, options.retry_statuses);
+  read("abandon_statuses", 599, options.abandon_statuses);
+  const config::TomlValue* abandon = sink.Find("abandon_statuses");
+  for (const int status : options.abandon_statuses) {
+    if (status == 408 || status == 429 || status == 503) {
+      Fail(sink.Key("abandon_statuses"),
+           "cannot list " + std::to_string(status) + ": it asks to wait and is always retried",
+           abandon);
+    }
+    if (std::find(options.retry_statuses.begin(), options.retry_statuses.end(), status) !=
+        options.retry_statuses.end()) {
+      Fail(sink.Key("abandon_statuses"),
+           "lists " + std::to_string(status) + ", which retry_statuses lists too", abandon);
+    }
   }
 }
 
@@ -90,9 +112,9 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   std::string_view name,
                                                   const config::GetenvFn& getenv) {
   sink.AllowOnly({"type", "url", "method", "secrets", "headers", "max_in_flight", "connect_timeout",
-                  "request_timeout", "retry_statuses", "max_retry_after", "max_message_bytes",
-                  "http_version", "tls_ca_file", "tls_cert_file", "tls_key_file", "proxy",
-                  "envelope"});
+                  "request_timeout", "retry_statuses", "abandon_statuses", "max_retry_after",
+                  "max_message_bytes", "http_version", "tls_ca_file", "tls_cert_file",
+                  "tls_key_file", "proxy", "envelope"});
   SinkOptions options;
 
   // url: required; the environment wins (it may hold a password).
@@ -115,7 +137,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                     options.connect_timeout);
   sink.ReadDuration("request_timeout", milliseconds{1}, std::chrono::hours{1},
                     options.request_timeout);
-  ReadRetryStatuses(sink, options);
+  ReadStatuses(sink, options);
   sink.ReadDuration("max_retry_after", std::chrono::seconds{1}, std::chrono::hours{24},
                     options.max_retry_after);
   sink.ReadInteger("max_message_bytes", 1, kMaxMessageBytes, options.max_message_bytes);
@@ -172,6 +194,7 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   out.Duration("connect_timeout", options_.connect_timeout);
   out.Duration("request_timeout", options_.request_timeout);
   out.Integers("retry_statuses", options_.retry_statuses);
+  out.Integers("abandon_statuses", options_.abandon_statuses);
   out.Duration("max_retry_after", options_.max_retry_after);
   out.Integer("max_message_bytes", static_cast<std::int64_t>(options_.max_message_bytes));
   out.String("http_version", VersionName(options_.http_version));

@@ -26,14 +26,12 @@ bool IsPermanent(rd_kafka_resp_err_t error) {
   }
 }
 
-// The destination refused the message: it does not exist, or the producer may not write to it.
+// The destination refused the message: it does not exist.
 bool IsRejected(rd_kafka_resp_err_t error) {
   switch (error) {
     case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
     case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
     case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
-    case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
-    case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
       return true;
     default:
       return false;
@@ -64,6 +62,10 @@ bool IsUnavailable(rd_kafka_resp_err_t error) {
     case RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND:
     case RD_KAFKA_RESP_ERR_KAFKA_STORAGE_ERROR:
     case RD_KAFKA_RESP_ERR_THROTTLING_QUOTA_EXCEEDED:
+    // The producer may not write there (issue #40): a state of the destination, not of the
+    // message; no attempt spent until the ACL is granted.
+    case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+    case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
       return true;
     default:
       return false;

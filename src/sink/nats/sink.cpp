@@ -809,7 +809,8 @@ void NatsSink::ApplyAcks() {
       ++it;
       continue;
     }
-    Settle(index, MakeFailure(FailureKind::kRejected,
+    // A state of the destination, not of the message (issue #40): no attempt spent.
+    Settle(index, MakeFailure(FailureKind::kUnavailable,
                               "not permitted to publish to subject '" + subjects_[index] +
                                   "' (the server's Permissions Violation)"));
     --batch_->in_flight;

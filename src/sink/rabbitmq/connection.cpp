@@ -81,6 +81,9 @@ FailureKind KindOfCloseCode(int reply_code, std::string_view reply_text) {
       reply_text.find("larger than configured max size") != std::string_view::npos) {
     return FailureKind::kPermanent;
   }
+  // The relay's user may not write there (issue #40): a state of the destination, not of the
+  // message; it waits, no attempt spent, until the permission is granted.
+  if (reply_code == AMQP_ACCESS_REFUSED) return FailureKind::kUnavailable;
   return FailureKind::kRejected;
 }
 

@@ -90,8 +90,10 @@ inline timeval ToTimeval(std::chrono::microseconds duration) {
 std::string DescribeReply(const amqp_rpc_reply_t& reply);
 
 // The failure kind of a channel.close or connection.close reply code caused by a publish:
-// 404 NOT_FOUND, 403 ACCESS_REFUSED and the like reject the message (the exchange may appear
-// later; the attempt counts); 406 for a message over the broker's size limit is kPermanent.
+// 404 NOT_FOUND and the like reject the message (the exchange may appear later; the attempt
+// counts); 406 for a message over the broker's size limit is kPermanent; 403 ACCESS_REFUSED (the
+// relay's user may not write to that exchange) is kUnavailable: a state of the destination, no
+// attempt spent (issue #40).
 FailureKind KindOfCloseCode(int reply_code, std::string_view reply_text);
 
 // An owned, logged-in connection. Move-only; the destructor closes quietly and never throws.

@@ -832,8 +832,8 @@ void RabbitSink::HandleChannelClose(const amqp_channel_close_t& method) {
   const int sent =
       amqp_send_method(connection_->get(), kChannel, AMQP_CHANNEL_CLOSE_OK_METHOD, &close_ok);
 
-  // Which publish the broker refused: the first pending one to the exchange a 404 names, the
-  // first of the reported size for an over-size 406, else the first pending one.
+  // Which publish the broker refused: the first pending one to the exchange a 404 or a 403 names,
+  // the first of the reported size for an over-size 406, else the first pending one.
   auto culprit = pending_.end();
   const FailureKind kind = KindOfCloseCode(code, text);
   std::string reason = "channel closed by broker: " + text;
@@ -844,6 +844,11 @@ void RabbitSink::HandleChannelClose(const amqp_channel_close_t& method) {
       reason = "exchange '" + *exchange + "' not found (" + text + ")";
       culprit = std::find_if(pending_.begin(), pending_.end(),
                              [&](const auto& entry) { return entry.second.exchange == *exchange; });
+    } else if (const auto refused = QuotedAfter(text, "access to exchange '");
+               code == AMQP_ACCESS_REFUSED && refused) {
+      reason = "not permitted to publish to exchange '" + *refused + "' (" + text + ")";
+      culprit = std::find_if(pending_.begin(), pending_.end(),
+                             [&](const auto& entry) { return entry.second.exchange == *refused; });
     } else if (const auto size = NumberAfter(text, "message size ");
                kind == FailureKind::kPermanent && size) {
       culprit = std::find_if(pending_.begin(), pending_.end(),

@@ -45,7 +45,14 @@ ErrorVerdict ClassifyErrorReply(std::string_view text) {
                       : "not written: the server cannot take writes now (" + reason + ")"};
     return verdict;
   }
-  // WRONGTYPE, NOPERM, ERR, CROSSSLOT, MOVED, ...: the server refused this command.
+  // NOPERM: the relay's user may not write this key (ACL): a state of the destination, not of the
+  // message (issue #40); it waits, no attempt spent, until the permission is granted. Not a
+  // server state: other keys may be writable.
+  if (verdict.code == "NOPERM") {
+    verdict.failure = {.kind = FailureKind::kUnavailable, .reason = "not permitted: " + reason};
+    return verdict;
+  }
+  // WRONGTYPE, ERR, CROSSSLOT, MOVED, ...: the server refused this command.
   verdict.failure = {.kind = FailureKind::kRejected, .reason = reason};
   return verdict;
 }

@@ -475,7 +475,7 @@ void RedisSink::HandleError(std::size_t index, std::string_view text) {
   }
   const ErrorVerdict verdict = ClassifyErrorReply(text);
   Failure failure = verdict.failure;
-  if (failure.kind == FailureKind::kRejected) {
+  if (failure.kind == FailureKind::kRejected || verdict.code == "NOPERM") {
     failure.reason =
         "stream '" + Shorten(stream_.Expand(state.batch[index]), 200) + "': " + failure.reason;
   }

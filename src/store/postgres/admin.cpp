@@ -229,10 +229,16 @@ class PostgresAdmin final : public Admin {
       : schema_(schema),
         table_(QuoteSchema(schema) + ".messages"),
         statement_timeout_(statement_timeout),
-        connection_(conninfo,
-                    statement_timeout.count() > 0
-                        ? "SET statement_timeout = " + std::to_string(statement_timeout.count())
-                        : std::string{}) {
+        connection_(
+            conninfo,
+            statement_timeout.count() > 0
+                ? "SET statement_timeout = " + std::to_string(statement_timeout.count())
+                : std::string{},
+            // The server ends a statement at its statement_timeout; the client waits
+            // that long plus the usual deadline for it to say so.
+            StatementDeadline().count() > 0
+                ? StatementDeadline() + std::max(statement_timeout, std::chrono::milliseconds{0})
+                : std::chrono::milliseconds{0}) {
     RequireSchemaVersion(connection_.Ready(), schema_, connection_.description());
     list_ = Build(kList);
     show_ = Build(kShow);
@@ -378,9 +384,7 @@ class PostgresAdmin final : public Admin {
   }
 
  private:
-  static void Rollback(PGconn* conn) {
-    if (PQstatus(conn) == CONNECTION_OK) PQclear(PQexec(conn, "ROLLBACK"));
-  }
+  static void Rollback(PGconn* conn) { RollbackQuietly(conn); }
 
   std::string Build(const std::string& sql) const {
     return ReplaceAll(ReplaceAll(ReplaceAll(ReplaceAll(sql, "__SUMMARY__", kSummaryColumns),

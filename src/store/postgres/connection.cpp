@@ -1,8 +1,16 @@
 #include "connection.h"
 
+#include <libpq-events.h>
+#include <poll.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cerrno>
 #include <charconv>
+#include <cstdint>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -61,6 +69,167 @@ std::string DescribeConninfo(const std::string& conninfo) {
   return description.empty() ? "the default server (PG* environment)" : description;
 }
 
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+std::atomic<std::int64_t> statement_deadline_ms{kDefaultStatementDeadline.count()};
+
+// The event procedure whose instance data holds a connection's deadline in milliseconds (libpq's
+// way to attach data to a PGconn; it is freed with it). It handles no event.
+int DeadlineEvents(PGEventId /*event*/, void* /*info*/, void* /*pass_through*/) { return 1; }
+
+[[noreturn]] void ThrowDeadline(PGconn* conn, std::string_view what, milliseconds deadline) {
+  AbandonConnection(conn);
+  throw PgError(FailureKind::kOutcomeUnknown,
+                std::string{what} + ": no answer from PostgreSQL within " +
+                    std::to_string(deadline.count()) +
+                    " ms (database.statement_deadline): the server or the network is silent; "
+                    "the connection is closed and opened again",
+                "");
+}
+
+// The results of the query sent on `conn`, awaited until `until`: the first error, else the
+// last result (PQexec's rule). Null when there was none.
+ResultPtr AwaitResults(PGconn* conn, std::string_view what, steady_clock::time_point until,
+                       milliseconds deadline) {
+  for (;;) {
+    const int unsent = PQflush(conn);
+    if (unsent <= 0) break;  // -1: failed; PQgetResult reports it
+    if (!WaitSocket(conn, POLLIN | POLLOUT, until)) ThrowDeadline(conn, what, deadline);
+    if (PQconsumeInput(conn) == 0) break;
+  }
+  ResultPtr kept;
+  for (;;) {
+    while (PQisBusy(conn) != 0) {
+      if (!WaitSocket(conn, POLLIN, until)) ThrowDeadline(conn, what, deadline);
+      PQconsumeInput(conn);  // a failure makes the connection bad and PQisBusy false
+    }
+    ResultPtr next{PQgetResult(conn)};
+    if (!next) break;
+    const auto status = PQresultStatus(next.get());
+    if (status == PGRES_COPY_IN || status == PGRES_COPY_OUT || status == PGRES_COPY_BOTH) {
+      return next;
+    }
+    if (!kept || PQresultStatus(kept.get()) != PGRES_FATAL_ERROR) kept = std::move(next);
+    if (PQstatus(conn) == CONNECTION_BAD) break;
+  }
+  return kept;
+}
+
+int AtLeastOne(std::int64_t value) { return static_cast<int>(std::max<std::int64_t>(value, 1)); }
+
+}  // namespace
+
+void SetStatementDeadline(milliseconds deadline) {
+  statement_deadline_ms.store(std::max<std::int64_t>(deadline.count(), 0));
+}
+
+milliseconds StatementDeadline() { return milliseconds{statement_deadline_ms.load()}; }
+
+void SetDeadline(PGconn* conn, milliseconds deadline) {
+  if (conn == nullptr) return;
+  if (PQinstanceData(conn, DeadlineEvents) == nullptr) {
+    if (deadline.count() <= 0) return;
+    if (PQregisterEventProc(conn, DeadlineEvents, "outbox statement deadline", nullptr) == 0) {
+      return;
+    }
+  }
+  // The milliseconds themselves, as the pointer's value: nothing to allocate or free.
+  PQsetInstanceData(conn, DeadlineEvents,
+                    reinterpret_cast<void*>(  // NOLINT(performance-no-int-to-ptr)
+                        static_cast<std::intptr_t>(std::max<std::int64_t>(deadline.count(), 0))));
+}
+
+milliseconds DeadlineOf(PGconn* conn) {
+  if (conn == nullptr) return milliseconds{0};
+  return milliseconds{reinterpret_cast<std::intptr_t>(PQinstanceData(conn, DeadlineEvents))};
+}
+
+std::vector<std::pair<std::string, std::string>> SilentPeerDefaults(milliseconds deadline) {
+  if (deadline.count() <= 0) return {};
+  const std::int64_t seconds = (deadline.count() + 999) / 1000;
+  std::vector<std::pair<std::string, std::string>> defaults;
+  if (std::getenv("PGCONNECT_TIMEOUT") == nullptr) {  // NOLINT(concurrency-mt-unsafe)
+    defaults.emplace_back("connect_timeout", std::to_string(std::max<std::int64_t>(seconds, 2)));
+  }
+  defaults.emplace_back("keepalives", "1");
+  defaults.emplace_back("keepalives_idle", std::to_string(AtLeastOne(seconds / 3)));
+  defaults.emplace_back("keepalives_interval", std::to_string(AtLeastOne(seconds / 6)));
+  defaults.emplace_back("keepalives_count", "3");
+  defaults.emplace_back("tcp_user_timeout", std::to_string(deadline.count()));
+  return defaults;
+}
+
+ConnPtr Connect(const std::string& conninfo, milliseconds deadline,
+                const std::vector<std::pair<std::string, std::string>>& overrides) {
+  // expand_dbname: the first "dbname" is the caller's whole conninfo, and what it sets overrides
+  // the keywords before it (the defaults); the keywords after it (the overrides) win over both.
+  const auto defaults = SilentPeerDefaults(deadline);
+  std::vector<const char*> keywords;
+  std::vector<const char*> values;
+  for (const auto& [key, value] : defaults) {
+    keywords.push_back(key.c_str());
+    values.push_back(value.c_str());
+  }
+  keywords.push_back("dbname");
+  values.push_back(conninfo.c_str());
+  for (const auto& [key, value] : overrides) {
+    keywords.push_back(key.c_str());
+    values.push_back(value.c_str());
+  }
+  keywords.push_back(nullptr);
+  values.push_back(nullptr);
+  ConnPtr conn{PQconnectdbParams(keywords.data(), values.data(), 1)};
+  if (conn && PQstatus(conn.get()) == CONNECTION_OK) SetDeadline(conn.get(), deadline);
+  return conn;
+}
+
+bool WaitSocket(PGconn* conn, short events, steady_clock::time_point until) {
+  for (;;) {
+    const auto now = steady_clock::now();
+    if (now >= until) return false;
+    pollfd descriptor{};
+    descriptor.fd = PQsocket(conn);
+    if (descriptor.fd < 0) return true;  // no socket: libpq reports the failure
+    descriptor.events = events;
+    const auto left = std::chrono::ceil<milliseconds>(until - now);
+    const int ready =
+        poll(&descriptor, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 60000)));
+    if (ready > 0) return true;
+    if (ready < 0 && errno != EINTR) return true;  // the next libpq call reports it
+  }
+}
+
+void AbandonConnection(PGconn* conn) {
+  if (conn == nullptr) return;
+  const int socket = PQsocket(conn);
+  if (socket < 0) return;
+  // Not close(): the descriptor is libpq's. After shutdown, reads see the end of the stream, so
+  // libpq marks the connection lost; nothing is sent that could block.
+  ::shutdown(socket, SHUT_RDWR);
+  PQsetnonblocking(conn, 1);
+  for (int turn = 0; turn < 64 && PQstatus(conn) == CONNECTION_OK; ++turn) {
+    if (PQconsumeInput(conn) == 0) break;
+    while (PQisBusy(conn) == 0) {
+      const ResultPtr discarded{PQgetResult(conn)};
+      if (!discarded) break;
+    }
+  }
+}
+
+void RollbackQuietly(PGconn* conn) noexcept {
+  if (conn == nullptr || PQstatus(conn) != CONNECTION_OK ||
+      PQtransactionStatus(conn) == PQTRANS_IDLE) {
+    return;
+  }
+  try {
+    Exec(conn, "roll back", "ROLLBACK");
+  } catch (...) {  // NOLINT(bugprone-empty-catch): reports nothing; the connection says the rest
+  }
+}
+
 ResultPtr Exec(PGconn* conn, std::string_view what, const std::string& sql,
                const std::vector<Param>& params, bool binary_results) {
   std::vector<const char*> values;
@@ -72,9 +241,35 @@ ResultPtr Exec(PGconn* conn, std::string_view what, const std::string& sql,
     lengths.push_back(param.value ? static_cast<int>(param.value->size()) : 0);
     formats.push_back(param.binary ? 1 : 0);
   }
-  ResultPtr result{PQexecParams(conn, sql.c_str(), static_cast<int>(params.size()), nullptr,
-                                values.data(), lengths.data(), formats.data(),
-                                binary_results ? 1 : 0)};
+  const milliseconds deadline = DeadlineOf(conn);
+  ResultPtr result;
+  if (deadline.count() <= 0) {
+    result.reset(PQexecParams(conn, sql.c_str(), static_cast<int>(params.size()), nullptr,
+                              values.data(), lengths.data(), formats.data(),
+                              binary_results ? 1 : 0));
+  } else {
+    const auto until = steady_clock::now() + deadline;
+    // Non-blocking while the statement is sent, so that a peer that stops reading cannot hold
+    // the send either (libpq's blocking flush waits without a timeout); blocking again after.
+    struct NonBlocking {
+      PGconn* conn;
+      bool was = PQisnonblocking(conn) != 0;
+      explicit NonBlocking(PGconn* c) : conn(c) {
+        if (!was) PQsetnonblocking(conn, 1);
+      }
+      NonBlocking(const NonBlocking&) = delete;
+      NonBlocking& operator=(const NonBlocking&) = delete;
+      ~NonBlocking() {
+        if (!was && PQstatus(conn) == CONNECTION_OK) PQsetnonblocking(conn, 0);
+      }
+    } non_blocking{conn};
+    if (PQsendQueryParams(conn, sql.c_str(), static_cast<int>(params.size()), nullptr,
+                          values.data(), lengths.data(), formats.data(),
+                          binary_results ? 1 : 0) == 0) {
+      ThrowStatementError(conn, nullptr, what);
+    }
+    result = AwaitResults(conn, what, until, deadline);
+  }
   const auto status = result ? PQresultStatus(result.get()) : PGRES_FATAL_ERROR;
   if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK) {
     ThrowStatementError(conn, result.get(), what);
@@ -244,10 +439,12 @@ TimePoint ReadTimestamp(const char* bytes) {
       std::chrono::microseconds{ReadInt64(bytes) + kPostgresEpochMicros})};
 }
 
-Connection::Connection(std::string conninfo, std::string session_sql)
+Connection::Connection(std::string conninfo, std::string session_sql,
+                       std::optional<std::chrono::milliseconds> deadline)
     : conninfo_(std::move(conninfo)),
       session_sql_(std::move(session_sql)),
-      description_(DescribeConninfo(conninfo_)) {
+      description_(DescribeConninfo(conninfo_)),
+      deadline_(deadline.value_or(StatementDeadline())) {
   if (description_.empty()) {
     // libpq's parse error quotes the offending fragment, which may be a password: say less.
     throw PgError(FailureKind::kPermanent,
@@ -260,26 +457,34 @@ Connection::Connection(std::string conninfo, std::string session_sql)
 
 void Connection::EnsureConnected() {
   if (conn_ && PQstatus(conn_.get()) == CONNECTION_OK) return;
-  conn_.reset(PQconnectdb(conninfo_.c_str()));
+  conn_.reset();  // the old one first: its server session may hold what the new one needs
+  conn_ = Connect(conninfo_, deadline_);
   if (!conn_ || PQstatus(conn_.get()) != CONNECTION_OK) {
     const std::string reason = conn_ ? Trim(PQerrorMessage(conn_.get())) : "out of memory";
     conn_.reset();
     throw PgError(FailureKind::kUnavailable,
                   "cannot connect to PostgreSQL (" + description_ + "): " + reason, "");
   }
+  const auto set_up_failed = [this](const std::string& reason) {
+    conn_.reset();
+    return PgError(FailureKind::kUnavailable,
+                   "cannot set up the connection to PostgreSQL (" + description_ + "): " + reason,
+                   "");
+  };
   // Every statement of the store is short; with JIT on, the claim's plan (its cost estimate is
   // over jit_above_cost once the table is large) spent 30-60 ms compiling to save microseconds
   // (measured: a claim of 500 from 200k rows, 68 ms with JIT, 13.6 ms without). A server without
   // the setting (before PostgreSQL 11) refuses it, which changes nothing.
-  ResultPtr no_jit{PQexec(conn_.get(), "SET jit = off")};
+  try {
+    Exec(conn_.get(), "set jit", "SET jit = off");
+  } catch (const PgError& error) {
+    if (PQstatus(conn_.get()) != CONNECTION_OK) throw set_up_failed(error.what());
+  }
   if (session_sql_.empty()) return;
-  const ResultPtr session{PQexec(conn_.get(), session_sql_.c_str())};
-  if (PQresultStatus(session.get()) != PGRES_COMMAND_OK) {
-    const std::string reason = Trim(PQerrorMessage(conn_.get()));
-    conn_.reset();
-    throw PgError(FailureKind::kUnavailable,
-                  "cannot set up the connection to PostgreSQL (" + description_ + "): " + reason,
-                  "");
+  try {
+    Exec(conn_.get(), "set up the session", session_sql_);
+  } catch (const PgError& error) {
+    throw set_up_failed(error.what());
   }
 }
 

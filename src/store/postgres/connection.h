@@ -71,8 +71,11 @@ TimePoint ReadTimestamp(const char* bytes);  // timestamptz: microseconds since 
 class Connection {
  public:
   // Connects or throws PgError(kUnavailable) naming the server but never the password.
-  // `session_sql` (e.g. "SET statement_timeout = 30000") runs after every (re)connect.
-  explicit Connection(std::string conninfo, std::string session_sql = {});
+  // `session_sql` (e.g. "SET statement_timeout = 30000") runs after every (re)connect. Every
+  // statement on it has `deadline` (Exec; StatementDeadline() when not given, 0: none), and it
+  // connects with the silent-peer defaults of that deadline (Connect).
+  explicit Connection(std::string conninfo, std::string session_sql = {},
+                      std::optional<std::chrono::milliseconds> deadline = std::nullopt);
   Connection(Connection&&) noexcept = default;
   Connection& operator=(Connection&&) noexcept = default;
   Connection(const Connection&) = delete;
@@ -82,7 +85,10 @@ class Connection {
   PGconn* get() const { return conn_.get(); }
   const std::string& description() const { return description_; }
 
-  // Reconnects if the connection was lost; throws PgError(kUnavailable) if that fails.
+  std::chrono::milliseconds deadline() const { return deadline_; }
+
+  // Reconnects if the connection was lost (or abandoned at a deadline); throws
+  // PgError(kUnavailable) if that fails.
   void EnsureConnected();
 
   // The connection, reconnected first if it was lost (what every call of a store begins with).
@@ -98,6 +104,7 @@ class Connection {
   std::string conninfo_;
   std::string session_sql_;
   std::string description_;
+  std::chrono::milliseconds deadline_;
   ConnPtr conn_;
 };
 

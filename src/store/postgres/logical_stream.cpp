@@ -179,7 +179,8 @@ LogicalStream::LogicalStream(std::string conninfo, std::string slot, std::string
       slot_(std::move(slot)),
       publication_(std::move(publication)),
       prefix_(std::move(prefix)),
-      timing_(timing) {
+      timing_(timing),
+      deadline_(StatementDeadline()) {
   CheckName("replication slot", slot_);
   CheckName("publication", publication_);
   if (prefix_.empty() || prefix_.find('\0') != std::string::npos) {
@@ -237,11 +238,11 @@ void LogicalStream::FailFromConnection(std::string_view what) {
 
 void LogicalStream::Start(Lsn after) {
   Close();
-  // expand_dbname: the first dbname is the caller's whole conninfo; later keywords override it.
-  const std::array<const char*, 4> keywords = {"dbname", "replication", "fallback_application_name",
-                                               nullptr};
-  const std::array<const char*, 4> values = {conninfo_.c_str(), "database", "outbox-wal", nullptr};
-  conn_.reset(PQconnectdbParams(keywords.data(), values.data(), 1));
+  // The caller's conninfo over the silent-peer defaults (keepalives, tcp_user_timeout), then
+  // replication=database over both. Its statements (the slot's check, START_REPLICATION) have the
+  // deadline; the stream itself has the silence limit.
+  conn_ = Connect(conninfo_, deadline_,
+                  {{"replication", "database"}, {"fallback_application_name", "outbox-wal"}});
   if (!conn_ || PQstatus(conn_.get()) != CONNECTION_OK) {
     const std::string reason = conn_ ? Trim(PQerrorMessage(conn_.get())) : "out of memory";
     Fail(FailureKind::kUnavailable,
@@ -252,7 +253,7 @@ void LogicalStream::Start(Lsn after) {
   const std::string command = "START_REPLICATION SLOT \"" + slot_ + "\" LOGICAL " +
                               FormatLsn(after) + " (proto_version '1', publication_names '\"" +
                               publication_ + "\"', messages 'true')";
-  const ResultPtr started{PQexec(conn_.get(), command.c_str())};
+  const ResultPtr started = Query(command, "start streaming");
   if (PQresultStatus(started.get()) != PGRES_COPY_BOTH) {
     const std::string sqlstate = ErrorField(started.get(), PG_DIAG_SQLSTATE);
     const std::string primary = ErrorField(started.get(), PG_DIAG_MESSAGE_PRIMARY);
@@ -277,6 +278,35 @@ void LogicalStream::Start(Lsn after) {
   pinged_ = false;
 }
 
+ResultPtr LogicalStream::Query(const std::string& sql, std::string_view what) {
+  if (deadline_.count() <= 0) return ResultPtr{PQexec(conn_.get(), sql.c_str())};
+  const auto until = steady_clock::now() + deadline_;
+  if (PQsendQuery(conn_.get(), sql.c_str()) == 0) {
+    FailFromConnection("cannot " + std::string{what});
+  }
+  ResultPtr kept;
+  for (;;) {
+    while (PQisBusy(conn_.get()) != 0) {
+      if (!WaitSocket(conn_.get(), POLLIN, until)) {
+        AbandonConnection(conn_.get());
+        Fail(FailureKind::kUnavailable,
+             "cannot " + std::string{what} + " (" + description_ + "): no answer within " +
+                 std::to_string(deadline_.count()) +
+                 " ms (database.statement_deadline); the connection is closed");
+      }
+      PQconsumeInput(conn_.get());
+    }
+    ResultPtr next{PQgetResult(conn_.get())};
+    if (!next) break;
+    const auto status = PQresultStatus(next.get());
+    // START_REPLICATION's answer: the stream begins, nothing follows it.
+    if (status == PGRES_COPY_BOTH) return next;
+    if (!kept || PQresultStatus(kept.get()) != PGRES_FATAL_ERROR) kept = std::move(next);
+    if (PQstatus(conn_.get()) == CONNECTION_BAD) break;
+  }
+  return kept;
+}
+
 std::string LogicalStream::SlotGone() const {
   return description_ +
          " does not exist: it was dropped, or never created. Outbox messages written in WAL mode "
@@ -294,7 +324,7 @@ void LogicalStream::CheckSlot() {
       "'), (SELECT setting FROM pg_settings WHERE name = 'wal_sender_timeout') FROM (VALUES (1)) "
       "one LEFT JOIN pg_replication_slots s ON s.slot_name = '" +
       slot_ + "'";
-  const ResultPtr result{PQexec(conn_.get(), sql.c_str())};
+  const ResultPtr result = Query(sql, "look up the replication slot");
   if (PQresultStatus(result.get()) != PGRES_TUPLES_OK || PQntuples(result.get()) != 1) {
     FailFromConnection("cannot look up the replication slot");
   }
@@ -330,6 +360,12 @@ void LogicalStream::CheckSlot() {
   if (silence_limit_.count() == 0) {
     const std::int64_t sender_timeout = ParseInt64(text(7), "wal_sender_timeout");  // ms
     if (sender_timeout > 0) silence_limit_ = std::chrono::milliseconds{sender_timeout + 5000};
+    // A live walsender answers a status update that asks for a reply at once (it is read
+    // between WAL records), so the statement deadline bounds a silent stream too: half of it
+    // without a byte, a ping; the whole of it, the stream is presumed dead.
+    if (deadline_.count() > 0 && (silence_limit_.count() == 0 || deadline_ < silence_limit_)) {
+      silence_limit_ = deadline_;
+    }
   }
 }
 

@@ -14,7 +14,8 @@
 // A connection that dies silently (a network cut, a host gone) is noticed: after half the
 // silence limit without a byte from the server, a status update asks for a reply; after the whole
 // limit Next throws kUnavailable. A live walsender answers at once, or within its
-// wal_sender_timeout / 2 when busy, so the default limit is that timeout plus 5 s.
+// wal_sender_timeout / 2 when busy, so the default limit is that timeout plus 5 s, or the statement
+// deadline (StatementDeadline(), database.statement_deadline) when that is shorter.
 //
 // Threading: one thread calls Start, Next and Close; Confirm and Received may be called from any
 // thread.
@@ -124,6 +125,9 @@ class LogicalStream {
   [[noreturn]] void FailFromConnection(std::string_view what);
   [[nodiscard]] std::string SlotGone() const;
   void CheckSlot();
+  // Runs `sql` (simple protocol) on the walsender connection within the deadline; after it the
+  // stream is closed and PgError(kUnavailable) thrown. The caller checks the result's status.
+  ResultPtr Query(const std::string& sql, std::string_view what);
   // Handles one CopyData message; a commit to return, if it completes one. Throws
   // std::invalid_argument for malformed data.
   std::optional<DecodedCommit> Handle(std::string_view message);
@@ -142,6 +146,7 @@ class LogicalStream {
   std::string publication_;
   std::string prefix_;
   LogicalStreamTiming timing_;
+  std::chrono::milliseconds deadline_;          // StatementDeadline() when constructed; 0: none
   std::chrono::milliseconds silence_limit_{0};  // in effect for this stream; 0: none
   std::string server_;                          // DescribeConninfo: no password
   std::string description_;

@@ -178,6 +178,9 @@ void RequireSchemaVersion(pg_conn* conn, const std::string& schema, const std::s
 
 int Migrate(const std::string& conninfo, const std::string& schema) {
   Connection connection{conninfo};
+  // No deadline on the migration itself (it may rewrite a large table); the connection keeps its
+  // keepalives and tcp_user_timeout.
+  SetDeadline(connection.get(), std::chrono::milliseconds{0});
   return Migrate(connection.get(), schema);
 }
 

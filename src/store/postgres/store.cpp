@@ -69,7 +69,7 @@ class PostgresStore final : public Store {
       Exec(conn, "enqueue: commit", "COMMIT");
       return ids;
     } catch (...) {
-      ResultPtr rollback{PQexec(conn, "ROLLBACK")};
+      RollbackQuietly(conn);
       throw;
     }
   }

@@ -1,6 +1,7 @@
 #include "conninfo_mask.h"
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_admin.h"
+#include "outbox/store/postgres_libpq.h"
 #include "outbox/store/postgres_type.h"
 #include "outbox/store/postgres_wal.h"
 
@@ -17,7 +18,7 @@ bool IsPlainIdentifier(const std::string& name) {
 
 std::unique_ptr<const outbox::StoreSettings> Parse(const config::Section& database,
                                                    const config::GetenvFn& getenv) {
-  database.AllowOnly({"type", "url", "schema", "path", "mode"});
+  database.AllowOnly({"type", "url", "schema", "path", "mode", "statement_deadline"});
   // Another store type's key is a mistake worth naming, not an unknown key.
   if (const config::TomlValue* path = database.Find("path")) {
     config::Fail(
@@ -45,7 +46,22 @@ std::unique_ptr<const outbox::StoreSettings> Parse(const config::Section& databa
     config::Fail(database.Key("mode"), "must be \"table\" or \"wal\", got " + config::Quoted(mode),
                  database.Find("mode"));
   }
-  return std::make_unique<const StoreSettings>(std::move(url), std::move(schema), mode == "wal");
+  // How long the relay waits for any answer of the database before it gives the connection up
+  // (outbox/store/postgres_libpq.h): at least 1 s, at most 1 h; "0s" turns it off.
+  std::chrono::milliseconds deadline = kDefaultStatementDeadline;
+  if (const config::TomlValue* value = database.Find("statement_deadline")) {
+    database.ReadDuration("statement_deadline", std::chrono::milliseconds{0}, std::chrono::hours{1},
+                          deadline);
+    if (deadline.count() > 0 && deadline < std::chrono::seconds{1}) {
+      config::Fail(database.Key("statement_deadline"),
+                   "must be at least 1s (or \"0s\" to wait for the database without a deadline), "
+                   "got " +
+                       config::FormatDuration(deadline),
+                   value);
+    }
+  }
+  return std::make_unique<const StoreSettings>(std::move(url), std::move(schema), mode == "wal",
+                                               deadline);
 }
 
 }  // namespace
@@ -55,10 +71,12 @@ void StoreSettings::Describe(config::TomlWriter& out) const {
   out.String("url", MaskConninfo(url_));
   out.String("schema", schema_);
   out.String("mode", wal_ ? "wal" : "table");
+  out.Duration("statement_deadline", deadline_);
 }
 
 std::unique_ptr<Store> StoreSettings::OpenStore(const RetryPolicy& retry,
                                                 const RetentionPolicy& retention) const {
+  SetStatementDeadline(deadline_);
   return postgres::OpenStore(
       {.conninfo = url_, .schema = schema_, .retry = retry, .retention = retention});
 }
@@ -66,22 +84,27 @@ std::unique_ptr<Store> StoreSettings::OpenStore(const RetryPolicy& retry,
 std::vector<std::string> StoreSettings::Secrets() const { return ConninfoSecrets(url_); }
 
 std::unique_ptr<Wakeup> StoreSettings::OpenWakeup() const {
+  SetStatementDeadline(deadline_);
   return postgres::OpenWakeup(url_, schema_);
 }
 
 std::unique_ptr<PartitionLeases> StoreSettings::OpenPartitionLeases() const {
+  SetStatementDeadline(deadline_);
   return postgres::OpenPartitionLeases(url_, schema_);
 }
 
 std::unique_ptr<Admin> StoreSettings::OpenAdmin(std::chrono::milliseconds statement_timeout) const {
+  SetStatementDeadline(deadline_);
   return postgres::OpenAdmin(url_, schema_, statement_timeout);
 }
 
 std::unique_ptr<WalSource> StoreSettings::OpenWalSource() const {
+  SetStatementDeadline(deadline_);
   return wal_ ? postgres::OpenWalSource(url_, schema_) : nullptr;
 }
 
 std::unique_ptr<WalLedger> StoreSettings::OpenWalLedger() const {
+  SetStatementDeadline(deadline_);
   return wal_ ? postgres::OpenWalLedger(url_, schema_) : nullptr;
 }
 

@@ -284,10 +284,7 @@ class PostgresWalLedger final : public WalLedger {
       return written;
     } catch (...) {
       // A lost connection has no transaction left; otherwise end this one.
-      if (transaction && PQstatus(conn) == CONNECTION_OK &&
-          PQtransactionStatus(conn) != PQTRANS_IDLE) {
-        ResultPtr rollback{PQexec(conn, "ROLLBACK")};
-      }
+      if (transaction) RollbackQuietly(conn);
       throw;
     }
   }

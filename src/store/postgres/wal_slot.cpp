@@ -42,7 +42,7 @@ void InTransaction(PGconn* conn, std::string_view what, const std::function<void
     body();
     Exec(conn, what, "COMMIT");
   } catch (...) {
-    ResultPtr rollback{PQexec(conn, "ROLLBACK")};
+    RollbackQuietly(conn);
     throw;
   }
 }
@@ -205,6 +205,8 @@ std::string EnsureWalSlot(pg_conn* conn, const std::string& schema) {
 
 std::string EnsureWalSlot(const std::string& conninfo, const std::string& schema) {
   Connection connection{conninfo};
+  // No deadline: creating a slot waits for every running transaction that wrote to end.
+  SetDeadline(connection.get(), std::chrono::milliseconds{0});
   return EnsureWalSlot(connection.get(), schema);
 }
 
