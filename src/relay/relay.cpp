@@ -358,7 +358,7 @@ class Relay::Engine {
       if (round.next_due) next_due_ = last_claim_at_ + *round.next_due;
       auto& batch = round.messages;
       last_claim_size_ = static_cast<int>(batch.size());
-      if (static_cast<int>(batch.size()) < request.max_messages) EndIdlePauses(batch);
+      if (static_cast<int>(batch.size()) < request.max_messages) EndIdlePauses(batch, in_flight);
       counters_.claimed += batch.size();
       if (!batch.empty()) {
         metrics_.claimed.Increment(batch.size());
@@ -805,16 +805,21 @@ class Relay::Engine {
   }
 
   // A claim that could take every claimable message (it came back short of its limit) had none
-  // for a target whose probe is due: nothing of it waits to be published, so there is nothing to
-  // probe with and nothing held back; its pause ends (the next failure starts a new one).
-  void EndIdlePauses(const std::vector<Envelope>& batch) {
+  // for a target whose probe is due, and none of its messages is in flight: nothing of it waits
+  // to be published, so there is nothing to probe with and nothing held back; its pause ends (the
+  // next failure starts a new one). A target with messages in flight is being probed by them (a
+  // claim made beside that batch finds the rest of its streams behind their leased heads): the
+  // batch's verdict ends or extends the pause.
+  void EndIdlePauses(const std::vector<Envelope>& batch, const std::vector<Envelope>& in_flight) {
     const auto now = SteadyClock::now();
     const auto ended = std::erase_if(paused_, [&](const auto& entry) {
       const auto& [target, pause] = entry;
       if (pause.probe_at > now) return false;
-      return std::none_of(batch.begin(), batch.end(), [&name = target](const Envelope& envelope) {
+      const auto of_target = [&name = target](const Envelope& envelope) {
         return envelope.target == name;
-      });
+      };
+      return std::none_of(batch.begin(), batch.end(), of_target) &&
+             std::none_of(in_flight.begin(), in_flight.end(), of_target);
     });
     if (ended > 0) PausesChanged();
   }
