@@ -358,7 +358,9 @@ class Relay::Engine {
       if (round.next_due) next_due_ = last_claim_at_ + *round.next_due;
       auto& batch = round.messages;
       last_claim_size_ = static_cast<int>(batch.size());
-      if (static_cast<int>(batch.size()) < request.max_messages) EndIdlePauses(batch, in_flight);
+      if (static_cast<int>(batch.size()) < request.max_messages) {
+        EndIdlePauses(batch, in_flight, request.paused_targets);
+      }
       counters_.claimed += batch.size();
       if (!batch.empty()) {
         metrics_.claimed.Increment(batch.size());
@@ -809,12 +811,14 @@ class Relay::Engine {
   // to be published, so there is nothing to probe with and nothing held back; its pause ends (the
   // next failure starts a new one). A target with messages in flight is being probed by them (a
   // claim made beside that batch finds the rest of its streams behind their leased heads): the
-  // batch's verdict ends or extends the pause.
-  void EndIdlePauses(const std::vector<Envelope>& batch, const std::vector<Envelope>& in_flight) {
-    const auto now = SteadyClock::now();
+  // batch's verdict ends or extends the pause. `excluded` are the targets the claim left out
+  // (their probe was not due when it was made, though it may be by now): the claim says nothing
+  // of them.
+  void EndIdlePauses(const std::vector<Envelope>& batch, const std::vector<Envelope>& in_flight,
+                     const std::vector<std::string>& excluded) {
     const auto ended = std::erase_if(paused_, [&](const auto& entry) {
       const auto& [target, pause] = entry;
-      if (pause.probe_at > now) return false;
+      if (std::find(excluded.begin(), excluded.end(), target) != excluded.end()) return false;
       const auto of_target = [&name = target](const Envelope& envelope) {
         return envelope.target == name;
       };
