@@ -15,6 +15,7 @@
 //                         (into an HTTP endpoint in this process, next to a raw libcurl multi
 //                         loop's ceiling: bench/drains.h)
 //   outbox-bench steady   [--rate 1000] [--seconds 60] [--payload 256] [--streams 1000]
+//                         [--modes table,wal] (a list of rates and modes: one run each, one table)
 //   outbox-bench backlog  [--rows 10000000] [--measure 200000]
 //   outbox-bench bloat    [--rate 2000] [--seconds 600]     (steady load, old snapshot held open)
 //   outbox-bench enqueue  [--messages 20000]                (writers: the store's enqueue rates)
@@ -1459,6 +1460,15 @@ struct SteadyOptions {
   bool wal = false;
 };
 
+// What a steady run found, for the table of several rates and modes (issue #49).
+struct SteadyResult {
+  double rate = 0;
+  bool wal = false;
+  double achieved = 0;  // messages per second the writers achieved
+  Percentiles latency;
+  double statements_per_message = -1;  // -1: not measured
+};
+
 // One row of the per-interval table, sampled at its end.
 struct Interval {
   double t = 0;
@@ -1470,7 +1480,7 @@ struct Interval {
   std::int64_t dead_tuples = 0;
 };
 
-void Steady(Env& env, const SteadyOptions& o) {
+SteadyResult Steady(Env& env, const SteadyOptions& o) {
   const int per_tx = o.per_transaction > 0
                          ? o.per_transaction
                          : std::max(1, static_cast<int>(std::ceil(o.rate / 1000.0)));
@@ -1629,7 +1639,14 @@ void Steady(Env& env, const SteadyOptions& o) {
       Thousands(static_cast<double>(messages)).c_str(), write_seconds,
       Thousands(static_cast<double>(done) / write_seconds).c_str(),
       static_cast<double>(max_late_us.load()) / 1000.0);
-  std::printf("latency: %s\n", Describe(Summarize(latencies)).c_str());
+  SteadyResult result{.rate = o.rate,
+                      .wal = o.wal,
+                      .achieved = done > 0 ? static_cast<double>(done) / write_seconds : 0,
+                      .latency = Summarize(latencies),
+                      .statements_per_message = statements.available() && done > 0
+                                                    ? statement_count / static_cast<double>(done)
+                                                    : -1};
+  std::printf("latency: %s\n", Describe(result.latency).c_str());
   std::printf(
       "lag: mean %.0f, max %s messages; after the last commit the relay needed %.2f s "
       "more%s; not received: %zu, duplicates: %zu, not ours: %zu, consumer reconnects: %d\n",
@@ -1747,6 +1764,52 @@ void Steady(Env& env, const SteadyOptions& o) {
     } else if (o.hold_snapshot) {
       TargetNotMeasured("bloat relay and writer throughput change, first -> last interval",
                         "fewer than two intervals: make --seconds at least twice --report-every");
+    }
+  }
+  std::printf("\n");
+  Flush();
+  return result;
+}
+
+// Several rates and modes in one run (issue #49): each a steady run of its own, then one table
+// of the trade the linger makes, and the issue's bounds.
+void SteadyTable(Env& env, SteadyOptions o, const std::vector<double>& rates,
+                 const std::vector<std::string>& modes) {
+  std::vector<SteadyResult> results;
+  for (const auto& mode : modes) {
+    for (const double rate : rates) {
+      o.rate = rate;
+      o.wal = mode == "wal";
+      results.push_back(Steady(env, o));
+    }
+  }
+  if (results.size() >= 2) {
+    std::printf(
+        "== steady, %zu runs of %d s: latency COMMIT -> consumer and relay statements per "
+        "message\n\n| mode | rate msg/s | achieved | p50 ms | p99 ms | statements/message |\n"
+        "|---|---|---|---|---|---|\n",
+        results.size(), o.seconds);
+    for (const auto& r : results) {
+      char statements[32] = "not measured";
+      if (r.statements_per_message >= 0) {
+        std::snprintf(statements, sizeof statements, "%.4f", r.statements_per_message);
+      }
+      std::printf("| %s | %s | %s | %.2f | %.2f | %s |\n", r.wal ? "WAL" : "table",
+                  Thousands(r.rate).c_str(), Thousands(r.achieved).c_str(), r.latency.p50,
+                  r.latency.p99, statements);
+    }
+  }
+  // Issue #49: at 100 msg/s p50 <= 5 ms and p99 <= 10 ms; at 1,000 msg/s p99 <= 30 ms (its
+  // statements per message are Steady's target of issue #21).
+  for (const auto& r : results) {
+    const std::string what =
+        std::string{r.wal ? "WAL mode: " : ""} + "steady " + RateName(r.rate) + " msg/s latency";
+    if (r.latency.count == 0) continue;
+    if (r.rate == 100) {
+      Target(what + " p50", r.latency.p50, Bound::kAtMost, 5, 2, " ms", "");
+      Target(what + " p99", r.latency.p99, Bound::kAtMost, 10, 2, " ms", "");
+    } else if (r.rate == 1000) {
+      Target(what + " p99", r.latency.p99, Bound::kAtMost, 30, 2, " ms", "");
     }
   }
   std::printf("\n");
@@ -2106,7 +2169,17 @@ int main(int argc, char** argv) {
 
   SteadyOptions steady_options;
   auto* steady = app.add_subcommand("steady", "writers at a fixed rate: latency and lag");
-  steady->add_option("--rate", steady_options.rate)->check(CLI::Range(1.0, 1e6));
+  std::vector<double> steady_rates{1000};
+  std::vector<std::string> steady_modes{"table"};
+  steady
+      ->add_option("--rate", steady_rates,
+                   "messages per second; a list (100,1000,5000) runs each and prints one table")
+      ->delimiter(',')
+      ->check(CLI::Range(1.0, 1e6));
+  steady
+      ->add_option("--modes", steady_modes, "table, wal or both (table,wal): one run per rate each")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"table", "wal"}));
   steady->add_option("--seconds", steady_options.seconds)->check(CLI::Range(1, 86400));
   steady->add_option("--payload", steady_options.payload)->check(CLI::Range(14, 1048576));
   steady->add_option("--streams", steady_options.streams)->check(CLI::Range(1, 1000000));
@@ -2206,7 +2279,10 @@ int main(int argc, char** argv) {
     } else if (wal_drain->parsed()) {
       WalDrainBench(env, wal_counts, wal_payload, 1000, ceiling_messages);
     }
-    if (steady->parsed()) Steady(env, steady_options);
+    if (steady->parsed()) {
+      if (steady_options.wal) steady_modes = {"wal"};
+      SteadyTable(env, steady_options, steady_rates, steady_modes);
+    }
     if (bloat->parsed()) Steady(env, bloat_options);
     if (backlog->parsed()) {
       if (backlog_measure + 10000 > backlog_rows) throw std::runtime_error("--measure too large");

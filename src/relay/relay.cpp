@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "adaptive_linger.h"
 #include "outbox/core/error.h"
 #include "outbox/core/message.h"
 #include "outbox/core/uuid.h"
@@ -358,6 +359,7 @@ class Relay::Engine {
       if (round.next_due) next_due_ = last_claim_at_ + *round.next_due;
       auto& batch = round.messages;
       last_claim_size_ = static_cast<int>(batch.size());
+      linger_.Observe(SteadyClock::now(), batch.size());
       if (static_cast<int>(batch.size()) < request.max_messages) {
         EndIdlePauses(batch, in_flight, request.paused_targets);
       }
@@ -416,15 +418,15 @@ class Relay::Engine {
     }
   }
 
-  // Under steady load (see RelayOptions::linger) the next claim waits for the linger to pass
-  // since the last one; a full batch (a backlog) or an idle relay's wake-up claims at once.
+  // Under steady load the next claim waits, since the last one, for as long as the arrival rate
+  // makes worth it (adaptive_linger.h; RelayOptions::linger is the cap); a full batch (a
+  // backlog) claims at once.
   void Linger() {
-    if (options_.linger.count() == 0 || last_claim_size_ < 2 ||
-        last_claim_size_ >= options_.batch_size) {
-      return;
-    }
+    if (last_claim_size_ >= options_.batch_size) return;
+    const auto wait = linger_.Wait(SteadyClock::now());
+    if (wait.count() == 0) return;
     std::unique_lock lock(stop_mutex_);
-    stop_changed_.wait_until(lock, last_claim_at_ + options_.linger, [this] { return stop_; });
+    stop_changed_.wait_until(lock, last_claim_at_ + wait, [this] { return stop_; });
   }
 
   // Nothing to do: tell writers, look once more, then sleep until notified or the sweep is due.
@@ -1034,7 +1036,8 @@ class Relay::Engine {
   } unrecorded_;                 // outcomes the store could not take yet (see Unrecorded)
   bool idle_announced_ = false;  // this relay's idle mark stands (see Wakeup)
   SteadyClock::time_point last_claim_at_{};  // when the last claim was sent (see Linger)
-  int last_claim_size_ = 0;                  // and how many messages it found
+  AdaptiveLinger linger_{options_.linger, options_.batch_size};
+  int last_claim_size_ = 0;  // and how many messages it found
   // When the last claim found nothing: when the first retry it saw waiting is due.
   std::optional<SteadyClock::time_point> next_due_;
   bool reconcile_leases_ = false;  // a claim failed: leases may exist that this relay lost

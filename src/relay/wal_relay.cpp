@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "adaptive_linger.h"
 #include "outbox/core/error.h"
 #include "outbox/core/random.h"
 #include "outbox/core/uuid.h"
@@ -422,24 +423,32 @@ class WalRelay::Engine {
     // two threads at once and nothing it reads goes away under it.
   };
 
+  // The slot's next transaction, counted for the linger's arrival rate.
+  std::optional<WalTransaction> Read(milliseconds timeout) {
+    auto transaction = source_->Next(timeout);
+    if (transaction) linger_.Observe(SteadyClock::now(), transaction->messages.size());
+    return transaction;
+  }
+
   // One transaction: what was read ahead first, then the slot.
   std::optional<WalTransaction> NextTransaction(milliseconds timeout) {
-    if (read_ahead_.empty()) return source_->Next(timeout);
+    if (read_ahead_.empty()) return Read(timeout);
     WalTransaction transaction = std::move(read_ahead_.front());
     read_ahead_.pop_front();
     return transaction;
   }
 
-  // Whole transactions, until batch_size messages or `linger` after the first. As the table
-  // relay's linger: only while transactions come faster than batches go (the last batch held more
-  // than one); a lone transaction after a quiet spell goes at once with whatever is already read.
+  // Whole transactions, until batch_size messages or the linger after the first. As the table
+  // relay's linger: only as long as the arrival rate makes worth it (adaptive_linger.h); a lone
+  // transaction at a low rate goes at once with whatever is already read.
   std::vector<WalTransaction> Gather() {
     std::vector<WalTransaction> batch;
     auto first = NextTransaction(UntilRenewal());
     if (!first) return batch;
     std::size_t messages = first->messages.size();
     batch.push_back(std::move(*first));
-    const auto until = SteadyClock::now() + (busy_ ? options_.linger : milliseconds{0});
+    const auto now = SteadyClock::now();
+    const auto until = now + linger_.Wait(now);
     while (messages < static_cast<std::size_t>(options_.batch_size)) {
       const auto left = std::chrono::duration_cast<milliseconds>(until - SteadyClock::now());
       auto next = NextTransaction(std::max(left, milliseconds{0}));
@@ -447,7 +456,6 @@ class WalRelay::Engine {
       messages += next->messages.size();
       batch.push_back(std::move(*next));
     }
-    busy_ = batch.size() > 1;
     return batch;
   }
 
@@ -461,7 +469,7 @@ class WalRelay::Engine {
     while (messages < wanted) {
       const bool published =
           publishing.outcomes.wait_for(milliseconds{0}) == std::future_status::ready;
-      auto next = source_->Next(published ? milliseconds{0} : kReadAheadWait);
+      auto next = Read(published ? milliseconds{0} : kReadAheadWait);
       if (!next) {
         if (published) break;
         continue;
@@ -470,7 +478,6 @@ class WalRelay::Engine {
       read_ahead_.push_back(std::move(*next));
     }
     if (messages < wanted) return {};
-    busy_ = true;
     std::vector<WalTransaction> batch(std::make_move_iterator(read_ahead_.begin()),
                                       std::make_move_iterator(read_ahead_.end()));
     read_ahead_.clear();
@@ -888,7 +895,7 @@ class WalRelay::Engine {
   std::optional<std::int64_t> epoch_;  // set while the lease is held
   SteadyClock::time_point renew_at_{};
   bool streaming_ = false;
-  bool busy_ = false;  // the last batch held more than one transaction: linger for the next
+  AdaptiveLinger linger_{options_.linger, options_.batch_size};  // fed by every transaction read
   std::deque<WalTransaction> read_ahead_;  // read while a batch published; not yet in a batch
   std::unique_ptr<Batch> in_flight_;       // publishing; its outcomes not yet taken
   // Until when the table is taken as clear (WalCommitted::table_clear): StreamStates is skipped.

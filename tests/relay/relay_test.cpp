@@ -84,6 +84,36 @@ class RelayTest : public ::testing::Test {
             "query NOT LIKE '%last_value%'"));
   }
 
+  // What a writer at a steady rate brought about (issues #21 and #49).
+  struct SteadyWrite {
+    int written = 0;
+    double elapsed = 0;
+    std::int64_t statements = 0;  // the relay's, from its idle start until all was delivered
+  };
+
+  // The relay started and idle, delivering to `sink`: for 3 s one transaction of
+  // `per_transaction` messages every `gap`, then until every message is delivered.
+  SteadyWrite Steadily(TestSink* sink, int per_transaction, milliseconds gap) {
+    EXPECT_TRUE(WaitFor([&] { return RelayAsleep(); }));
+    SteadyWrite run;
+    const std::int64_t before = RelayStatements();
+    const auto started = std::chrono::steady_clock::now();
+    auto conn = Connect();
+    while (std::chrono::steady_clock::now() - started < seconds{3}) {
+      Scalar(conn.get(), "SELECT count(" + schema_.name() +
+                             ".enqueue('t', '{}')) FROM generate_series(1, " +
+                             std::to_string(per_transaction) + ")");
+      run.written += per_transaction;
+      std::this_thread::sleep_for(gap);
+    }
+    run.elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    EXPECT_TRUE(
+        WaitFor([&] { return sink->delivered().size() == static_cast<std::size_t>(run.written); }));
+    std::this_thread::sleep_for(milliseconds{300});  // the last batch settled, the relay idle
+    run.statements = RelayStatements() - before;
+    return run;
+  }
+
   std::string Count(const std::string& where) {
     return Scalar(schema_.conn(),
                   "SELECT count(*) FROM " + schema_.name() + ".messages WHERE " + where);
@@ -224,6 +254,9 @@ TEST_F(RelayTest, AnIdleRelayWakesForADueRetryAndForAReplayNotOnlyOnTheSweep) {
 
 // Issue #21: under steady load the relay claims at most once per linger, settling the last batch
 // in the same statement; per commit it would send two statements for every few messages.
+// Twenty messages per transaction, one transaction every 4 ms: well above the rate from which the
+// relay lingers (AdaptiveLinger::kLingerFromRate, 200 msg/s) even when a loaded machine lets the
+// writer commit only a fraction of its schedule.
 TEST_F(RelayTest, UnderSteadyLoadTheRelayClaimsOncePerLingerAndSettlesInTheClaim) {
   auto owned = std::make_unique<TestSink>();
   TestSink* sink = owned.get();
@@ -232,34 +265,42 @@ TEST_F(RelayTest, UnderSteadyLoadTheRelayClaimsOncePerLingerAndSettlesInTheClaim
   options.sweep_interval = seconds{60};
   RelayStatements();  // creates the extension before anything is counted
   StartRelay(std::move(owned), options);
-  ASSERT_TRUE(WaitFor([&] { return RelayAsleep(); }));
-  const std::int64_t before = RelayStatements();
-  const auto started = std::chrono::steady_clock::now();
-  auto conn = Connect();
-  int written = 0;
-  // Two messages per transaction: every claim that finds something finds two or more, so the
-  // linger applies even when a loaded machine lets the writer commit only between claims (with
-  // one per transaction the claims then found one at a time and never lingered: 281 statements).
-  while (std::chrono::steady_clock::now() - started < seconds{3}) {
-    Scalar(conn.get(), "SELECT " + schema_.name() + ".enqueue('t', '{}'), " + schema_.name() +
-                           ".enqueue('t', '{}')");
-    written += 2;
-    std::this_thread::sleep_for(milliseconds{4});
-  }
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  ASSERT_TRUE(
-      WaitFor([&] { return sink->delivered().size() == static_cast<std::size_t>(written); }));
-  std::this_thread::sleep_for(milliseconds{300});  // the last batch settled, the relay idle
-  const std::int64_t statements = RelayStatements() - before;
+  const auto run = Steadily(sink, 20, milliseconds{4});
   EXPECT_EQ(Count("true"), "0") << "a published message was kept";
-  // One statement per round of at least 100 ms, and a few to go idle and wake: 30 rounds in 3 s.
-  const double bound = elapsed / 0.1 + 20;
-  EXPECT_LT(static_cast<double>(statements), bound)
-      << statements << " statements for " << written << " messages in " << elapsed << " s";
+  // One statement per round, a round every 100 ms or as long as a full batch takes at the rate
+  // written, whichever is shorter (AdaptiveLinger::Wait), and a few to go idle and wake and
+  // while the relay's estimate of the rate climbs past 200 msg/s (a few dozen ms here).
+  const double round =
+      std::min(0.1, static_cast<double>(options.batch_size) / (run.written / run.elapsed));
+  const double bound = run.elapsed / round + 20;
+  EXPECT_LT(static_cast<double>(run.statements), bound)
+      << run.statements << " statements for " << run.written << " messages in " << run.elapsed
+      << " s";
   std::printf("[ relay ] steady load, linger 100 ms: %d messages, %lld statements in %.1f s\n",
-              written, static_cast<long long>(statements), elapsed);
-  EXPECT_EQ(relay_->counters().published.load(), static_cast<std::uint64_t>(written));
+              run.written, static_cast<long long>(run.statements), run.elapsed);
+  EXPECT_EQ(relay_->counters().published.load(), static_cast<std::uint64_t>(run.written));
+}
+
+// Issue #49: at a moderate rate (80 messages a second, two per transaction) the relay does not
+// linger: each commit gets a round of its own at once, though the linger (100 ms) would gather
+// them into one claim per 100 ms; the statements are many more than lingering would take.
+TEST_F(RelayTest, AtAModerateRateTheRelayDoesNotLinger) {
+  auto owned = std::make_unique<TestSink>();
+  TestSink* sink = owned.get();
+  RelayOptions options;
+  options.linger = milliseconds{100};
+  options.sweep_interval = seconds{60};
+  RelayStatements();  // creates the extension before anything is counted
+  StartRelay(std::move(owned), options);
+  const auto run = Steadily(sink, 2, milliseconds{25});
+  // Lingering would take about one statement per 100 ms (the bound of the test above); a round
+  // per commit takes at least one per transaction.
+  const double lingering = run.elapsed / 0.1 + 20;
+  EXPECT_GT(static_cast<double>(run.statements), lingering)
+      << run.statements << " statements for " << run.written << " messages in " << run.elapsed
+      << " s";
+  std::printf("[ relay ] 80 msg/s, linger 100 ms: %d messages, %lld statements in %.1f s\n",
+              run.written, static_cast<long long>(run.statements), run.elapsed);
 }
 
 // Issue #13: a writer's transaction held open for 10 s while the relay is idle. It delays no
