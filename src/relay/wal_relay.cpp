@@ -335,8 +335,7 @@ class WalRelay::Engine {
   // Whether the slot is missing (or lost) as the server says now: reading it failed for good.
   bool SlotIsGone() {
     try {
-      const WalSlotState state = ledger_->SlotState();
-      return !state.exists || state.wal_status == "lost";
+      return !SlotExists();
     } catch (const StoreError&) {
       return false;
     }
