@@ -135,6 +135,7 @@ class FileHarness final : public SinkHarness {
         {SinkFault::kTooLarge, "the file sink has no message size limit"},
         {SinkFault::kLostConfirmation,
          "the file sink has no server whose confirmation could be lost"},
+        {SinkFault::kFreeze, "the file sink has no connection that could freeze"},
     };
     return kWhy.at(fault);
   }

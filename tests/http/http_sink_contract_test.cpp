@@ -3,7 +3,8 @@
 // (its name is the topic: the sink's url is http://127.0.0.1:<proxy>/hooks/{topic}), and a
 // loopback TcpProxy in front of the receiver that produces the faults: the proxy stopped (server
 // down: connections cut, new ones refused) and started again on the same port, its
-// server-to-client direction held (lost answers, a silent server). Too large: over the
+// server-to-client direction held (lost answers, a silent server), its open connections frozen
+// both ways while new ones go through (a silent peer). Too large: over the
 // max_message_bytes given to the sink. Requests are signed with the secret the receiver checks,
 // and a request whose signature the receiver refused fails the test.
 //
@@ -118,6 +119,12 @@ class HttpTestBed final : public SinkTestBed {
   [[nodiscard]] std::size_t TooLargePayloadBytes() override { return kMaxMessageBytes + 1; }
   void HoldReplies() override { SetHeld(true); }
   void ReleaseReplies() override { SetHeld(false); }
+  void Freeze() override { proxy_->SetMode(TcpProxy::Mode::kFreeze); }
+  void Thaw() override { SetHeld(held_); }
+  // sink/http.h: a request without an answer by its deadline (or request_timeout) ends with its
+  // connection, so none is used after that; the requests that timed out together pause the host
+  // once, for the shortest pause (100 ms).
+  [[nodiscard]] milliseconds SilentConnectionBound() override { return milliseconds{100}; }
 
  private:
   void StartProxy(int port) {

@@ -121,6 +121,7 @@ struct KafkaProxy::Link {
   std::string from_client;                        // bytes of a request not yet whole
   std::string from_broker;                        // bytes of a response not yet whole
   std::map<std::int64_t, std::int16_t> metadata;  // correlation id -> Metadata request version
+  bool frozen = false;                            // nothing moves either way (Freeze)
 
   Link() = default;
   Link(const Link&) = delete;
@@ -186,6 +187,12 @@ void KafkaProxy::Start() {
 
 void KafkaProxy::Hold(bool hold) {
   Do([this, hold] { held_ = hold; });
+}
+
+void KafkaProxy::Freeze(bool freeze) {
+  Do([this, freeze] {
+    for (const auto& link : links_) link->frozen = freeze;
+  });
 }
 
 std::string KafkaProxy::problem() const {
@@ -330,8 +337,10 @@ void KafkaProxy::Run() {
       fds.push_back({.fd = broker.listen_fd, .events = POLLIN, .revents = 0});  // -1: ignored
     }
     for (const auto& link : links_) {
-      fds.push_back({.fd = link->client, .events = POLLIN, .revents = 0});
-      const short broker_events = held_ ? short{0} : short{POLLIN};
+      // A frozen link is polled for nothing (only a failed side is still reported).
+      const short client_events = link->frozen ? short{0} : short{POLLIN};
+      fds.push_back({.fd = link->client, .events = client_events, .revents = 0});
+      const short broker_events = held_ || link->frozen ? short{0} : short{POLLIN};
       fds.push_back({.fd = link->broker, .events = broker_events, .revents = 0});
     }
     if (poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR) return;
@@ -360,6 +369,12 @@ void KafkaProxy::Run() {
       Link& link = *links_[i];
       const short client = fds[first_link + 2 * i].revents;
       const short broker = fds[first_link + 2 * i + 1].revents;
+      if (link.frozen) {
+        // Nothing moves; a side that failed (reset, closed both ways) ends the link rather than
+        // spin on its hang-up.
+        if (((client | broker) & (POLLHUP | POLLERR)) != 0) links_[i].reset();
+        continue;
+      }
       bool alive = (client & kReadable) == 0 || FromClient(link);
       if (alive && (broker & kReadable) != 0) {
         // A held side is not read, but a broker that hung up ends the link (no spinning).

@@ -2,7 +2,8 @@
 // A loopback proxy in front of every broker of a Kafka cluster, for faults that must reach one
 // client's connections and nobody else's (the tests' independent Consumer goes to the brokers
 // directly): cut them and refuse new ones (a cluster that is down, as the client sees it), or
-// hold what the brokers send back (lost confirmations, a silent cluster).
+// hold what the brokers send back (lost confirmations, a silent cluster), or freeze the
+// connections open now (a silent peer: nothing moves either way) while new ones go through.
 //
 // A Kafka client connects to the addresses the cluster advertises in its Metadata responses, not
 // to its bootstrap list, so a plain TCP proxy would be left after the first request. This one
@@ -41,6 +42,11 @@ class KafkaProxy {
   // and on new ones, while what the client sends still goes through. Returns once no broker byte
   // will be forwarded any more; release forwards what was held, in order.
   void Hold(bool hold);
+  // Freeze: the connections open now stop forwarding in both directions and are kept open
+  // (nothing read, nothing closed: a failed-over broker behind a virtual IP, a dropped route, a
+  // frozen VM); new connections are forwarded as usual. Returns once they are frozen. Thaw
+  // (false) lets those still open forward again, in order.
+  void Freeze(bool freeze);
 
   // Why a Metadata response could not be rewritten (then the client bypasses the proxy), if ever.
   [[nodiscard]] std::string problem() const;

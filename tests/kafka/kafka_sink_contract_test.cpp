@@ -3,7 +3,8 @@
 // the order of publishing), and a KafkaProxy in front of every broker, through which the sink
 // sees the cluster; it produces the faults on the sink's connections only: the proxy stopped
 // (every broker cut off and refusing connections: the cluster is down) and started again on the
-// same ports, its broker-to-client direction held (lost confirmations, a silent cluster). An
+// same ports, its broker-to-client direction held (lost confirmations, a silent cluster), its
+// open connections frozen both ways while new ones go through (a silent peer). An
 // unknown destination is a topic the cluster answers UNKNOWN_TOPIC_OR_PART for, and too large is
 // over the sink's max_message_bytes. What arrived is read back by an independent librdkafka
 // consumer connected to the brokers directly (kafka_test_support.h), not through the sink.
@@ -27,6 +28,10 @@ using std::chrono::milliseconds;
 
 constexpr std::size_t kMaxMessageBytes = 64 * 1024;
 constexpr int kBrokers = 3;
+// librdkafka's socket.timeout.ms: a request in flight that long without an answer makes it drop
+// the connection (a frozen one is given up). request.timeout.ms does not: with it at 2 s and
+// socket.timeout.ms at librdkafka's 60 s, a frozen connection was still used after 21 s.
+constexpr milliseconds kSocketTimeout{2000};
 
 class KafkaTestBed final : public SinkTestBed {
  public:
@@ -48,6 +53,7 @@ class KafkaTestBed final : public SinkTestBed {
         {"log_level", "2"},  // the tests cut the sink off on purpose
         // An unknown topic is reported within a second (the sink's default is 5 s).
         {"topic.metadata.propagation.max.ms", "1000"},
+        {"socket.timeout.ms", std::to_string(kSocketTimeout.count())},
     };
     return kafka::OpenSink(std::move(options));
   }
@@ -72,6 +78,13 @@ class KafkaTestBed final : public SinkTestBed {
   [[nodiscard]] std::size_t TooLargePayloadBytes() override { return kMaxMessageBytes + 1; }
   void HoldReplies() override { proxy_.Hold(true); }
   void ReleaseReplies() override { proxy_.Hold(false); }
+  void Freeze() override { proxy_.Freeze(true); }
+  void Thaw() override { proxy_.Freeze(false); }
+  // sink/kafka.h: librdkafka drops a connection whose request timed out (it looks once a
+  // second), then reconnects.
+  [[nodiscard]] milliseconds SilentConnectionBound() override {
+    return kSocketTimeout + milliseconds{1500};
+  }
 
  private:
   static constexpr const char* kTopic = "contract";

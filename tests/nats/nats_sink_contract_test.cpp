@@ -2,7 +2,8 @@
 // bed has a stream of its own (memory storage) listening on one subject of its own, and a
 // loopback TcpProxy in front of the server that produces the faults: the proxy stopped (server
 // down: connections cut, new ones refused) and started again on the same port, its
-// server-to-client direction held (lost acks, a silent server). Unknown destination: a subject no
+// server-to-client direction held (lost acks, a silent server), its open connections frozen both
+// ways while new ones go through (a silent peer). Unknown destination: a subject no
 // stream listens on ("no responders"). Too large: over the max_message_bytes given to the sink.
 // What arrived is read back by an ordered consumer on a direct connection (JetStreamClient), not
 // through the sink: the id from the message_id header, stream key and seq from
@@ -28,6 +29,8 @@ using std::chrono::milliseconds;
 constexpr std::size_t kMaxMessageBytes = std::size_t{64} * 1024;
 // How long a read with nothing expected waits for stragglers.
 constexpr milliseconds kIdle{300};
+// The sink's ping interval (a frozen connection is given up after three without a PONG).
+constexpr milliseconds kPingInterval{500};
 
 class NatsTestBed final : public SinkTestBed {
  public:
@@ -54,6 +57,7 @@ class NatsTestBed final : public SinkTestBed {
     options.token = servers_.token;
     options.max_message_bytes = kMaxMessageBytes;
     options.connect_timeout = milliseconds{2000};
+    options.ping_interval = kPingInterval;
     return nats::OpenSink(std::move(options));
   }
 
@@ -79,6 +83,12 @@ class NatsTestBed final : public SinkTestBed {
   [[nodiscard]] std::size_t TooLargePayloadBytes() override { return kMaxMessageBytes + 1; }
   void HoldReplies() override { SetHeld(true); }
   void ReleaseReplies() override { SetHeld(false); }
+  void Freeze() override { proxy_->SetMode(TcpProxy::Mode::kFreeze); }
+  void Thaw() override { SetHeld(held_); }
+  // sink/nats.h: three ping intervals without a PONG (libnats' timer may fire a little late).
+  [[nodiscard]] milliseconds SilentConnectionBound() override {
+    return 3 * kPingInterval + milliseconds{500};
+  }
 
  private:
   void StartProxy(int port) {

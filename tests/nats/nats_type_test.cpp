@@ -69,6 +69,7 @@ TEST(NatsSinkTypeTest, DefaultsInDescribe) {
   EXPECT_EQ(options.expect_stream, "");
   EXPECT_EQ(options.max_pending, 1000U);
   EXPECT_EQ(options.connect_timeout, std::chrono::milliseconds{5000});
+  EXPECT_EQ(options.ping_interval, std::chrono::milliseconds{10000});
   EXPECT_EQ(options.max_message_bytes, 1048576U);
   EXPECT_EQ(options.envelope, EnvelopeStyle::kFull);
   EXPECT_EQ(Described(settings),
@@ -77,6 +78,7 @@ TEST(NatsSinkTypeTest, DefaultsInDescribe) {
             "expect_stream = \"\"\n"
             "max_pending = 1000\n"
             "connect_timeout = \"5s\"\n"
+            "ping_interval = \"10s\"\n"
             "max_message_bytes = 1048576\n"
             "token = \"\"\n"
             "creds = \"\"\n"
@@ -218,6 +220,8 @@ TEST(NatsSinkTypeTest, BadValuesNameTheirKey) {
   EXPECT_EQ(ErrorOf(Url() + "max_pending = 100001\n").first, "sinks.events.max_pending");
   EXPECT_EQ(ErrorOf(Url() + "max_pending = \"10\"\n").first, "sinks.events.max_pending");
   EXPECT_EQ(ErrorOf(Url() + "connect_timeout = \"0s\"\n").first, "sinks.events.connect_timeout");
+  EXPECT_EQ(ErrorOf(Url() + "ping_interval = \"10ms\"\n").first, "sinks.events.ping_interval");
+  EXPECT_EQ(ErrorOf(Url() + "ping_interval = \"2h\"\n").first, "sinks.events.ping_interval");
   EXPECT_EQ(ErrorOf(Url() + "connect_timeout = \"11m\"\n").first, "sinks.events.connect_timeout");
   EXPECT_EQ(ErrorOf(Url() + "connect_timeout = \"soon\"\n").first, "sinks.events.connect_timeout");
   EXPECT_EQ(ErrorOf(Url() + "max_message_bytes = 0\n").first, "sinks.events.max_message_bytes");

@@ -2,8 +2,10 @@
 // its own, reached through the default exchange (routing key = topic = queue name), and a
 // loopback TcpProxy in front of the broker that produces the faults: the proxy stopped (server
 // down: connections cut, new ones refused) and started again on the same port, its broker-to-
-// client direction held (lost confirmations, a silent server). What arrived is read back by a
-// plain rabbitmq-c consumer on a direct connection (Admin), not through the sink.
+// client direction held (lost confirmations, a silent server), its open connections frozen both
+// ways while new ones go through (a silent peer; the sink's heartbeat is 1 s to find it soon). What
+// arrived is read back by a plain rabbitmq-c consumer on a direct connection (Admin), not through
+// the sink.
 #include <chrono>
 #include <cstddef>
 #include <limits>
@@ -25,6 +27,8 @@ using std::chrono::milliseconds;
 constexpr std::size_t kMaxMessageBytes = 64 * 1024;
 // How long a read waits for one more message before it takes the queue as drained.
 constexpr milliseconds kIdle{200};
+// The sink's heartbeat (a frozen connection is given up after two without a frame).
+constexpr std::chrono::seconds kHeartbeat{1};
 
 class RabbitTestBed final : public SinkTestBed {
  public:
@@ -42,6 +46,7 @@ class RabbitTestBed final : public SinkTestBed {
     if (endpoint_.vhost != "/") options.url += endpoint_.vhost;
     options.max_message_bytes = kMaxMessageBytes;
     options.connect_timeout = milliseconds{2000};
+    options.heartbeat = kHeartbeat;
     return rabbitmq::OpenSink(std::move(options));
   }
 
@@ -62,6 +67,10 @@ class RabbitTestBed final : public SinkTestBed {
   [[nodiscard]] std::size_t TooLargePayloadBytes() override { return kMaxMessageBytes + 1; }
   void HoldReplies() override { SetHeld(true); }
   void ReleaseReplies() override { SetHeld(false); }
+  void Freeze() override { proxy_->SetMode(TcpProxy::Mode::kFreeze); }
+  void Thaw() override { SetHeld(held_); }
+  // sink/rabbitmq.h: two heartbeats without a frame from the broker.
+  [[nodiscard]] milliseconds SilentConnectionBound() override { return 2 * kHeartbeat; }
 
  private:
   static ArrivedMessage Arrived(const Received& received) {

@@ -2,7 +2,8 @@
 // test bed has a stream key of its own (the topic; the sink's stream template is "{topic}") and a
 // dedup prefix of its own, and a loopback TcpProxy in front of the server that produces the
 // faults: the proxy stopped (server down: connections cut, new ones refused) and started again on
-// the same port, its server-to-client direction held (lost replies, a silent server). What
+// the same port, its server-to-client direction held (lost replies, a silent server), its open
+// connections frozen both ways while new ones go through (a silent peer). What
 // arrived is read back by a plain hiredis client on a direct connection (XRANGE), not through
 // the sink, with the id, stream key and stream seq taken from the entry's fields as sink/redis.h
 // documents them.
@@ -88,6 +89,11 @@ class RedisTestBed final : public SinkTestBed {
   [[nodiscard]] std::size_t TooLargePayloadBytes() override { return kMaxMessageBytes + 1; }
   void HoldReplies() override { SetHeld(true); }
   void ReleaseReplies() override { SetHeld(false); }
+  void Freeze() override { proxy_->SetMode(TcpProxy::Mode::kFreeze); }
+  void Thaw() override { SetHeld(held_); }
+  // sink/redis.h: a Publish that ends with replies outstanding drops the connection, so the
+  // next one opens a new connection; none is used after its first unanswered deadline.
+  [[nodiscard]] milliseconds SilentConnectionBound() override { return milliseconds{0}; }
 
  private:
   // An entry as a consumer reads it; a missing id is a failure of the sink.

@@ -20,6 +20,11 @@ std::size_t SinkTestBed::TooLargePayloadBytes() {
 }
 void SinkTestBed::HoldReplies() { throw std::logic_error("this test bed cannot hold replies"); }
 void SinkTestBed::ReleaseReplies() { throw std::logic_error("this test bed cannot hold replies"); }
+void SinkTestBed::Freeze() { throw std::logic_error("this test bed cannot freeze connections"); }
+void SinkTestBed::Thaw() { throw std::logic_error("this test bed cannot freeze connections"); }
+std::chrono::milliseconds SinkTestBed::SilentConnectionBound() {
+  throw std::logic_error("this test bed cannot freeze connections");
+}
 
 namespace {
 
@@ -33,6 +38,10 @@ constexpr milliseconds kReadLimit{15000};
 constexpr milliseconds kDeadlineMargin{1000};
 // A deadline that a silent server makes Publish reach.
 constexpr milliseconds kShortDeadline{500};
+// Each Publish's deadline while a sink finds its way around a frozen connection.
+constexpr milliseconds kRetryDeadline{1000};
+// How long Close() or destruction may take with the sink's connection frozen.
+constexpr milliseconds kFrozenCloseLimit{5000};
 
 constexpr std::string_view kBinary = "application/octet-stream";
 
@@ -176,8 +185,12 @@ std::vector<std::string> ExpectFailuresAtOthersPublished(
 
 // Publishes what has not been published yet, as a relay retries, until all of it is or `limit`
 // has passed (a sink may back off between connection attempts). The last outcome of each.
+// `sends`, when given, counts the Publish calls each message was given to.
 std::vector<PublishOutcome> PublishUntilAllPublished(Sink& sink, std::span<const Envelope> batch,
-                                                     milliseconds limit = kReadLimit) {
+                                                     milliseconds limit = kReadLimit,
+                                                     milliseconds per_call = milliseconds{5000},
+                                                     std::vector<int>* sends = nullptr) {
+  if (sends != nullptr) sends->assign(batch.size(), 0);
   std::vector<PublishOutcome> outcomes(batch.size());
   std::vector<std::size_t> todo(batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i) todo[i] = i;
@@ -185,8 +198,11 @@ std::vector<PublishOutcome> PublishUntilAllPublished(Sink& sink, std::span<const
   for (;;) {
     std::vector<Envelope> retry;
     retry.reserve(todo.size());
-    for (const std::size_t i : todo) retry.push_back(batch[i]);
-    const auto got = sink.Publish(retry, In(milliseconds{5000}));
+    for (const std::size_t i : todo) {
+      retry.push_back(batch[i]);
+      if (sends != nullptr) ++(*sends)[i];
+    }
+    const auto got = sink.Publish(retry, In(per_call));
     if (got.size() != retry.size()) throw std::runtime_error("wrong number of outcomes");
     std::vector<std::size_t> failed;
     for (std::size_t k = 0; k < todo.size(); ++k) {
@@ -553,6 +569,135 @@ TEST_P(SinkContractTest, CloseWithConfirmationsOutstandingThenPublishAgain) {
   ExpectAllPublished(PublishUntilAllPublished(*sink, batch), batch);
   const auto counts = CountById(bed_->ReadBack(1 + batch.size(), kReadLimit));
   ExpectArrivedOnceOrTwice(counts, Ids(batch));
+}
+
+// With the connection frozen, a message is published (it arrived: checked by the caller) or has
+// no verdict: kOutcomeUnknown (sent) or kUnavailable (not sent), with a reason. Returns the
+// messages of `batch` not published, in batch order.
+std::vector<Envelope> ExpectPublishedOrNoVerdict(const std::vector<PublishOutcome>& outcomes,
+                                                 std::span<const Envelope> batch) {
+  ExpectOneOutcomeEachInBatchOrder(outcomes, batch);
+  std::vector<Envelope> rest;
+  for (std::size_t i = 0; i < outcomes.size() && i < batch.size(); ++i) {
+    if (outcomes[i].published()) continue;
+    rest.push_back(batch[i]);
+    const FailureKind kind = outcomes[i].failure->kind;
+    EXPECT_TRUE(kind == FailureKind::kOutcomeUnknown || kind == FailureKind::kUnavailable)
+        << "message " << i << ": " << outcomes[i].failure->Describe();
+    EXPECT_FALSE(outcomes[i].failure->reason.empty()) << "message " << i << ": no reason";
+  }
+  return rest;
+}
+
+// The connection freezes in the middle of a batch (open, silent both ways, while new connections
+// go through: a broker failed over behind a virtual IP, a dropped route, a frozen VM). Publish
+// returns by its deadline and reports published only what arrived; then, with the connection
+// still frozen, the sink gives it up within its documented bound and publishes everything over a
+// new one, as a relay publishes again what had no verdict.
+TEST_P(SinkContractTest, FrozenConnectionIsGivenUpWithinTheBound) {
+  OUTBOX_REQUIRE_FAULT(SinkFault::kFreeze);
+  auto [sink, warmup] = OpenWarm(*bed_);
+  const milliseconds bound = bed_->SilentConnectionBound();
+
+  constexpr milliseconds kBatchDeadline{2000};
+  const auto batch = MakeStreams(bed_->Topic(), 2000, 10);
+  std::vector<PublishOutcome> outcomes;
+  SteadyClock::time_point returned_at;
+  const auto started = SteadyClock::now();
+  std::thread publisher([&] {
+    outcomes = sink->Publish(batch, In(kBatchDeadline));
+    returned_at = SteadyClock::now();
+  });
+  struct Join {
+    std::thread& thread;
+    ~Join() {
+      if (thread.joinable()) thread.join();
+    }
+  } join{publisher};
+  // Frozen while the batch goes out (or, on a fast sink, after it: the next Publish meets it).
+  std::this_thread::sleep_for(milliseconds{20});
+  const auto frozen_at = SteadyClock::now();
+  bed_->Freeze();
+  publisher.join();
+  EXPECT_LT(returned_at - started, kBatchDeadline + kDeadlineMargin)
+      << "Publish overran its deadline";
+  std::vector<Envelope> rest = ExpectPublishedOrNoVerdict(outcomes, batch);
+  RecordProperty("unpublished_at_freeze", std::to_string(rest.size()));
+  const auto after = MakeStreams(bed_->Topic(), 20, 4);
+  rest.insert(rest.end(), after.begin(), after.end());
+
+  // Not thawed: a Publish that starts `bound` after the freeze goes over a new connection (the
+  // first one after it may still wait for its deadline on the frozen one).
+  std::vector<int> sends;
+  ExpectAllPublished(PublishUntilAllPublished(*sink, rest, bound + kBatchDeadline + kReadLimit,
+                                              kRetryDeadline, &sends),
+                     rest);
+  const auto recovered_at = SteadyClock::now();
+  RecordProperty("recover_ms", std::to_string(Since(frozen_at).count()));
+  EXPECT_LE(recovered_at,
+            std::max(frozen_at + bound, returned_at) + 2 * kRetryDeadline + kDeadlineMargin)
+      << "the sink went on with its frozen connection for "
+      << std::chrono::duration_cast<milliseconds>(recovered_at - frozen_at).count()
+      << " ms (its bound: " << bound.count() << " ms)";
+  const auto next = MakeBatch(bed_->Topic(), 3);
+  ExpectAllPublished(sink->Publish(next, In(milliseconds{5000})), next);
+
+  // Published means arrived: once (nothing published was sent again); what had no verdict
+  // arrived at least once and at most once per Publish it was given to (the frozen one included:
+  // a client library may send it again itself once it has a new connection), nothing else.
+  std::vector<std::string> published;
+  for (std::size_t i = 0; i < outcomes.size() && i < batch.size(); ++i) {
+    if (outcomes[i].published()) published.push_back(batch[i].id.ToString());
+  }
+  const auto arrived =
+      bed_->ReadBack(warmup.size() + batch.size() + after.size() + next.size(), kReadLimit);
+  const auto counts = CountById(arrived);
+  for (const auto& id : Concat({Ids(warmup), published, Ids(next)})) {
+    EXPECT_EQ(counts.contains(id) ? counts.at(id) : 0, 1) << id;
+  }
+  for (std::size_t i = 0; i < rest.size() && i < sends.size(); ++i) {
+    const std::string id = rest[i].id.ToString();
+    const int count = counts.contains(id) ? counts.at(id) : 0;
+    EXPECT_TRUE(count >= 1 && count <= sends[i] + 1)
+        << id << " arrived " << count << " times, given to Publish " << sends[i] + 1 << " times";
+  }
+  std::set<std::string> sent;
+  for (const auto& id : Concat({Ids(warmup), Ids(batch), Ids(after), Ids(next)})) sent.insert(id);
+  for (const auto& [id, count] : counts) EXPECT_TRUE(sent.contains(id)) << "never sent: " << id;
+}
+
+// Close() and destruction of a sink whose connection is frozen return within a bound, and the
+// first Publish after Close() publishes over a new connection.
+TEST_P(SinkContractTest, CloseAndDestructionReturnWithTheConnectionFrozen) {
+  OUTBOX_REQUIRE_FAULT(SinkFault::kFreeze);
+  auto closed = OpenWarm(*bed_);
+  auto destroyed = OpenWarm(*bed_);
+
+  bed_->Freeze();
+  const auto batch = MakeBatch(bed_->Topic(), 20);
+  auto first = PublishWithin(*closed.sink, batch, kShortDeadline);
+  auto rest = ExpectPublishedOrNoVerdict(first, batch);
+  const auto other = MakeBatch(bed_->Topic(), 20);
+  ExpectPublishedOrNoVerdict(PublishWithin(*destroyed.sink, other, kShortDeadline), other);
+
+  auto started = SteadyClock::now();
+  closed.sink->Close();
+  RecordProperty("close_ms", std::to_string(Since(started).count()));
+  EXPECT_LT(Since(started), kFrozenCloseLimit) << "Close() with the connection frozen";
+  started = SteadyClock::now();
+  destroyed.sink.reset();
+  RecordProperty("destroy_ms", std::to_string(Since(started).count()));
+  EXPECT_LT(Since(started), kFrozenCloseLimit) << "destruction with the connection frozen";
+
+  // Close() gave the frozen connection up: the next Publish goes over a new one.
+  ExpectAllPublished(closed.sink->Publish(rest, In(milliseconds{5000})), rest);
+  std::vector<std::string> published;
+  for (std::size_t i = 0; i < first.size() && i < batch.size(); ++i) {
+    if (first[i].published()) published.push_back(batch[i].id.ToString());
+  }
+  const auto counts = CountById(bed_->ReadBack(2 + batch.size(), kReadLimit));
+  for (const auto& id : published) EXPECT_EQ(counts.contains(id) ? counts.at(id) : 0, 1) << id;
+  ExpectArrivedOnceOrTwice(counts, Ids(rest));
 }
 
 }  // namespace

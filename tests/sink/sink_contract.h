@@ -22,12 +22,16 @@
 // unknown destination -> kRejected for that message only (and, for a sink that holds a stream
 // after a failure, the rest of its stream not sent); too large -> kPermanent for that message
 // only; lost confirmation -> kOutcomeUnknown, then published again; a silent server ->
-// Publish returns by its deadline; Close() with publishes unconfirmed.
+// Publish returns by its deadline; Close() with publishes unconfirmed; the connections frozen
+// (open, silent both ways, while new ones work) -> Publish returns by its deadline, nothing
+// is reported published that did not arrive, the sink gives the frozen connection up and
+// publishes over a new one within its documented bound, and Close() and destruction return.
 //
 // Writing a harness (see tests/rabbitmq/rabbitmq_sink_contract_test.cpp,
 // tests/kafka/kafka_sink_contract_test.cpp and tests/file/file_sink_contract_test.cpp):
-//   - Which faults: a sink with a server must produce kServerDown and kLostConfirmation (every
-//     server can go away and every reply can be lost), and kTooLarge (every broker has a size
+//   - Which faults: a sink with a server must produce kServerDown, kLostConfirmation and kFreeze
+//     (every server can go away, every reply can be lost, every route can drop a connection
+//     without a word), and kTooLarge (every broker has a size
 //     limit; give the sink a small one); kUnknownDestination wherever the server refuses a
 //     destination it does not know (a server that creates destinations on first use may lack
 //     it, and says so). Lacks is only for what the sink cannot have, never for what is hard to
@@ -79,6 +83,11 @@ enum class SinkFault : std::uint8_t {
   // connection) until released; what was held is then delivered (RabbitMQ: a TCP proxy that
   // stops forwarding the broker's bytes). Used for lost confirmations, deadlines and Close().
   kLostConfirmation,
+  // Freeze() / Thaw(): the connections the sink holds when it is called stop answering in both
+  // directions and stay open (nothing read, nothing closed: a broker failed over behind a
+  // virtual IP, a dropped route, a frozen VM), while new connections go through normally.
+  // SilentConnectionBound() is the sink's documented bound, for the options OpenSink gives it.
+  kFreeze,
 };
 
 // A message as the independent reader found it at the destination.
@@ -125,6 +134,14 @@ class SinkTestBed {
   // SinkFault::kLostConfirmation.
   virtual void HoldReplies();
   virtual void ReleaseReplies();
+  // SinkFault::kFreeze. Freeze returns once the connections open now are frozen; Thaw lets
+  // them (those still open) forward again.
+  virtual void Freeze();
+  virtual void Thaw();
+  // How long after its connection froze the sink opened by OpenSink may go on using it: a
+  // Publish that starts later sends over a new connection (the bound the sink documents for a
+  // silent peer, e.g. two heartbeats, computed for the options OpenSink sets).
+  [[nodiscard]] virtual std::chrono::milliseconds SilentConnectionBound();
 };
 
 class SinkHarness {

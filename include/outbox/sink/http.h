@@ -79,7 +79,12 @@
 // Timeouts: connect (TCP and TLS) within `connect_timeout`, the whole request within
 // `request_timeout`, and neither beyond the Publish deadline. A host counts as down after request
 // timeouts only when 3 different messages in a row timed out with no answer of any kind from the
-// host in between (then as unreachable: nothing sent to it for 100 ms, doubling up to 5 s).
+// host in between (then as unreachable: nothing sent to it for 100 ms, doubling up to 5 s; the
+// requests that were already in flight when the host was found down do not double the pause, so
+// that one event that ends many at once, e.g. a route that stops forwarding, pauses it once). A
+// request that timed out ends with its connection (libcurl closes it): a connection that stopped
+// answering with the socket open (a dropped route, a frozen VM, an endpoint failed over behind a
+// virtual IP) is used by no request after the first one it left without an answer.
 //
 // Threading: one thread calls Publish or Close at a time; all I/O happens inside Publish, on the
 // calling thread. Connections stay open between calls (libcurl's connection cache).

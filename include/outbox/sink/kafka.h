@@ -54,6 +54,11 @@
 //                    producer (the producer is then destroyed and a new one made; the messages
 //                    are published again). When in doubt the sink says kOutcomeUnknown: the relay
 //                    publishes again and the inbox removes the duplicate; it is never a loss.
+// A broker that stops answering with the connection open (a dropped route, a frozen VM, a broker
+// failed over behind a virtual IP): librdkafka drops a connection on which a request (a produce
+// request too) went unanswered for socket.timeout.ms (30 s here unless set; librdkafka's own
+// default is 60 s), looking once a second, and connects anew; meanwhile Publish returns by its
+// deadline (sent: kOutcomeUnknown, still queued: kUnavailable, purged).
 // Order: librdkafka's idempotent producer keeps a partition's order through its own retries with
 // up to 5 requests in flight; a message purged at the deadline was the last of its partition's
 // queue, so what is published again comes after everything that may still be written.

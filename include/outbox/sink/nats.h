@@ -68,6 +68,11 @@
 //                    was lost before the ack. Published again, JetStream deduplicates it.
 // A connection found dead at the start of a Publish (the sink sends a PING first, waiting at most
 // 100 ms for the PONG: a slow answer is no reason to stop) is made anew before anything is sent.
+// A server that stops answering with the connection open (a dropped route, a frozen VM, a server
+// failed over behind a virtual IP): libnats sends a PING every `ping_interval` and gives the
+// connection up when two are unanswered at the next one, so within 3 x ping_interval (30 s by
+// default) of the last word from the server; what awaited an ack is then outcome-unknown and the
+// next Publish connects anew.
 // libnats' own reconnection is off: the sink reconnects on a later Publish, so that nothing it
 // reported unavailable is sent later from a reconnect buffer. Nothing is sent once the deadline
 // has passed.
@@ -117,6 +122,9 @@ struct SinkOptions {
   // TCP connect plus the NATS (and TLS) handshake, per server, and no longer than the Publish
   // deadline allows.
   std::chrono::milliseconds connect_timeout{5000};
+  // How often libnats PINGs the server; two PINGs unanswered at the next one end the connection
+  // (see above: a silent server is given up within 3 x ping_interval).
+  std::chrono::milliseconds ping_interval{10000};
   // The largest payload; larger ones are kPermanent without being sent. The server's max_payload
   // (1 MiB by default) bounds payload and headers together, whatever this says.
   std::size_t max_message_bytes = std::size_t{1024} * 1024;
@@ -181,9 +189,10 @@ std::string MaskUrl(std::string_view url);
 std::string SubjectProblem(std::string_view subject);
 
 // Checks `options` without connecting. Throws outbox::ConfigError naming the offending key
-// ("url", "subject", "expect_stream", "max_pending", "connect_timeout", "max_message_bytes",
-// "token", "creds", "nkey_seed", "tls_ca_file", "tls_cert_file", "tls_key_file",
-// "tls_server_name"); messages never contain the password or token. Files must be readable.
+// ("url", "subject", "expect_stream", "max_pending", "connect_timeout", "ping_interval",
+// "max_message_bytes", "token", "creds", "nkey_seed", "tls_ca_file", "tls_cert_file",
+// "tls_key_file", "tls_server_name"); messages never contain the password or token. Files must
+// be readable.
 void ValidateOptions(const SinkOptions& options);
 
 // Checks `options` and creates the sink; connecting is lazy (the first Publish), so this works

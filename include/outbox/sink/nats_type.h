@@ -10,6 +10,7 @@
 //   expect_stream = ""         # a stream name: publishes to any other stream are refused
 //   max_pending = 1000         # publishes awaiting their ack, 1 to 100000
 //   connect_timeout = "5s"     # 1ms to 10m
+//   ping_interval = "10s"      # 100ms to 1h; a silent server is given up within 3 intervals
 //   max_message_bytes = 1048576  # 1 to 64 MiB (NATS's own limit: the server's max_payload)
 //   token = ""                 # or OUTBOX_SINK_<NAME>_TOKEN
 //   creds = ""                 # a credentials file (user JWT and NKey seed)

@@ -121,6 +121,7 @@ class HttpSink final : public Sink {
     SteadyClock::time_point wait_until;  // Retry-After
     std::string wait_reason;
     SteadyClock::time_point down_until;  // could not be reached, or refused the relay
+    SteadyClock::time_point down_since;  // when it was last found so
     milliseconds backoff{0};
     std::string down_reason;  // "cannot reach the endpoint: ...", "the endpoint refuses ..."
     // The messages whose requests timed out since the host last answered anything.
@@ -473,6 +474,11 @@ class HttpSink final : public Sink {
   // `why` starts "cannot reach the endpoint: " or "the endpoint refuses the relay (".
   void HostDown(HostState& host, const Request& request, const std::string& why,
                 SteadyClock::time_point now) {
+    // A request that was already in flight when the host was last found down tells nothing new:
+    // one event that ends many requests at once (a frozen route, every connection timing out at
+    // the deadline) pauses the host once, with the shortest pause, not once per request.
+    if (request.started < host.down_since) return;
+    host.down_since = now;
     host.backoff =
         host.backoff.count() == 0 ? kMinHostBackoff : std::min(host.backoff * 2, kMaxHostBackoff);
     if (now >= host.down_until) {

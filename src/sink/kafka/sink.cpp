@@ -42,6 +42,8 @@ using std::chrono::milliseconds;
 using SteadyClock = std::chrono::steady_clock;
 
 constexpr milliseconds kCloseFlush{2000};
+// librdkafka's socket.timeout.ms unless set (sink/kafka.h: a silent broker).
+constexpr milliseconds kSocketTimeout{30000};
 constexpr milliseconds kQueueFullWait{50};
 constexpr milliseconds kFlushSlice{1000};  // how often a long wait looks for a fatal error
 constexpr std::size_t kMaxCachedTopics = 1024;
@@ -122,6 +124,10 @@ ConfPtr BuildConf(const SinkOptions& options, bool probe = false) {
   // producer would put it), and an unknown topic reported within a usual publish timeout.
   Set(conf.get(), "partitioner", "partitioner", "murmur2_random");
   Set(conf.get(), "topic.metadata.propagation.max.ms", "topic.metadata.propagation.max.ms", "5000");
+  // A broker that stops answering with the connection open: librdkafka drops a connection with a
+  // request unanswered for socket.timeout.ms (produce requests included) and reconnects; its
+  // default, 60 s, is twice the Java client's request.timeout.ms.
+  Set(conf.get(), "socket.timeout.ms", "socket.timeout.ms", std::to_string(kSocketTimeout.count()));
   for (const auto& [name, value] : options.properties) {
     const std::string key = "librdkafka." + name;
     if (IsReservedProperty(name)) {

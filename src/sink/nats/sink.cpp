@@ -68,6 +68,8 @@ constexpr milliseconds kMinBackoff{100};
 constexpr milliseconds kMaxBackoff{5000};
 // How long the liveness PING at the start of a Publish may wait for its PONG.
 constexpr milliseconds kProbeWait{100};
+// PINGs without a PONG at which libnats gives a connection up (ping_interval in sink/nats.h).
+constexpr int kMaxPingsOut = 2;
 // libnats' own ack timeout for every publish (jsPubOptions.MaxWait): long after any Publish
 // deadline; it only clears acks that will never come. One value for all keeps libnats' timer
 // list in order (it inserts by scanning otherwise).
@@ -484,6 +486,9 @@ OptionsPtr NatsSink::MakeOptions(milliseconds timeout, void* closure, std::strin
       {"no_randomize", natsOptions_SetNoRandomize(options.get(), true)},
       {"timeout", natsOptions_SetTimeout(options.get(), timeout.count())},
       {"allow_reconnect", natsOptions_SetAllowReconnect(options.get(), false)},
+      // A silent server (the connection open, nothing answered) ends the connection.
+      {"ping_interval", natsOptions_SetPingInterval(options.get(), options_.ping_interval.count())},
+      {"max_pings_out", natsOptions_SetMaxPingsOut(options.get(), kMaxPingsOut)},
       {"name", natsOptions_SetName(options.get(), "outbox")},
       {"closed_callback", natsOptions_SetClosedCB(options.get(), OnClosed, closure)},
       {"error_handler", natsOptions_SetErrorHandler(options.get(), OnAsyncError, closure)},
@@ -932,6 +937,9 @@ void ValidateOptions(const SinkOptions& options) {
   }
   if (options.connect_timeout <= milliseconds::zero()) {
     throw ConfigError("connect_timeout", "must be positive");
+  }
+  if (options.ping_interval < milliseconds{100} || options.ping_interval > std::chrono::hours{1}) {
+    throw ConfigError("ping_interval", "must be between 100 ms and 1 h");
   }
   if (options.max_message_bytes < 1 || options.max_message_bytes > kMaxMessageBytes) {
     throw ConfigError("max_message_bytes",

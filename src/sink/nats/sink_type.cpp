@@ -33,8 +33,8 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   std::string_view name,
                                                   const config::GetenvFn& getenv) {
   sink.AllowOnly({"type", "url", "subject", "expect_stream", "max_pending", "connect_timeout",
-                  "max_message_bytes", "token", "creds", "nkey_seed", "tls_ca_file",
-                  "tls_cert_file", "tls_key_file", "tls_server_name", "envelope"});
+                  "ping_interval", "max_message_bytes", "token", "creds", "nkey_seed",
+                  "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name", "envelope"});
   SinkOptions options;
   options.url.clear();
 
@@ -69,6 +69,8 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
   sink.ReadInteger("max_pending", 1, kMaxPending, options.max_pending);
   sink.ReadDuration("connect_timeout", milliseconds{1}, std::chrono::minutes{10},
                     options.connect_timeout);
+  sink.ReadDuration("ping_interval", milliseconds{100}, std::chrono::hours{1},
+                    options.ping_interval);
   sink.ReadInteger("max_message_bytes", 1, kMaxMessageBytes, options.max_message_bytes);
 
   const std::string token_env = SinkSecretEnv(name, "token");
@@ -99,6 +101,7 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   out.String("expect_stream", options_.expect_stream);
   out.Integer("max_pending", static_cast<std::int64_t>(options_.max_pending));
   out.Duration("connect_timeout", options_.connect_timeout);
+  out.Duration("ping_interval", options_.ping_interval);
   out.Integer("max_message_bytes", static_cast<std::int64_t>(options_.max_message_bytes));
   out.String("token", options_.token.empty() ? "" : "***");
   out.String("creds", options_.creds);
