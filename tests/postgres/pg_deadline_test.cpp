@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "connection.h"
 #include "support/pg_test_support.h"
@@ -144,6 +145,35 @@ TEST(PgDeadlineTest, AFrozenPeerIsGivenUpAtTheDeadlineAndANewConnectionGoesThrou
   // Still frozen for the old connections; a new one is forwarded.
   const auto result = postgres::Exec(connection.Ready(), "after", "SELECT 7");
   EXPECT_EQ(std::string{PQgetvalue(result.get(), 0, 0)}, "7");
+}
+
+// A statement given up at its deadline may still be in the network (here: in the frozen proxy)
+// and reach its server session later, where it would run after the caller has moved on: a claim
+// leasing messages its relay no longer knows of, so that later messages of their streams went
+// first (bench/chaos, freeze-db). The reconnect ends the old session first (pg_terminate_backend,
+// waiting for it to go), so what it had not run yet never runs.
+TEST(PgDeadlineTest, AStatementGivenUpAtTheDeadlineNeverRunsAfterTheReconnect) {
+  TestSchema schema;
+  Sql(schema.conn(), "CREATE TABLE " + schema.name() + ".late (n int)");
+  const auto [host, port] = Upstream();
+  TcpProxy proxy(host, port);
+  postgres::Connection connection(ThroughProxy(proxy.port()), {}, seconds{1});
+  const int old_backend = PQbackendPID(connection.Ready());
+  proxy.SetMode(TcpProxy::Mode::kFreeze);
+  EXPECT_THROW(postgres::Exec(connection.Ready(), "frozen",
+                              "INSERT INTO " + schema.name() + ".late VALUES (1)"),
+               PgError);
+  // Reconnected (new connections go through); the old session is gone before it returns.
+  postgres::Exec(connection.Ready(), "after", "SELECT 1");
+  EXPECT_NE(PQbackendPID(connection.get()), old_backend);
+  EXPECT_EQ(Scalar(schema.conn(), "SELECT count(*) FROM pg_stat_activity WHERE pid = " +
+                                      std::to_string(old_backend)),
+            "0");
+  // Thawed: the frozen INSERT's bytes are forwarded now, to a session that no longer exists.
+  proxy.SetMode(TcpProxy::Mode::kForward);
+  std::this_thread::sleep_for(milliseconds{500});
+  EXPECT_EQ(Scalar(schema.conn(), "SELECT count(*) FROM " + schema.name() + ".late"), "0")
+      << "the statement given up at its deadline ran after the reconnect";
 }
 
 TEST(PgDeadlineTest, TheProxysOtherModesStillWorkAfterAFreeze) {

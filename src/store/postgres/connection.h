@@ -101,11 +101,14 @@ class Connection {
   void Close() { conn_.reset(); }
 
  private:
+  void EndOldSession(int pid);
+
   std::string conninfo_;
   std::string session_sql_;
   std::string description_;
   std::chrono::milliseconds deadline_;
   ConnPtr conn_;
+  int session_pid_ = 0;  // the server session of conn_ (see EndOldSession)
 };
 
 }  // namespace outbox::postgres
