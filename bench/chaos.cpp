@@ -31,7 +31,6 @@
 // on any lost, phantom or out-of-order message (or when a relay cannot be started).
 
 #include <hiredis/hiredis.h>
-#include <httplib.h>
 #include <libpq-fe.h>
 #include <nats/nats.h>
 #include <signal.h>
@@ -53,6 +52,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_endpoint.h"
 #include "bench_support.h"
 #include "support/amqp_test_client.h"
 #include "support/child_process.h"
@@ -321,22 +321,15 @@ class RedisDestination : public Destination {
   std::thread thread_;
 };
 
-// A webhook endpoint in this process (cpp-httplib): every POST answered 200 once recorded.
+// The HTTP drain's webhook endpoint (bench_endpoint.h) in this process: every POST answered 200
+// once recorded. The arrival order of one stream's requests is the order the sink sent them in:
+// it sends a stream's next message only once the one before it is answered.
 class HttpDestination : public Destination {
  public:
-  explicit HttpDestination(const std::string& name) : path_("/hooks/" + name) {
-    server_.Post(path_, [this](const httplib::Request& request, httplib::Response& response) {
-      arrivals.Add(request.body);
-      response.status = 200;
-    });
-    port_ = server_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-  }
-  ~HttpDestination() override {
-    server_.stop();
-    if (thread_.joinable()) thread_.join();
-  }
-  std::pair<std::string, int> Upstream() const override { return {"127.0.0.1", port_}; }
+  explicit HttpDestination(const std::string& name)
+      : path_("/hooks/" + name),
+        endpoint_(2, 0, {}, [this](std::string_view body) { arrivals.Add(std::string{body}); }) {}
+  std::pair<std::string, int> Upstream() const override { return {"127.0.0.1", endpoint_.port()}; }
   std::string SinkConfig(int proxy_port) const override {
     return "type = \"http\"\nurl = \"http://127.0.0.1:" + std::to_string(proxy_port) + path_ +
            "\"\nrequest_timeout = \"3s\"\n";
@@ -345,9 +338,7 @@ class HttpDestination : public Destination {
 
  private:
   std::string path_;
-  httplib::Server server_;
-  int port_ = 0;
-  std::thread thread_;
+  BenchEndpoint endpoint_;
 };
 
 // --- relays -------------------------------------------------------------------------------------
@@ -547,7 +538,7 @@ class Scheduler {
       if (run_clock.Now() >= phase.end) break;
       Relay& relay = *relays_[random_() % relays_.size()];
       Inject(phase, relay);
-      ++phase.injected;
+      if (phase.fault != "none") ++phase.injected;
     }
   }
 
@@ -557,6 +548,9 @@ class Scheduler {
   }
   void Inject(const Phase& phase, Relay& relay) {
     const std::string& fault = phase.fault;
+    if (fault == "none") {
+      return;  // a baseline phase
+    }
     if (fault == "kill") {
       const double down = Uniform(0.5, 3);
       Log("fault kill: SIGKILL %s (pid %d), started again in %.1f s", relay.name().c_str(),
