@@ -12,7 +12,7 @@
 //   order        first deliveries of a stream's message after a later message of that stream
 //   stall        the longest time with committed messages undelivered and no delivery at all
 //
-//   outbox-chaos --sink rabbitmq|nats|redis|http [--minutes 5] [--seed N]
+//   outbox-chaos --sink rabbitmq|nats|redis|http|kafka [--minutes 5] [--seed N]
 //                [--faults kill,stop,cut-db,freeze-db,cut-broker,freeze-broker]
 //
 // The run is cut into one phase per fault kind (in --faults order, --minutes shared evenly);
@@ -22,16 +22,19 @@
 // this program started: `kill` (SIGKILL a relay, start it again 0.5-3 s later), `stop` (SIGSTOP
 // 1-8 s, past the 3 s lease, then SIGCONT), `cut-db` / `cut-broker` (close every connection of
 // that relay's proxy in front of PostgreSQL / the broker), `freeze-db` / `freeze-broker` (those
-// connections stop forwarding for 1-10 s with their sockets open, new ones go through). The
-// servers themselves are never restarted: they are shared.
+// connections stop forwarding for 1-10 s with their sockets open, new ones go through; for Kafka
+// the brokers' answers are held, see KafkaLink). `none` is a phase without faults. The servers
+// themselves are never restarted: they are shared (Kafka is a mock cluster of this run's own).
 //
 // Servers: $OUTBOX_TEST_PG_URL, $OUTBOX_TEST_AMQP_URL, $OUTBOX_TEST_NATS_URL,
-// $OUTBOX_TEST_REDIS_URL (scripts/services). It works in database outbox_bench, in a schema of
-// its own, and a queue / stream / Redis key of its own, all removed at the end. Exit status 1
+// $OUTBOX_TEST_REDIS_URL (scripts/services); for Kafka, outbox-kafka-mock started here. It works
+// in database outbox_bench, in a schema of its own, and a queue / stream / Redis key of its own,
+// all removed at the end. Exit status 1
 // on any lost, phantom or out-of-order message (or when a relay cannot be started).
 
 #include <hiredis/hiredis.h>
 #include <libpq-fe.h>
+#include <librdkafka/rdkafka.h>
 #include <nats/nats.h>
 #include <signal.h>
 
@@ -54,6 +57,8 @@
 
 #include "bench_endpoint.h"
 #include "bench_support.h"
+#include "kafka/kafka_proxy.h"
+#include "kafka_mock.h"
 #include "support/amqp_test_client.h"
 #include "support/child_process.h"
 #include "support/tcp_proxy.h"
@@ -119,15 +124,44 @@ std::pair<std::string, int> HostPort(const std::string& url, int default_port) {
   return {rest.substr(0, colon), std::stoi(rest.substr(colon + 1))};
 }
 
-// One sink type: where the relays publish (through a proxy on `proxy_port`) and a consumer that
+// A relay's way to the broker, which the faults cut and freeze.
+class BrokerLink {
+ public:
+  virtual ~BrokerLink() = default;
+  virtual int port() const = 0;  // where the relay connects, on 127.0.0.1
+  virtual std::string address() const { return "127.0.0.1:" + std::to_string(port()); }
+  virtual void Cut() = 0;
+  virtual void Freeze(bool frozen) = 0;
+};
+
+// A TCP proxy (tests/support/tcp_proxy.h) in front of a server.
+class TcpLink : public BrokerLink {
+ public:
+  explicit TcpLink(const std::pair<std::string, int>& upstream)
+      : proxy_(upstream.first, upstream.second) {}
+  int port() const override { return proxy_.port(); }
+  void Cut() override { proxy_.DropAll(); }
+  void Freeze(bool frozen) override {
+    proxy_.SetMode(frozen ? TcpProxy::Mode::kFreeze : TcpProxy::Mode::kForward);
+  }
+
+ private:
+  TcpProxy proxy_;
+};
+
+// One sink type: where the relays publish (through a BrokerLink of each) and a consumer that
 // records every delivery into `arrivals`, on its own thread, straight to the server.
 class Destination {
  public:
   virtual ~Destination() = default;
   // The upstream of the relays' broker proxies.
   virtual std::pair<std::string, int> Upstream() const = 0;
-  // The body of [sinks.default] for a relay whose broker proxy listens on `proxy_port`.
-  virtual std::string SinkConfig(int proxy_port) const = 0;
+  // A relay's link to the broker: a TCP proxy in front of Upstream() unless the sink says.
+  virtual std::unique_ptr<BrokerLink> NewLink() const {
+    return std::make_unique<TcpLink>(Upstream());
+  }
+  // The body of [sinks.default] for a relay that reaches the broker through `link`.
+  virtual std::string SinkConfig(const BrokerLink& link) const = 0;
   // The topic the writers use.
   virtual std::string Topic() const = 0;
   Arrivals arrivals;
@@ -147,11 +181,11 @@ class RabbitDestination : public Destination {
   std::pair<std::string, int> Upstream() const override {
     return HostPort(outbox::testing::AmqpUrl(), 5672);
   }
-  std::string SinkConfig(int proxy_port) const override {
+  std::string SinkConfig(const BrokerLink& link) const override {
     std::string url = outbox::testing::AmqpUrl();
     const auto [host, port] = Upstream();
     const std::string upstream = host + ":" + std::to_string(port);
-    url.replace(url.find(upstream), upstream.size(), "127.0.0.1:" + std::to_string(proxy_port));
+    url.replace(url.find(upstream), upstream.size(), "127.0.0.1:" + std::to_string(link.port()));
     return "type = \"rabbitmq\"\nurl = \"" + url + "\"\nrouting_key = \"{topic}\"\n";
   }
   std::string Topic() const override { return queue_; }
@@ -218,8 +252,8 @@ class NatsDestination : public Destination {
     natsConnection_Destroy(connection_);
   }
   std::pair<std::string, int> Upstream() const override { return HostPort(url_, 4222); }
-  std::string SinkConfig(int proxy_port) const override {
-    return "type = \"nats\"\nurl = \"nats://127.0.0.1:" + std::to_string(proxy_port) +
+  std::string SinkConfig(const BrokerLink& link) const override {
+    return "type = \"nats\"\nurl = \"nats://127.0.0.1:" + std::to_string(link.port()) +
            "\"\nsubject = \"{topic}\"\n";
   }
   std::string Topic() const override { return subject_; }
@@ -274,8 +308,8 @@ class RedisDestination : public Destination {
     }
   }
   std::pair<std::string, int> Upstream() const override { return HostPort(url_, 6379); }
-  std::string SinkConfig(int proxy_port) const override {
-    return "type = \"redis\"\nurl = \"redis://127.0.0.1:" + std::to_string(proxy_port) +
+  std::string SinkConfig(const BrokerLink& link) const override {
+    return "type = \"redis\"\nurl = \"redis://127.0.0.1:" + std::to_string(link.port()) +
            "\"\nstream = \"{topic}\"\ndedup_prefix = \"" + key_ + "-dedup:\"\n";
   }
   std::string Topic() const override { return key_; }
@@ -330,8 +364,8 @@ class HttpDestination : public Destination {
       : path_("/hooks/" + name),
         endpoint_(2, 0, {}, [this](std::string_view body) { arrivals.Add(std::string{body}); }) {}
   std::pair<std::string, int> Upstream() const override { return {"127.0.0.1", endpoint_.port()}; }
-  std::string SinkConfig(int proxy_port) const override {
-    return "type = \"http\"\nurl = \"http://127.0.0.1:" + std::to_string(proxy_port) + path_ +
+  std::string SinkConfig(const BrokerLink& link) const override {
+    return "type = \"http\"\nurl = \"http://127.0.0.1:" + std::to_string(link.port()) + path_ +
            "\"\nrequest_timeout = \"3s\"\n";
   }
   std::string Topic() const override { return "chaos"; }
@@ -339,6 +373,91 @@ class HttpDestination : public Destination {
  private:
   std::string path_;
   BenchEndpoint endpoint_;
+};
+
+// Kafka: outbox-kafka-mock (librdkafka's mock cluster, 3 brokers) of this run, a topic of 6
+// partitions, each relay through a KafkaProxy of its own (tests/kafka/kafka_proxy.h: it rewrites
+// the brokers' addresses in Metadata responses, so that every connection of the relay goes
+// through it). A cut closes the relay's connections (and lets it connect again at once); a freeze
+// holds what the brokers answer (what the relay sends still goes through: the proxy has no mode
+// that holds both directions). The consumer reads every partition from the start, directly.
+class KafkaLink : public BrokerLink {
+ public:
+  explicit KafkaLink(const std::string& bootstraps) : proxy_(bootstraps) {}
+  int port() const override { return 0; }
+  std::string address() const override { return proxy_.bootstraps(); }
+  void Cut() override {
+    proxy_.Stop();
+    proxy_.Start();
+  }
+  void Freeze(bool frozen) override { proxy_.Hold(frozen); }
+
+ private:
+  outbox::testing::KafkaProxy proxy_;
+};
+
+class KafkaDestination : public Destination {
+ public:
+  static constexpr int kPartitions = 6;
+  KafkaDestination(const std::string& mock_program, const std::string& name)
+      : mock_(mock_program, 3), topic_(name) {
+    mock_.Command("topic " + topic_ + " " + std::to_string(kPartitions));
+    std::array<char, 512> error{};
+    rd_kafka_conf_t* conf = rd_kafka_conf_new();
+    const auto set = [&](const char* key, const std::string& value) {
+      if (rd_kafka_conf_set(conf, key, value.c_str(), error.data(), error.size()) !=
+          RD_KAFKA_CONF_OK) {
+        throw std::runtime_error(std::string{"kafka consumer: "} + error.data());
+      }
+    };
+    set("bootstrap.servers", mock_.bootstraps());
+    set("group.id", topic_);
+    set("enable.auto.commit", "false");
+    consumer_ = rd_kafka_new(RD_KAFKA_CONSUMER, conf, error.data(), error.size());
+    if (consumer_ == nullptr) throw std::runtime_error(std::string{"kafka: "} + error.data());
+    rd_kafka_topic_partition_list_t* partitions = rd_kafka_topic_partition_list_new(kPartitions);
+    for (int p = 0; p < kPartitions; ++p) {
+      rd_kafka_topic_partition_list_add(partitions, topic_.c_str(), p)->offset =
+          RD_KAFKA_OFFSET_BEGINNING;
+    }
+    const rd_kafka_resp_err_t assigned = rd_kafka_assign(consumer_, partitions);
+    rd_kafka_topic_partition_list_destroy(partitions);
+    if (assigned != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      throw std::runtime_error(std::string{"kafka assign: "} + rd_kafka_err2str(assigned));
+    }
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~KafkaDestination() override {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    rd_kafka_consumer_close(consumer_);
+    rd_kafka_destroy(consumer_);
+  }
+  std::pair<std::string, int> Upstream() const override { return {"127.0.0.1", 0}; }
+  std::unique_ptr<BrokerLink> NewLink() const override {
+    return std::make_unique<KafkaLink>(mock_.bootstraps());
+  }
+  std::string SinkConfig(const BrokerLink& link) const override {
+    return "type = \"kafka\"\nbrokers = \"" + link.address() + "\"\ntopic = \"{topic}\"\n";
+  }
+  std::string Topic() const override { return topic_; }
+
+ private:
+  void Loop() {
+    while (!stop_) {
+      rd_kafka_message_t* message = rd_kafka_consumer_poll(consumer_, 100);
+      if (message == nullptr) continue;
+      if (message->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        arrivals.Add(std::string(static_cast<const char*>(message->payload), message->len));
+      }
+      rd_kafka_message_destroy(message);
+    }
+  }
+  KafkaMock mock_;
+  std::string topic_;
+  rd_kafka_t* consumer_ = nullptr;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
 };
 
 // --- relays -------------------------------------------------------------------------------------
@@ -350,7 +469,7 @@ class Relay {
         const std::string& pg_host, int pg_port)
       : name_("relay-" + std::to_string(index)),
         db_proxy_(pg_host, pg_port),
-        broker_proxy_(destination.Upstream().first, destination.Upstream().second),
+        broker_link_(destination.NewLink()),
         config_((env.dir / (name_ + ".toml")).string()),
         outboxd_(env.outboxd) {
     std::ofstream out(config_);
@@ -361,11 +480,11 @@ class Relay {
         << "shutdown_timeout = \"3s\"\nmin_backoff = \"50ms\"\nmax_backoff = \"1s\"\n"
         << "[retry]\ninitial_delay = \"100ms\"\nmax_delay = \"1s\"\nmax_attempts = 50\n"
         << "[log]\nlevel = \"info\"\n[http]\nlisten = \"\"\n[sinks.default]\n"
-        << destination.SinkConfig(broker_proxy_.port());
+        << destination.SinkConfig(*broker_link_);
   }
   const std::string& name() const { return name_; }
   TcpProxy& db_proxy() { return db_proxy_; }
-  TcpProxy& broker_proxy() { return broker_proxy_; }
+  BrokerLink& broker_link() { return *broker_link_; }
   bool running() const { return process_ != nullptr; }
   pid_t pid() const { return process_ ? process_->pid() : -1; }
 
@@ -393,7 +512,7 @@ class Relay {
  private:
   std::string name_;
   TcpProxy db_proxy_;
-  TcpProxy broker_proxy_;
+  std::unique_ptr<BrokerLink> broker_link_;
   std::string config_;
   std::string outboxd_;
   std::unique_ptr<outbox::testing::ChildProcess> process_;
@@ -569,15 +688,24 @@ class Scheduler {
     } else if (fault == "cut-db" || fault == "cut-broker") {
       Log("fault %s: close every connection of %s through its %s proxy", fault.c_str(),
           relay.name().c_str(), fault == "cut-db" ? "database" : "broker");
-      (fault == "cut-db" ? relay.db_proxy() : relay.broker_proxy()).DropAll();
+      if (fault == "cut-db") {
+        relay.db_proxy().DropAll();
+      } else {
+        relay.broker_link().Cut();
+      }
     } else if (fault == "freeze-db" || fault == "freeze-broker") {
       const double frozen = Uniform(1, 10);
-      TcpProxy& proxy = fault == "freeze-db" ? relay.db_proxy() : relay.broker_proxy();
       Log("fault %s: freeze the open connections of %s for %.1f s", fault.c_str(),
           relay.name().c_str(), frozen);
-      proxy.SetMode(TcpProxy::Mode::kFreeze);
-      Nap(frozen);
-      proxy.SetMode(TcpProxy::Mode::kForward);
+      if (fault == "freeze-db") {
+        relay.db_proxy().SetMode(TcpProxy::Mode::kFreeze);
+        Nap(frozen);
+        relay.db_proxy().SetMode(TcpProxy::Mode::kForward);
+      } else {
+        relay.broker_link().Freeze(true);
+        Nap(frozen);
+        relay.broker_link().Freeze(false);
+      }
       Log("  thawed %s", relay.name().c_str());
     } else {
       throw std::runtime_error("unknown fault " + fault);
@@ -766,8 +894,8 @@ int main(int argc, char** argv) {
   std::string faults = "kill,stop,cut-db,freeze-db,cut-broker,freeze-broker";
   std::uint32_t seed = 0;
   int relay_count = 2, writer_count = 4, streams = 200, pause_ms = 20, drain_seconds = 120;
-  app.add_option("--sink", sink, "rabbitmq, nats, redis or http")
-      ->check(CLI::IsMember({"rabbitmq", "nats", "redis", "http"}));
+  app.add_option("--sink", sink, "rabbitmq, nats, redis, http or kafka (outbox-kafka-mock)")
+      ->check(CLI::IsMember({"rabbitmq", "nats", "redis", "http", "kafka"}));
   app.add_option("--minutes", minutes, "length of the faulty part of the run");
   app.add_option("--faults", faults, "fault kinds, one phase each, in this order");
   app.add_option("--seed", seed, "seed of the writers and the scheduler (0: from the clock)");
@@ -808,6 +936,7 @@ int main(int argc, char** argv) {
         EnvOr("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379"), name);
   }
   if (sink == "http") destination = std::make_unique<HttpDestination>(name);
+  if (sink == "kafka") destination = std::make_unique<KafkaDestination>(KAFKA_MOCK_PATH, name);
 
   const auto [pg_host, pg_port] = HostPort(env.pg_url, 5432);
   std::printf(
@@ -867,6 +996,9 @@ int main(int argc, char** argv) {
     Log("%s stopped: exit %d", relay->name().c_str(), code);
     if (code != 0) ++exit_codes_bad;
   }
+  // A connection of its own for the end: the monitor's may have died since the start (the
+  // shared server, restarted by someone else's test, did that once).
+  env.monitor = Connect(env.bench_url);
   const std::string left =
       Scalar(env.monitor.get(),
              "SELECT count(*) || ' rows left (' || count(*) FILTER (WHERE status = "
