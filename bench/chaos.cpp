@@ -169,13 +169,10 @@ class Destination {
 
 class RabbitDestination : public Destination {
  public:
-  explicit RabbitDestination(const std::string& name) : queue_(name) {
-    outbox::testing::DeclareQueue(queue_);
-    thread_ = std::thread([this] { Loop(); });
-  }
+  explicit RabbitDestination(const std::string& name)
+      : queue_((outbox::testing::DeclareQueue(name), name)) {}
   ~RabbitDestination() override {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
+    consumer_.Stop();
     outbox::testing::DeleteQueue(queue_);
   }
   std::pair<std::string, int> Upstream() const override {
@@ -191,39 +188,12 @@ class RabbitDestination : public Destination {
   std::string Topic() const override { return queue_; }
 
  private:
-  // Consumes the queue (prefetch 500), recording each body as it comes, then acking it;
-  // reconnects when the connection is lost (a message not acked comes again: a duplicate).
-  void Loop() {
-    while (!stop_) {
-      outbox::testing::AmqpConn conn = outbox::testing::AmqpTryConnect();
-      if (!conn) {
-        std::this_thread::sleep_for(milliseconds{100});
-        continue;
-      }
-      amqp_basic_qos(conn.get(), 1, 0, 500, 0);
-      amqp_basic_consume(conn.get(), 1, amqp_cstring_bytes(queue_.c_str()), amqp_empty_bytes, 0, 0,
-                         0, amqp_empty_table);
-      if (amqp_get_rpc_reply(conn.get()).reply_type != AMQP_RESPONSE_NORMAL) continue;
-      while (!stop_) {
-        amqp_maybe_release_buffers(conn.get());
-        amqp_envelope_t envelope{};
-        timeval timeout{0, 100000};
-        const auto reply = amqp_consume_message(conn.get(), &envelope, &timeout, 0);
-        if (reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
-            reply.library_error == AMQP_STATUS_TIMEOUT) {
-          continue;
-        }
-        if (reply.reply_type != AMQP_RESPONSE_NORMAL) break;
-        arrivals.Add(std::string(static_cast<const char*>(envelope.message.body.bytes),
-                                 envelope.message.body.len));
-        amqp_basic_ack(conn.get(), 1, envelope.delivery_tag, 0);
-        amqp_destroy_envelope(&envelope);
-      }
-    }
-  }
   std::string queue_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
+  // The tests' consumer (prefetch 500, each delivery acked once recorded; a message not acked
+  // when the connection is lost comes again: a duplicate).
+  outbox::testing::Consumer consumer_{queue_, [this](outbox::testing::Delivery&& delivery) {
+                                        arrivals.Add(std::move(delivery.body));
+                                      }};
 };
 
 class NatsDestination : public Destination {
@@ -878,11 +848,6 @@ void PrintTable(const std::string& sink, const std::vector<Row>& rows) {
     if (!row.examples.empty()) std::printf("\n%s:\n%s", row.fault.c_str(), row.examples.c_str());
   }
   Flush();
-}
-
-std::string EnvOr(const char* name, const std::string& fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && value[0] != '\0' ? value : fallback;
 }
 
 }  // namespace

@@ -1932,11 +1932,6 @@ void PrintConditions(Env& env) {
   Flush();
 }
 
-std::string EnvOr(const char* name, const std::string& fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && value[0] != '\0' ? value : fallback;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
