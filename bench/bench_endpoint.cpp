@@ -100,8 +100,10 @@ std::string NewWebhookSecret() {
 
 class BenchEndpoint::Impl {
  public:
-  Impl(int threads, std::int64_t messages, std::string secret)
-      : messages_(messages),
+  Impl(int threads, std::int64_t messages, std::string secret,
+       std::function<void(std::string_view body)> on_body)
+      : on_body_(std::move(on_body)),
+        messages_(messages),
         seen_(std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(messages))),
         secret_(std::move(secret)) {
     const tcp::endpoint endpoint{asio::ip::make_address("127.0.0.1"), 0};
@@ -151,6 +153,7 @@ class BenchEndpoint::Impl {
     if (id == request.end()) ++without_id_;
     if (signature == request.end()) ++without_signature_;
     const std::string& body = request.body();
+    if (on_body_) on_body_(body);
     if (body.size() >= 13 && body[0] == '"') {
       std::int64_t seq = 0;
       bool digits = true;
@@ -203,6 +206,7 @@ class BenchEndpoint::Impl {
     first_signature_ = verdict;
   }
 
+  std::function<void(std::string_view body)> on_body_;
   std::int64_t messages_;
   std::unique_ptr<std::atomic<std::uint8_t>[]> seen_;
   std::string secret_;
@@ -303,8 +307,9 @@ void BenchEndpoint::Impl::Accept() {
   });
 }
 
-BenchEndpoint::BenchEndpoint(int threads, std::int64_t messages, std::string secret)
-    : impl_(std::make_unique<Impl>(threads, messages, std::move(secret))) {}
+BenchEndpoint::BenchEndpoint(int threads, std::int64_t messages, std::string secret,
+                             std::function<void(std::string_view body)> on_body)
+    : impl_(std::make_unique<Impl>(threads, messages, std::move(secret), std::move(on_body))) {}
 BenchEndpoint::~BenchEndpoint() = default;
 int BenchEndpoint::port() const { return impl_->port(); }
 std::int64_t BenchEndpoint::distinct() const { return impl_->distinct(); }

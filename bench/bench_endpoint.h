@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -28,7 +29,10 @@ class BenchEndpoint {
   // whose first arrival distinct() counts (Payload(), Preinsert(): a JSON string starting with
   // 12 digits). `secret`, when set ("whsec_..."): the first request's signature is checked, once
   // (first_signature_ok()), so that a bad signer shows without costing every request.
-  BenchEndpoint(int threads, std::int64_t messages, std::string secret = {});
+  // `on_body`, when set, is called with the body of every POST or PUT it accepts, on an I/O
+  // thread, before the answer (the chaos ledger's record of deliveries, bench/chaos.cpp).
+  BenchEndpoint(int threads, std::int64_t messages, std::string secret = {},
+                std::function<void(std::string_view body)> on_body = {});
   ~BenchEndpoint();
   BenchEndpoint(const BenchEndpoint&) = delete;
   BenchEndpoint& operator=(const BenchEndpoint&) = delete;

@@ -63,6 +63,12 @@ inline std::string Mib(double kib) {
 
 inline void Flush() { std::fflush(stdout); }
 
+// The environment variable `name`, or `fallback` when it is unset or empty.
+inline std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && value[0] != '\0' ? value : fallback;
+}
+
 // --- PostgreSQL -------------------------------------------------------------------------------
 
 using outbox::testing::Connect;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -156,9 +157,14 @@ struct Delivery {
 };
 
 // Consumes `queue` on its own thread until Stop(), acking each delivery after recording it.
+// With `on_delivery`, each delivery is handed to it (on the consumer's thread) instead of being
+// kept: deliveries() stays empty and count() counts them (the chaos ledger, bench/chaos.cpp).
 class Consumer {
  public:
-  explicit Consumer(std::string queue) : queue_(std::move(queue)), thread_([this] { Loop(); }) {}
+  explicit Consumer(std::string queue, std::function<void(Delivery&&)> on_delivery = {})
+      : queue_(std::move(queue)),
+        on_delivery_(std::move(on_delivery)),
+        thread_([this] { Loop(); }) {}
   ~Consumer() { Stop(); }
   void Stop() {
     stop_ = true;
@@ -170,7 +176,7 @@ class Consumer {
   }
   std::size_t count() const {
     std::lock_guard lock(mutex_);
-    return deliveries_.size();
+    return on_delivery_ ? handed_ : deliveries_.size();
   }
   int reconnects() const { return reconnects_; }
 
@@ -250,15 +256,23 @@ class Consumer {
         }
       }
     }
+    if (on_delivery_) {
+      on_delivery_(std::move(delivery));
+      std::lock_guard lock(mutex_);
+      ++handed_;
+      return;
+    }
     std::lock_guard lock(mutex_);
     deliveries_.push_back(std::move(delivery));
   }
 
   std::string queue_;
+  std::function<void(Delivery&&)> on_delivery_;
   std::atomic<bool> stop_{false};
   std::atomic<int> reconnects_{0};
   mutable std::mutex mutex_;
   std::vector<Delivery> deliveries_;
+  std::size_t handed_ = 0;  // to on_delivery_
   std::thread thread_;
 };
 
