@@ -459,30 +459,48 @@ Connection::Connection(std::string conninfo, std::string session_sql,
 // A connection lost or given up at a deadline may leave its server session behind, and a
 // statement sent on it may still be in the network (a frozen route, a proxy that holds bytes):
 // reaching the session later, it would run after the caller has moved on (a claim leasing
-// messages its relay no longer knows of). The new connection ends that session and waits for it
-// to go (at most the deadline, or 5 s), so that what it had not run yet never runs; what it had
-// run before is the caller's to reconcile, as for any reply that was lost. Only a session of the
-// same role that started before this one; nothing is said when it is already gone or cannot be
-// ended (another role's privileges).
-void Connection::EndOldSession(int pid) {
+// messages its relay no longer knows of). The new connection ends those sessions and waits for
+// them to go (at most the deadline, or 5 s) before it is used, so that what they had not run yet
+// never runs; what they had run before is the caller's to reconcile, as for any reply that was
+// lost. Only sessions of the same role that started before this one (a pid reused since is not
+// touched). One that cannot be ended, or is still there after the wait, fails the connection
+// (kUnavailable): the caller backs off and the next connection tries again; a session already
+// gone is done with.
+void Connection::EndStaleSessions() {
   const auto wait_ms =
       std::min<std::int64_t>(deadline_.count() > 0 ? deadline_.count() : 5000, 5000);
-  const std::string pid_text = std::to_string(pid);
-  const std::string wait_text = std::to_string(wait_ms);
-  try {
-    Exec(conn_.get(), "end the session of the connection lost",
-         "SELECT pg_terminate_backend(pid, $2) FROM pg_stat_activity WHERE pid = $1 AND "
-         "usename = current_user AND backend_start < (SELECT backend_start FROM "
-         "pg_stat_activity WHERE pid = pg_backend_pid())",
-         {Param{pid_text}, Param{wait_text}});
-  } catch (const PgError&) {  // NOLINT(bugprone-empty-catch): best effort, see above
+  std::string pids = "{";
+  for (const int pid : stale_sessions_) {
+    if (pids.size() > 1) pids += ',';
+    pids += std::to_string(pid);
   }
+  pids += '}';
+  const std::string wait_text = std::to_string(wait_ms);
+  const auto result = Exec(
+      conn_.get(), "end the server sessions of the connections lost",
+      "SELECT pid, pg_terminate_backend(pid, $2) FROM pg_stat_activity WHERE pid = ANY($1::int[]) "
+      "AND usename = current_user AND backend_start < (SELECT backend_start FROM "
+      "pg_stat_activity WHERE pid = pg_backend_pid())",
+      {Param{pids}, Param{wait_text}});
+  for (int row = 0; row < PQntuples(result.get()); ++row) {
+    if (std::string_view{PQgetvalue(result.get(), row, 1)} != "t") {
+      throw PgError(FailureKind::kUnavailable,
+                    std::string{"the server session "} + PQgetvalue(result.get(), row, 0) +
+                        " of a connection lost is still there " + wait_text +
+                        " ms after it was told to end; a statement sent on that connection "
+                        "could still run, so this connection is not used until it is gone",
+                    "");
+    }
+  }
+  stale_sessions_.clear();
 }
 
 void Connection::EnsureConnected() {
   if (conn_ && PQstatus(conn_.get()) == CONNECTION_OK) return;
-  // (PQbackendPID says 0 once the connection is bad: the session's pid is kept from its start.)
-  const int old_session = std::exchange(session_pid_, 0);
+  // Its session is ended by the next connection that gets through (EndStaleSessions), however
+  // many attempts fail before. (PQbackendPID says 0 once the connection is bad: the pid is kept
+  // from its start.)
+  if (session_pid_ != 0) stale_sessions_.push_back(std::exchange(session_pid_, 0));
   conn_.reset();  // the old one first: its server session may hold what the new one needs
   conn_ = Connect(conninfo_, deadline_);
   if (!conn_ || PQstatus(conn_.get()) != CONNECTION_OK) {
@@ -497,8 +515,14 @@ void Connection::EnsureConnected() {
                    "cannot set up the connection to PostgreSQL (" + description_ + "): " + reason,
                    "");
   };
+  if (!stale_sessions_.empty()) {
+    try {
+      EndStaleSessions();
+    } catch (const PgError& error) {
+      throw set_up_failed(error.what());
+    }
+  }
   session_pid_ = PQbackendPID(conn_.get());
-  if (old_session != 0) EndOldSession(old_session);
   // Every statement of the store is short; with JIT on, the claim's plan (its cost estimate is
   // over jit_above_cost once the table is large) spent 30-60 ms compiling to save microseconds
   // (measured: a claim of 500 from 200k rows, 68 ms with JIT, 13.6 ms without). A server without

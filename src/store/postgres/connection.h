@@ -101,14 +101,15 @@ class Connection {
   void Close() { conn_.reset(); }
 
  private:
-  void EndOldSession(int pid);
+  void EndStaleSessions();
 
   std::string conninfo_;
   std::string session_sql_;
   std::string description_;
   std::chrono::milliseconds deadline_;
   ConnPtr conn_;
-  int session_pid_ = 0;  // the server session of conn_ (see EndOldSession)
+  int session_pid_ = 0;              // the server session of conn_
+  std::vector<int> stale_sessions_;  // of connections lost, not yet known gone (EndStaleSessions)
 };
 
 }  // namespace outbox::postgres
