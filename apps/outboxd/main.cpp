@@ -31,8 +31,8 @@
 #include "outbox/core/secrets.h"
 #include "outbox/core/version.h"
 #include "outbox/observe/metrics.h"
+#include "outbox/relay/dispatcher.h"
 #include "outbox/relay/relay.h"
-#include "outbox/relay/shared_sink.h"
 #include "outbox/relay/wal_relay.h"
 #include "service_manager.h"
 #include "version_line.h"
@@ -320,19 +320,23 @@ int main(int argc, char** argv) {
     Database database = OpenDatabase(config);
     options.partition_leases = database.partition_leases.get();
     // WAL mode: a second relay reads the slot; the table relay still publishes what WAL mode
-    // parks in the table (and the topics left in table mode). The two share each sink, taking
-    // turns (outbox/relay/shared_sink.h): one connection per target, and one memory of what its
-    // broker asked (an HTTP endpoint's Retry-After holds for both).
+    // parks in the table (and the topics left in table mode). The two publish through one
+    // dispatcher (outbox/relay/dispatcher.h): one connection per target, one pause per target,
+    // and one memory of what its broker asked (an HTTP endpoint's Retry-After holds for both).
     const bool wal_mode = config.database->WalMode();
-    auto sink_maps = outbox::ShareSinks(OpenSinks(config, {.log = log_fn, .lease = config.lease}),
-                                        wal_mode ? 2 : 1);
-    outbox::Relay relay(options, std::move(database.store), std::move(database.wakeup),
-                        std::move(sink_maps[0]), log_fn);
+    auto dispatcher = std::make_shared<outbox::Dispatcher>(
+        OpenSinks(config, {.log = log_fn, .lease = config.lease}),
+        outbox::DispatcherOptions{.min_backoff = options.min_backoff,
+                                  .max_backoff = options.max_backoff,
+                                  .metrics = &registry},
+        log_fn);
+    outbox::Relay relay(options, std::move(database.store), std::move(database.wakeup), dispatcher,
+                        log_fn);
     std::unique_ptr<outbox::WalRelay> wal_relay;
     if (wal_mode) {
       wal_relay = std::make_unique<outbox::WalRelay>(
           WalRelayOptionsOf(config, registry), config.database->OpenWalSource(),
-          config.database->OpenWalLedger(), std::move(sink_maps[1]), log_fn);
+          config.database->OpenWalLedger(), dispatcher, log_fn);
     }
     // The operations side (stats thread, HTTP listener), on connections of its own to the same
     // database, PostgreSQL or SQLite.

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <deque>
 #include <future>
 #include <map>
 #include <mutex>
@@ -10,13 +9,20 @@
 #include <utility>
 #include <vector>
 
-#include "adaptive_linger.h"
 #include "outbox/core/error.h"
-#include "outbox/core/random.h"
 #include "outbox/core/uuid.h"
+#include "wal_batch.h"
+#include "wal_gather.h"
+#include "wal_metrics.h"
+#include "wal_numbers.h"
+#include "wal_settler.h"
 
 namespace outbox {
 namespace {
+
+using relay::Batch;
+using relay::Item;
+using relay::WalStreamOf;
 
 using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
@@ -34,104 +40,27 @@ constexpr milliseconds kLongestRead{500};
 // How long a commit's word that outbox.messages holds nothing that could hold a stream back is
 // taken for it (renewed by every commit; a bound, in case a row comes by some other way).
 constexpr milliseconds kTrustClearTable{1000};
-// While a batch publishes, how long one read ahead waits before it looks whether the publish is
-// done.
-constexpr milliseconds kReadAheadWait{1};
 
 std::string Describe(const std::exception& error) { return error.what(); }
-
-struct WalMetrics {
-  explicit WalMetrics(observe::Registry& into)
-      : registry(into),
-        transactions(into.AddCounter("outbox_wal_transactions_total",
-                                     "Committed transactions with outbox messages read from the "
-                                     "slot and handled (published or parked).")),
-        published(into.AddCounter(
-            "outbox_wal_published_total",
-            "WAL-mode messages confirmed by the broker, their position committed.")),
-        parked(into.AddCounter("outbox_wal_parked_total",
-                               "WAL-mode messages parked in outbox.messages: rejected by their "
-                               "sink, or behind an earlier parked message of their stream.")),
-        undecodable(into.AddCounter(
-            "outbox_wal_undecodable_total",
-            "Logical messages with the outbox prefix that could not be decoded (not relayed).")),
-        errors(into.AddCounter("outbox_wal_errors_total",
-                               "Database and broker outages the WAL relay met (it reads the slot "
-                               "again from its committed position).")),
-        lag_bytes(into.AddGauge("outbox_wal_lag_bytes",
-                                "WAL the server has sent past this relay's committed position.")),
-        lag_seconds(into.AddGauge(
-            "outbox_wal_lag_seconds",
-            "Age of the oldest transaction read but not yet committed; 0 when caught up.")),
-        active(into.AddGauge("outbox_wal_active",
-                             "1 while this relay holds the slot's lease and reads it.")),
-        slot_active(into.AddGauge(
-            "outbox_wal_slot_active",
-            "1 while some relay streams the slot (pg_replication_slots.active), as last checked.")),
-        slot_retained_bytes(into.AddGauge(
-            "outbox_wal_slot_retained_bytes",
-            "WAL the server keeps for the slot (its position - restart_lsn), as last checked.")),
-        slot_unconfirmed_bytes(
-            into.AddGauge("outbox_wal_slot_unconfirmed_bytes",
-                          "WAL written since the slot's confirmed position, as last checked.")),
-        recovered(into.AddCounter(
-            "outbox_wal_recovered_total",
-            "WAL-mode messages read back from the WAL files (pg_walinspect) after the slot went, "
-            "and published.")),
-        slot_missing(into.AddGauge(
-            "outbox_wal_slot_missing",
-            "1 while the slot this relay read is gone (dropped, or its WAL lost): WAL-mode "
-            "enqueues fail until it is made again.")),
-        slot_flush_lag_seconds(into.AddGauge(
-            "outbox_wal_slot_flush_lag_seconds",
-            "How long the reader's confirmations trail the server's WAL, as the server measures "
-            "it (pg_stat_replication.flush_lag); 0 when it shows none. As last checked.")),
-        batch_seconds(
-            into.AddHistogram("outbox_wal_batch_seconds",
-                              "Duration of each WAL batch from its read to the ledger's commit "
-                              "(with a backlog, its wait for the batch before it included).",
-                              observe::LatencyBuckets())) {}
-
-  observe::Registry& registry;
-  observe::Counter& transactions;
-  observe::Counter& published;
-  observe::Counter& parked;
-  observe::Counter& undecodable;
-  observe::Counter& errors;
-  observe::Gauge& lag_bytes;
-  observe::Gauge& lag_seconds;
-  observe::Gauge& active;
-  observe::Gauge& slot_active;
-  observe::Gauge& slot_retained_bytes;
-  observe::Gauge& slot_unconfirmed_bytes;
-  observe::Counter& recovered;
-  observe::Gauge& slot_missing;
-  observe::Gauge& slot_flush_lag_seconds;
-  observe::Histogram& batch_seconds;
-};
-
-std::optional<WalStream> StreamOf(const Envelope& envelope) {
-  if (!envelope.stream_key) return std::nullopt;
-  return WalStream{envelope.target, *envelope.stream_key};
-}
 
 }  // namespace
 
 class WalRelay::Engine {
  public:
   Engine(WalRelayOptions options, std::unique_ptr<WalSource> source,
-         std::unique_ptr<WalLedger> ledger, SinkMap sinks, LogFn log, WalRelayCounters& counters)
+         std::unique_ptr<WalLedger> ledger, std::shared_ptr<Dispatcher> dispatcher, LogFn log,
+         WalRelayCounters& counters)
       : own_registry_(options.metrics == nullptr ? std::make_unique<observe::Registry>() : nullptr),
         metrics_(options.metrics != nullptr ? *options.metrics : *own_registry_),
         options_(std::move(options)),
         source_(std::move(source)),
         ledger_(std::move(ledger)),
-        sinks_(std::move(sinks)),
+        dispatcher_(std::move(dispatcher)),
         log_(std::move(log)),
         counters_(counters),
         owner_(options_.instance + "/" + NewUuidV7().ToString().substr(24)),
         backoff_(options_.min_backoff),
-        random_(DefaultRandom()) {}
+        settler_(options_.retry, *dispatcher_, log_) {}
 
   void Run() {
     Log(LogLevel::kInfo, "WAL relay started as " + owner_);
@@ -284,8 +213,7 @@ class WalRelay::Engine {
     epoch_.reset();
     streaming_ = false;
     source_->Close();  // the server lets one reader stream a slot: the new owner
-    seqs_.clear();
-    floors_.clear();
+    numbers_.Forget();
     SetActive(false);
   }
 
@@ -294,8 +222,7 @@ class WalRelay::Engine {
     // ledger's position is read back from the WAL files first.
     if (slot_gone_since_ && SlotExists()) Recover();
     const Lsn position = ledger_->Position();
-    seqs_.clear();
-    floors_.clear();
+    numbers_.Forget();
     // A reader still connected now is a relay whose lease expired (frozen, or cut off from the
     // database): it can no longer commit, and the server lets one reader stream a slot, so it is
     // ended instead of waited for (up to wal_sender_timeout).
@@ -385,8 +312,7 @@ class WalRelay::Engine {
                              std::to_string(backoff_.count()) + " ms");
     DropPipeline();
     streaming_ = false;
-    seqs_.clear();
-    floors_.clear();
+    numbers_.Forget();
     // Not read during the pause, the stream would hold its walsender: a server shutting down
     // waits for every walsender to send all WAL (up to wal_sender_timeout, 60 s).
     source_->Close();
@@ -397,90 +323,6 @@ class WalRelay::Engine {
   milliseconds UntilRenewal() const {
     const auto left = std::chrono::duration_cast<milliseconds>(renew_at_ - SteadyClock::now());
     return std::clamp(left, milliseconds{0}, kLongestRead);
-  }
-
-  struct Item {
-    Envelope envelope;
-    bool sequenced = false;
-  };
-
-  // A batch from its reading to its commit. While it publishes (on a thread of its own) the next
-  // batch is read and prepared, and while that one publishes, this one is committed: the broker
-  // is kept busy through the database's round trips.
-  struct Batch {
-    std::vector<Item> items;
-    std::size_t transactions = 0;
-    WalCommit commit;  // the position and seqs at once; what is parked once the outcomes are in
-    // Streams whose messages here are parked, not published: waiting in the table when the batch
-    // was read, or left broken by the batch before it (whose commit was not yet made).
-    std::set<WalStream> broken;
-    std::vector<std::size_t> to_publish;  // indexes into items
-    std::future<std::vector<PublishOutcome>> outcomes;
-    SteadyClock::time_point started;
-    std::uint64_t published = 0;
-    // Destroying a batch waits for its publish (std::async's future), so a sink is never used by
-    // two threads at once and nothing it reads goes away under it.
-  };
-
-  // The slot's next transaction, counted for the linger's arrival rate.
-  std::optional<WalTransaction> Read(milliseconds timeout) {
-    auto transaction = source_->Next(timeout);
-    if (transaction) linger_.Observe(SteadyClock::now(), transaction->messages.size());
-    return transaction;
-  }
-
-  // One transaction: what was read ahead first, then the slot.
-  std::optional<WalTransaction> NextTransaction(milliseconds timeout) {
-    if (read_ahead_.empty()) return Read(timeout);
-    WalTransaction transaction = std::move(read_ahead_.front());
-    read_ahead_.pop_front();
-    return transaction;
-  }
-
-  // Whole transactions, until batch_size messages or the linger after the first. As the table
-  // relay's linger: only as long as the arrival rate makes worth it (adaptive_linger.h); a lone
-  // transaction at a low rate goes at once with whatever is already read.
-  std::vector<WalTransaction> Gather() {
-    std::vector<WalTransaction> batch;
-    auto first = NextTransaction(UntilRenewal());
-    if (!first) return batch;
-    std::size_t messages = first->messages.size();
-    batch.push_back(std::move(*first));
-    const auto now = SteadyClock::now();
-    const auto until = now + linger_.Wait(now);
-    while (messages < static_cast<std::size_t>(options_.batch_size)) {
-      const auto left = std::chrono::duration_cast<milliseconds>(until - SteadyClock::now());
-      auto next = NextTransaction(std::max(left, milliseconds{0}));
-      if (!next) break;
-      messages += next->messages.size();
-      batch.push_back(std::move(*next));
-    }
-    return batch;
-  }
-
-  // While `publishing` publishes: the next batch, if a whole one arrives meanwhile (a backlog).
-  // Otherwise what was read stays for Gather, which lingers as usual: the pipeline is for a
-  // backlog, and a steady trickle keeps its few statements per message.
-  std::vector<WalTransaction> ReadAhead(const Batch& publishing) {
-    std::size_t messages = 0;
-    for (const WalTransaction& transaction : read_ahead_) messages += transaction.messages.size();
-    const auto wanted = static_cast<std::size_t>(options_.batch_size);
-    while (messages < wanted) {
-      const bool published =
-          publishing.outcomes.wait_for(milliseconds{0}) == std::future_status::ready;
-      auto next = Read(published ? milliseconds{0} : kReadAheadWait);
-      if (!next) {
-        if (published) break;
-        continue;
-      }
-      messages += next->messages.size();
-      read_ahead_.push_back(std::move(*next));
-    }
-    if (messages < wanted) return {};
-    std::vector<WalTransaction> batch(std::make_move_iterator(read_ahead_.begin()),
-                                      std::make_move_iterator(read_ahead_.end()));
-    read_ahead_.clear();
-    return batch;
   }
 
   // Nothing to read: with nothing of ours uncommitted, what the server has sent since holds no
@@ -496,7 +338,7 @@ class WalRelay::Engine {
   // `read_ahead`); settle it, start the next one's publish, commit it.
   void Step(bool read_ahead) {
     if (!in_flight_) {
-      auto transactions = Gather();
+      auto transactions = gatherer_.Gather(UntilRenewal());
       if (transactions.empty()) {
         Idle();
         return;
@@ -506,12 +348,15 @@ class WalRelay::Engine {
     }
     std::unique_ptr<Batch> next;
     if (read_ahead) {
-      if (auto transactions = ReadAhead(*in_flight_); !transactions.empty()) {
+      if (auto transactions = gatherer_.ReadAhead(in_flight_->outcomes); !transactions.empty()) {
         next = Prepare(std::move(transactions));
       }
     }
     std::unique_ptr<Batch> batch = std::move(in_flight_);
-    if (!Decide(*batch, batch->outcomes.get())) return;
+    if (const auto outage = settler_.Decide(*batch, batch->outcomes.get())) {
+      Outage(*outage);
+      return;
+    }
     // The next batch goes now, without what this one leaves broken: a stream this batch parks or
     // abandons a message of waits for the table, and the next batch's read of the table predates
     // this commit.
@@ -579,7 +424,11 @@ class WalRelay::Engine {
       chunk.clear();
       in_chunk = 0;
       Launch(*batch, {});
-      return Decide(*batch, batch->outcomes.get()) && Record(*batch);
+      if (const auto outage = settler_.Decide(*batch, batch->outcomes.get())) {
+        Outage(*outage);
+        return false;
+      }
+      return Record(*batch);
     };
     for (WalTransaction& transaction : recovery.transactions) {
       in_chunk += transaction.messages.size();
@@ -608,7 +457,7 @@ class WalRelay::Engine {
   // read ahead; the slot is read again from the ledger's position.
   void DropPipeline() {
     in_flight_.reset();
-    read_ahead_.clear();
+    gatherer_.Clear();
     table_clear_until_ = {};
   }
 
@@ -647,7 +496,7 @@ class WalRelay::Engine {
     const Lsn received = source_->Received();
     metrics_.lag_bytes.Set(
         received > counters_.position ? static_cast<double>(received - counters_.position) : 0.0);
-    AssignSeqs(batch->items, batch->commit, switches);
+    numbers_.Assign(batch->items, batch->commit, switches, *ledger_);
     // With the table clear as of a recent commit, nothing there can hold a stream of this batch
     // back (what later batches parked is carried in memory: Launch): one round trip fewer.
     if (SteadyClock::now() >= table_clear_until_) batch->broken = ReadStreamStates(batch->items);
@@ -659,146 +508,12 @@ class WalRelay::Engine {
   void Launch(Batch& batch, const std::set<WalStream>& broken_before) {
     batch.broken.insert(broken_before.begin(), broken_before.end());
     for (std::size_t i = 0; i < batch.items.size(); ++i) {
-      const auto stream = StreamOf(batch.items[i].envelope);
+      const auto stream = WalStreamOf(batch.items[i].envelope);
       if (stream && batch.broken.contains(*stream)) continue;
       batch.to_publish.push_back(i);
     }
     batch.outcomes = std::async(std::launch::async,
                                 [this, &batch] { return Publish(batch.items, batch.to_publish); });
-  }
-
-  // What becomes of each message once the sinks have answered: fills batch.commit.parked and
-  // batch.broken. False (after Outage) when the batch must be read and published again.
-  bool Decide(Batch& batch, const std::vector<PublishOutcome>& outcomes) {
-    const std::vector<Item>& items = batch.items;
-    const std::vector<std::size_t>& to_publish = batch.to_publish;
-    std::set<WalStream>& broken = batch.broken;
-    WalCommit& commit = batch.commit;
-    std::vector<const PublishOutcome*> outcome_of(items.size(), nullptr);  // by item
-    for (std::size_t k = 0; k < to_publish.size(); ++k) outcome_of[to_publish[k]] = &outcomes[k];
-    // An outage (something unconfirmed by a target that rejected nothing in this batch): nothing
-    // is committed or parked; the batch is read and published again. When a target did reject
-    // something, what it left unconfirmed beside it (a channel closed by the rejection: "not
-    // sent", "outcome unknown") is parked to wait as well: publishing the batch again would meet
-    // the same rejection forever. Another target's outage is never parked.
-    std::set<std::string, std::less<>> rejecting;
-    for (std::size_t k = 0; k < outcomes.size(); ++k) {
-      const auto& failure = outcomes[k].failure;
-      if (failure && failure->treatment().spends_attempt) {
-        rejecting.insert(items[to_publish[k]].envelope.target);
-      }
-    }
-    for (std::size_t k = 0; k < outcomes.size(); ++k) {
-      const auto& failure = outcomes[k].failure;
-      if (failure && !failure->treatment().spends_attempt &&
-          !rejecting.contains(items[to_publish[k]].envelope.target)) {
-        // An unreachable broker is worded as the table relay words it, so that an operator
-        // greps one line for both; a verdict that did not come is not called an outage of it.
-        const std::string& target = items[to_publish[k]].envelope.target;
-        Outage(failure->kind == FailureKind::kOutcomeUnknown
-                   ? "sink '" + target + "' gave no verdict on a message: " + failure->Describe()
-                   : "sink '" + target + "' is unavailable: " + failure->Describe());
-        return false;
-      }
-    }
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      const Envelope& envelope = items[i].envelope;
-      const auto stream = StreamOf(envelope);
-      if (stream && broken.contains(*stream)) {
-        commit.parked.push_back({.envelope = envelope,
-                                 .as = ParkAs::kWaiting,
-                                 .attempts = 0,
-                                 .available_in = milliseconds{0},
-                                 .error = "waiting: an earlier message of its stream is parked"});
-        continue;
-      }
-      const PublishOutcome* outcome = outcome_of[i];  // published: its stream is not broken
-      if (outcome->published()) {
-        ++batch.published;
-        continue;
-      }
-      const Failure& failure = *outcome->failure;
-      if (!failure.treatment().spends_attempt) {  // beside a rejection (see above)
-        commit.parked.push_back({.envelope = envelope,
-                                 .as = ParkAs::kWaiting,
-                                 .attempts = 0,
-                                 .available_in = milliseconds{0},
-                                 .error = failure.Describe()});
-        if (stream) broken.insert(*stream);
-        continue;
-      }
-      const bool abandon = failure.treatment().abandon_now || options_.retry.Exhausted(1);
-      Log(LogLevel::kWarn, "WAL message " + envelope.id.ToString() + " to " + envelope.target +
-                               " failed and is parked" + (abandon ? " as abandoned" : "") + ": " +
-                               failure.Describe());
-      const milliseconds delay = std::max(options_.retry.Delay(1, random_), failure.retry_after);
-      commit.parked.push_back({.envelope = envelope,
-                               .as = abandon ? ParkAs::kAbandoned : ParkAs::kFailed,
-                               .attempts = 1,
-                               .available_in = abandon ? milliseconds{0} : delay,
-                               .error = failure.Describe()});
-      // Its followers in this batch reached the broker before the verdict, without
-      // stream_prev_seq: they are parked too, and published again by the table relay, whose
-      // claim sets it after an abandoned one (as table mode holds them back); so are those of the
-      // batch read ahead (Launch). In batches read after this commit an abandoned message holds
-      // nothing back: the stream's next message carries stream_prev_seq.
-      if (stream) broken.insert(*stream);
-    }
-    return true;
-  }
-
-  // stream_seq in commit order, from the counters as of the last commit (read once per stream
-  // and kept while the slot is read without a break). The ledger's counter of a stream is the
-  // greater of the WAL relay's and the table's (stream_seqs): after a change of delivery
-  // (`switches`: item indexes) each stream's number is read again, since table-mode enqueues may
-  // have numbered it meanwhile; what this relay gave but has not committed yet stays a floor.
-  void AssignSeqs(std::vector<Item>& items, WalCommit& commit,
-                  const std::vector<std::size_t>& switches) {
-    const std::size_t first_switch = switches.empty() ? items.size() : switches.front();
-    std::vector<WalStream> unread;
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      const Item& item = items[i];
-      if (!item.sequenced || !item.envelope.stream_key) continue;
-      WalStream stream{item.envelope.target, *item.envelope.stream_key};
-      if ((i >= first_switch || !seqs_.contains(stream)) &&
-          std::find(unread.begin(), unread.end(), stream) == unread.end()) {
-        unread.push_back(std::move(stream));
-      }
-    }
-    std::map<WalStream, std::int64_t> read;
-    if (!unread.empty()) {
-      const auto latest = ledger_->Seqs(unread);
-      for (std::size_t i = 0; i < unread.size(); ++i) read[unread[i]] = latest[i];
-    }
-    const auto forget = [this] {
-      for (const auto& [stream, seq] : seqs_) {
-        auto& floor = floors_[stream];
-        floor = std::max(floor, seq);
-      }
-      seqs_.clear();
-    };
-    auto next_switch = switches.begin();
-    std::map<WalStream, std::int64_t> changed;
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      for (; next_switch != switches.end() && *next_switch <= i; ++next_switch) forget();
-      Item& item = items[i];
-      if (!item.sequenced || !item.envelope.stream_key) continue;
-      WalStream stream{item.envelope.target, *item.envelope.stream_key};
-      auto cached = seqs_.find(stream);
-      if (cached == seqs_.end()) {
-        std::int64_t latest = read.at(stream);
-        if (const auto floor = floors_.find(stream); floor != floors_.end()) {
-          latest = std::max(latest, floor->second);
-          floors_.erase(floor);
-        }
-        cached = seqs_.emplace(stream, latest).first;
-      }
-      const std::int64_t seq = ++cached->second;
-      item.envelope.stream_seq = seq;
-      changed[stream] = seq;
-    }
-    if (next_switch != switches.end()) forget();  // a switch after the batch's last message
-    commit.seqs.assign(changed.begin(), changed.end());
   }
 
   // The streams of the batch that wait in the table (their messages here are parked behind);
@@ -809,7 +524,7 @@ class WalRelay::Engine {
     std::vector<std::size_t> first_item;
     std::map<WalStream, std::size_t> seen;
     for (std::size_t i = 0; i < items.size(); ++i) {
-      auto stream = StreamOf(items[i].envelope);
+      auto stream = WalStreamOf(items[i].envelope);
       if (!stream || !seen.try_emplace(*stream, streams.size()).second) continue;
       streams.emplace_back(std::move(*stream), items[i].envelope.stream_seq.value_or(0));
       first_item.push_back(i);
@@ -828,85 +543,39 @@ class WalRelay::Engine {
     return blocked;
   }
 
-  // Each target's messages through its sink, in batch order, the targets side by side (as the
-  // table relay's lanes: a slow broker adds nothing to the others' time; the first target's lane
-  // runs on this thread); one outcome per index.
+  // The messages at `indexes` through the dispatcher (dispatcher.h); one outcome per index.
   std::vector<PublishOutcome> Publish(const std::vector<Item>& items,
                                       const std::vector<std::size_t>& indexes) {
-    std::vector<PublishOutcome> outcomes(indexes.size());
-    std::map<std::string, std::vector<std::size_t>, std::less<>> by_target;
-    for (std::size_t k = 0; k < indexes.size(); ++k) {
-      by_target[items[indexes[k]].envelope.target].push_back(k);
-    }
-    const Deadline deadline = SteadyClock::now() + options_.publish_timeout;
-    struct Lane {
-      const std::string* target;
-      const std::vector<std::size_t>* positions;
-      std::future<std::vector<PublishOutcome>> outcomes;
-    };
-    std::vector<Lane> lanes;
-    for (const auto& [target, positions] : by_target) {
-      const auto sink = sinks_.find(target);
-      if (sink == sinks_.end()) {
-        for (const auto k : positions) {
-          outcomes[k] = {
-              items[indexes[k]].envelope.id,
-              Failure{FailureKind::kRejected, "no sink is configured for target '" + target + "'"}};
-        }
-        continue;
-      }
-      auto lane = [&items, &indexes, &deadline, &positions = positions, sink = sink->second.get()] {
-        std::vector<Envelope> envelopes;
-        envelopes.reserve(positions.size());
-        for (const auto k : positions) envelopes.push_back(items[indexes[k]].envelope);
-        return RedactReasons(sink->Publish(envelopes, deadline));
-      };
-      const auto policy = lanes.empty() ? std::launch::deferred : std::launch::async;
-      lanes.push_back({&target, &positions, std::async(policy, std::move(lane))});
-    }
-    for (Lane& lane : lanes) {
-      auto results = lane.outcomes.get();
-      if (results.size() != lane.positions->size()) {
-        throw StoreError(FailureKind::kUnavailable,
-                         "sink " + *lane.target + " returned " + std::to_string(results.size()) +
-                             " outcomes for " + std::to_string(lane.positions->size()) +
-                             " messages");
-      }
-      for (std::size_t j = 0; j < results.size(); ++j) {
-        outcomes[(*lane.positions)[j]] = std::move(results[j]);
-      }
-    }
-    return outcomes;
+    std::vector<Envelope> envelopes;
+    envelopes.reserve(indexes.size());
+    for (const auto i : indexes) envelopes.push_back(items[i].envelope);
+    return dispatcher_->Dispatch(envelopes, SteadyClock::now() + options_.publish_timeout);
   }
 
   std::unique_ptr<observe::Registry> own_registry_;
-  WalMetrics metrics_;
+  relay::WalMetrics metrics_;
   WalRelayOptions options_;
   std::unique_ptr<WalSource> source_;
   std::unique_ptr<WalLedger> ledger_;
-  SinkMap sinks_;
+  std::shared_ptr<Dispatcher> dispatcher_;
   LogFn log_;
   WalRelayCounters& counters_;
   const std::string owner_;
   milliseconds backoff_;
-  UniformRandom random_;
+  relay::WalSettler settler_;
 
   std::optional<std::int64_t> epoch_;  // set while the lease is held
   SteadyClock::time_point renew_at_{};
   bool streaming_ = false;
-  AdaptiveLinger linger_{options_.linger, options_.batch_size};  // fed by every transaction read
-  std::deque<WalTransaction> read_ahead_;  // read while a batch published; not yet in a batch
-  std::unique_ptr<Batch> in_flight_;       // publishing; its outcomes not yet taken
+  relay::WalGatherer gatherer_{*source_, options_.batch_size, options_.linger};
+  std::unique_ptr<Batch> in_flight_;  // publishing; its outcomes not yet taken
   // Until when the table is taken as clear (WalCommitted::table_clear): StreamStates is skipped.
   SteadyClock::time_point table_clear_until_{};
   std::optional<SteadyClock::time_point> slot_gone_since_;  // while the slot is missing
   Lsn slot_gone_at_ = 0;                                    // the committed position when it went
   bool recovery_idle_ = false;  // the last read of the WAL files found nothing left
   SteadyClock::time_point next_slot_gone_log_{};
-  std::map<WalStream, std::int64_t> seqs_;  // the latest stream_seq given, per stream
-  // After a delivery switch: numbers given before it, perhaps not committed yet, which a stream's
-  // number read again from the ledger must not fall below.
-  std::map<WalStream, std::int64_t> floors_;
+  relay::WalStreamNumbers numbers_;
 
   SteadyClock::time_point next_slot_check_{};
   SteadyClock::time_point next_purge_{};
@@ -931,12 +600,18 @@ void WalRelay::CheckOptions(const WalRelayOptions& options) {
 }
 
 WalRelay::WalRelay(WalRelayOptions options, std::unique_ptr<WalSource> source,
-                   std::unique_ptr<WalLedger> ledger, SinkMap sinks, LogFn log) {
+                   std::unique_ptr<WalLedger> ledger, SinkMap sinks, LogFn log)
+    : WalRelay(options, std::move(source), std::move(ledger),
+               OwnDispatcher(std::move(sinks), options, log), log) {}
+
+WalRelay::WalRelay(WalRelayOptions options, std::unique_ptr<WalSource> source,
+                   std::unique_ptr<WalLedger> ledger, std::shared_ptr<Dispatcher> dispatcher,
+                   LogFn log) {
   CheckOptions(options);
-  if (sinks.empty()) throw ConfigError("sinks", "at least one sink is needed");
+  if (!dispatcher) throw ConfigError("sinks", "at least one sink is needed");
   if (!source || !ledger) throw std::invalid_argument("WalRelay: a source and a ledger are needed");
   engine_ = std::make_unique<Engine>(std::move(options), std::move(source), std::move(ledger),
-                                     std::move(sinks), std::move(log), counters_);
+                                     std::move(dispatcher), std::move(log), counters_);
 }
 
 WalRelay::~WalRelay() = default;

@@ -2,8 +2,8 @@
 // slot of the test's own schema, writers calling enqueue with delivery = 'wal', a scripted sink.
 // What it must keep: nothing lost or invented, stream_seq 1..n in commit order per stream, the
 // same numbers after a restart, rejected messages and their streams parked in the table (from
-// where the table relay publishes them in order), nothing parked for an outage, one relay per
-// slot.
+// where the table relay publishes them in order), a target whose broker is down parked while the
+// others flow, nothing parked when no target can take anything, one relay per slot.
 #include "outbox/relay/wal_relay.h"
 
 #include <gtest/gtest.h>
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "outbox/core/error.h"
+#include "outbox/relay/dispatcher.h"
 #include "outbox/relay/relay.h"
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_wal.h"
@@ -63,9 +64,19 @@ class WalRelayTest : public ::testing::Test {
     std::exception_ptr failure;
   };
 
+  static DispatcherOptions TestBackoff() {
+    return {.min_backoff = milliseconds{20}, .max_backoff = milliseconds{100}};
+  }
+
   // Starts a WAL relay over `sink` on its own thread; returns its index in relays_.
   std::size_t Start(std::unique_ptr<Sink> sink, WalRelayOptions options = {},
                     SinkMap more_sinks = {}) {
+    SinkMap sinks = std::move(more_sinks);
+    sinks.emplace("default", std::move(sink));
+    return Start(std::make_shared<Dispatcher>(std::move(sinks), TestBackoff()), options);
+  }
+  // The same, through `dispatcher` (which a table relay may share: StartTableRelay).
+  std::size_t Start(std::shared_ptr<Dispatcher> dispatcher, WalRelayOptions options = {}) {
     if (options.instance.empty()) options.instance = "wal-test";
     options.lease = milliseconds{2000};
     options.publish_timeout = milliseconds{1000};
@@ -73,13 +84,11 @@ class WalRelayTest : public ::testing::Test {
     options.max_backoff = milliseconds{100};
     options.retry.initial_delay = milliseconds{100};
     options.retry.max_delay = milliseconds{200};
-    SinkMap sinks = std::move(more_sinks);
-    sinks.emplace("default", std::move(sink));
     auto running = std::make_unique<Running>();
     auto ledger = postgres::OpenWalLedger(PgUrl(), S());
     if (wrap_ledger_) ledger = wrap_ledger_(std::move(ledger));
     running->relay = std::make_unique<WalRelay>(options, postgres::OpenWalSource(PgUrl(), S()),
-                                                std::move(ledger), std::move(sinks),
+                                                std::move(ledger), std::move(dispatcher),
                                                 [this](LogLevel, std::string_view line) {
                                                   const std::lock_guard lock(log_mutex_);
                                                   log_.emplace_back(line);
@@ -128,16 +137,22 @@ class WalRelayTest : public ::testing::Test {
 
   // The table relay, for what WAL mode parks.
   void StartTableRelay(std::unique_ptr<Sink> sink) {
+    SinkMap sinks;
+    sinks.emplace("default", std::move(sink));
+    StartTableRelay(std::make_shared<Dispatcher>(std::move(sinks), TestBackoff()));
+  }
+  void StartTableRelay(std::shared_ptr<Dispatcher> dispatcher) {
     RelayOptions options;
     options.instance = "table-test";
     options.sweep_interval = milliseconds{100};
-    SinkMap sinks;
-    sinks.emplace("default", std::move(sink));
+    options.min_backoff = milliseconds{20};
+    options.max_backoff = milliseconds{100};
     postgres::StoreOptions store{.conninfo = PgUrl(), .schema = S()};
     store.retry.initial_delay = milliseconds{50};
     store.retry.max_delay = milliseconds{100};
-    table_relay_ = std::make_unique<Relay>(options, postgres::OpenStore(store),
-                                           postgres::OpenWakeup(PgUrl(), S()), std::move(sinks));
+    table_relay_ =
+        std::make_unique<Relay>(options, postgres::OpenStore(store),
+                                postgres::OpenWakeup(PgUrl(), S()), std::move(dispatcher));
     table_thread_ = std::thread([this] { table_relay_->Run(); });
   }
 
@@ -397,49 +412,143 @@ TEST_F(WalRelayTest, ARejectedMessageParksItsStreamOthersFlowAndTheTableRelayKee
   EXPECT_EQ(sink->delivered().back().stream_seq, std::optional<std::int64_t>{8});
 }
 
-// A batch where one target rejects a message while another target's broker is down: the outage
-// parks nothing (the batch is published again once the broker is back); only the rejection is
-// parked, once.
-TEST_F(WalRelayTest, AnOutageOfOneTargetParksNothingEvenBesideARejectionByAnother) {
+// A batch where one target rejects a message while another target's broker is down: the down
+// target's messages are parked as waiting (no attempt spent, published by the table relay once
+// its sink answers), the rejection is parked as failed, once; the slot moves on, and the healthy
+// target's later messages flow while the other stays down.
+TEST_F(WalRelayTest, AnOutageOfOneTargetParksItsMessagesBesideARejectionByAnother) {
   std::string poison;
-  std::atomic<bool> down{true};
   auto rejecting = std::make_unique<TestSink>([&](const Envelope& envelope) {
     return envelope.id.ToString() == poison
                ? std::optional<Failure>{Failure{FailureKind::kRejected, "NOT_FOUND - no exchange"}}
                : std::nullopt;
   });
+  TestSink* healthy = rejecting.get();
+  auto down = std::make_unique<TestSink>([&](const Envelope&) -> std::optional<Failure> {
+    return Failure{FailureKind::kUnavailable, "broker down"};
+  });
+  TestSink* other = down.get();
+  auto conn = Connect();
+  // One transaction, so one batch holds them all (written before the relay runs, so the sink's
+  // verdict reads `poison` unchanged).
+  Sql(conn.get(), "BEGIN");
+  Sql(conn.get(), "SET LOCAL synchronous_commit = on");
+  poison = Scalar(conn.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'bad')");
+  for (int i = 0; i < 4; ++i) {
+    Sql(conn.get(),
+        "SELECT " + S() + ".enqueue('t', '{}', stream_key => 's', targets => " + "ARRAY['other'])");
+  }
+  Sql(conn.get(), "COMMIT");
+  SinkMap more;
+  more.emplace("other", std::move(down));
+  Start(std::move(rejecting), {}, std::move(more));
+  ASSERT_TRUE(WaitFor([&] { return Count("true") == "5"; })) << Count("true");
+  EXPECT_EQ(Count("id = '" + poison + "' AND status = 'failed' AND target = 'default'"), "1");
+  EXPECT_EQ(Count("target = 'other' AND status = 'pending' AND attempts = 0 AND stream_key = 's'"),
+            "4");
+  // The first says why; the rest wait behind it.
+  EXPECT_EQ(Count("target = 'other' AND last_error LIKE '%broker down%'"), "1");
+  EXPECT_EQ(Scalar(schema_.conn(),
+                   "SELECT string_agg(stream_seq::text, ',' ORDER BY stream_seq) "
+                   "FROM " +
+                       S() + ".messages WHERE target = 'other'"),
+            "1,2,3,4");
+  EXPECT_EQ(relay(0).counters().errors.load(), 0U) << "not an outage: 'default' could publish";
+  // The slot moved on: the healthy target's next message flows while 'other' is still down.
+  const std::string next = Enqueue(conn.get(), "fresh");
+  ASSERT_TRUE(WaitFor([&] {
+    for (const Envelope& envelope : healthy->delivered()) {
+      if (envelope.id.ToString() == next) return true;
+    }
+    return false;
+  }));
+  EXPECT_EQ(other->calls(), 1) << "a paused target is not sent to again before its probe";
+}
+
+// With every target down there is nothing to keep flowing: nothing is parked (the WAL is not
+// copied into the table), the batch is read and published again once the broker is back.
+TEST_F(WalRelayTest, WhenNoTargetCanTakeAnythingNothingIsParked) {
+  std::atomic<bool> down{true};
+  auto flaky = std::make_unique<TestSink>([&](const Envelope&) -> std::optional<Failure> {
+    if (down) return Failure{FailureKind::kUnavailable, "broker down"};
+    return std::nullopt;
+  });
+  TestSink* sink = flaky.get();
+  auto conn = Connect();
+  std::set<std::string> committed;
+  for (int i = 0; i < 4; ++i) committed.insert(Enqueue(conn.get(), "s"));
+  Start(std::move(flaky));
+  ASSERT_TRUE(WaitFor([&] { return sink->calls() >= 3; })) << "it keeps trying";
+  EXPECT_EQ(Count("true"), "0") << "nothing is parked while every target is down";
+  EXPECT_GT(relay(0).counters().errors.load(), 0U);
+  down = false;
+  ASSERT_TRUE(WaitFor([&] { return sink->delivered().size() >= 4; }));
+  std::set<std::string> delivered;
+  for (const Envelope& envelope : sink->delivered()) delivered.insert(envelope.id.ToString());
+  EXPECT_EQ(delivered, committed);
+  ExpectOneToN(FirstSeqs(sink->delivered()));
+  EXPECT_EQ(Count("true"), "0");
+}
+
+// Issue #41: WAL mode with two targets, one broker down. The WAL relay and the table relay share
+// one dispatcher, as outboxd runs them: the healthy target's messages keep flowing through the
+// outage; the down target's wait in the table; when its broker is back, every message of both
+// arrives, none invented, each stream's first deliveries in stream_seq order 1..n.
+TEST_F(WalRelayTest, WithOneTargetDownTheOtherFlowsAndNothingIsLostOrReordered) {
+  std::atomic<bool> down{true};
+  auto healthy_owned = std::make_unique<TestSink>();
+  TestSink* healthy = healthy_owned.get();
   auto flaky = std::make_unique<TestSink>([&](const Envelope&) -> std::optional<Failure> {
     if (down) return Failure{FailureKind::kUnavailable, "broker down"};
     return std::nullopt;
   });
   TestSink* other = flaky.get();
-  auto conn = Connect();
-  // One transaction, so one batch holds them all (written before the relay runs, so the sink's
-  // verdict reads `poison` unchanged).
+  SinkMap sinks;
+  sinks.emplace("default", std::move(healthy_owned));
+  sinks.emplace("other", std::move(flaky));
+  auto dispatcher = std::make_shared<Dispatcher>(std::move(sinks), TestBackoff());
+  Start(dispatcher);
+  StartTableRelay(dispatcher);
+  std::set<std::string> to_default;
   std::set<std::string> to_other;
-  Sql(conn.get(), "BEGIN");
-  Sql(conn.get(), "SET LOCAL synchronous_commit = on");
-  poison = Scalar(conn.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 'bad')");
-  for (int i = 0; i < 4; ++i) {
-    // With `targets`, enqueue returns the ids of its copies: one here.
-    to_other.insert(Scalar(conn.get(), "SELECT (" + S() +
-                                           ".enqueue('t', '{}', stream_key => 's', targets => "
-                                           "ARRAY['other']))[1]"));
-  }
-  Sql(conn.get(), "COMMIT");
-  SinkMap more;
-  more.emplace("other", std::move(flaky));
-  Start(std::move(rejecting), {}, std::move(more));
-  ASSERT_TRUE(WaitFor([&] { return other->calls() >= 3; })) << "it keeps trying";
-  EXPECT_EQ(Count("true"), "0") << "nothing is parked while a target is down";
-  EXPECT_GT(relay(0).counters().errors.load(), 0U);
+  const auto write = [&](int transactions, int first) {
+    auto conn = Connect();
+    for (int i = first; i < first + transactions; ++i) {
+      Sql(conn.get(), "BEGIN");
+      Sql(conn.get(), "SET LOCAL synchronous_commit = on");
+      // Both targets get a copy of each message (enqueue returns their ids in target order).
+      const std::string ids =
+          Scalar(conn.get(), "SELECT array_to_string(" + S() +
+                                 ".enqueue('t', '{}', stream_key => 's" + std::to_string(i % 10) +
+                                 "', targets => ARRAY['default', 'other']), ',')");
+      Sql(conn.get(), "COMMIT");
+      const auto comma = ids.find(',');
+      ASSERT_NE(comma, std::string::npos) << ids;
+      to_default.insert(ids.substr(0, comma));
+      to_other.insert(ids.substr(comma + 1));
+    }
+  };
+  write(300, 0);
+  const auto delivered_ids = [](const TestSink& sink) {
+    std::set<std::string> ids;
+    for (const Envelope& envelope : sink.delivered()) ids.insert(envelope.id.ToString());
+    return ids;
+  };
+  ASSERT_TRUE(WaitFor([&] { return delivered_ids(*healthy) == to_default; }))
+      << delivered_ids(*healthy).size() << " of " << to_default.size()
+      << " delivered to the healthy target while the other is down";
+  EXPECT_TRUE(other->delivered().empty());
+  EXPECT_GT(std::stoi(Count("target = 'other'")), 0) << "the down target's messages wait";
+  EXPECT_EQ(Count("target = 'default'"), "0");
   down = false;
-  ASSERT_TRUE(WaitFor([&] { return other->delivered().size() >= 4; }));
-  std::set<std::string> delivered;
-  for (const Envelope& envelope : other->delivered()) delivered.insert(envelope.id.ToString());
-  EXPECT_EQ(delivered, to_other);
-  ASSERT_TRUE(WaitFor([&] { return Count("true") == "1"; })) << Count("true");
-  EXPECT_EQ(Count("id = '" + poison + "' AND status = 'failed' AND target = 'default'"), "1");
+  write(100, 300);
+  ASSERT_TRUE(WaitFor([&] {
+    return delivered_ids(*other) == to_other && delivered_ids(*healthy) == to_default;
+  })) << delivered_ids(*other).size()
+      << " of " << to_other.size();
+  ExpectOneToN(FirstSeqs(healthy->delivered()));
+  ExpectOneToN(FirstSeqs(other->delivered()));
+  EXPECT_TRUE(WaitFor([&] { return Count("true") == "0"; })) << Count("true") << " rows left";
 }
 
 // The targets of a batch are published side by side, as the table relay's lanes: a slow broker

@@ -14,6 +14,7 @@
 #include "outbox/core/hand_off.h"
 #include "outbox/core/log.h"
 #include "outbox/observe/metrics.h"
+#include "outbox/relay/dispatcher.h"
 #include "outbox/sink/sink.h"
 #include "outbox/store/partitions.h"
 #include "outbox/store/store.h"
@@ -77,9 +78,6 @@ struct RelayCounters {
   std::atomic<bool> broker_unavailable{false};
 };
 
-// Sinks by target name (the message's `target` column).
-using SinkMap = std::map<std::string, std::unique_ptr<Sink>, std::less<>>;
-
 class Relay {
  public:
   // Throws ConfigError for invalid options, naming the field: what the constructor checks
@@ -87,9 +85,14 @@ class Relay {
   // --check-config).
   static void CheckOptions(const RelayOptions& options);
 
-  // Throws ConfigError for invalid options (CheckOptions) or an empty sink map.
+  // Throws ConfigError for invalid options (CheckOptions) or an empty sink map. The sinks get a
+  // dispatcher of their own (min_backoff, max_backoff and metrics from `options`).
   Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr<Wakeup> wakeup,
         SinkMap sinks, LogFn log = {});
+  // Publishes through `dispatcher`, which other sources of this process (a WalRelay) may share:
+  // a target paused by one is paused for all.
+  Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr<Wakeup> wakeup,
+        std::shared_ptr<Dispatcher> dispatcher, LogFn log = {});
   ~Relay();
   Relay(const Relay&) = delete;
   Relay& operator=(const Relay&) = delete;
@@ -108,10 +111,7 @@ class Relay {
   [[nodiscard]] std::vector<std::string> paused_targets() const;
   // The same, each with why: the reason of its last batch's first outcome, e.g. "the endpoint
   // refuses the relay: HTTP 401 ...". Thread-safe.
-  struct PausedTarget {
-    std::string name;
-    std::string reason;
-  };
+  using PausedTarget = Dispatcher::PausedTarget;
   [[nodiscard]] std::vector<PausedTarget> paused_target_reasons() const;
 
  private:

@@ -10,9 +10,11 @@
 // Outcomes: a message its sink rejects is parked in outbox.messages (failed, due after the retry
 // policy's first delay; abandoned when kPermanent), and every later message of its stream is
 // parked behind it, in this batch and in later ones, until the table relay has published them:
-// table-mode retries, `outboxctl replay` and `abandon` then apply unchanged. A broker that is
-// unavailable parks nothing: the batch is not committed, the relay backs off and reads the slot
-// again from the ledger's position.
+// table-mode retries, `outboxctl replay` and `abandon` then apply unchanged. A target whose broker
+// is unavailable (or gives no verdict) has its messages parked as waiting, unattempted, while the
+// other targets flow (the dispatcher pauses its lane: the table relay publishes them once its sink
+// answers). When no target can take anything, nothing is parked: the batch is not committed, the
+// relay backs off and reads the slot again from the ledger's position.
 //
 // One relay reads a slot at a time: the others stand by until its lease (WalLedger::Acquire)
 // expires. A relay that lost the lease cannot commit (the ledger is fenced by the epoch), and the
@@ -71,9 +73,15 @@ class WalRelay {
   // besides the sinks, the source and the ledger (for outboxd --check-config).
   static void CheckOptions(const WalRelayOptions& options);
 
-  // Throws ConfigError for invalid options (CheckOptions) or an empty sink map.
+  // Throws ConfigError for invalid options (CheckOptions) or an empty sink map. The sinks get a
+  // dispatcher of their own.
   WalRelay(WalRelayOptions options, std::unique_ptr<WalSource> source,
            std::unique_ptr<WalLedger> ledger, SinkMap sinks, LogFn log = {});
+  // Publishes through `dispatcher`, shared with the table relay of this process: a target paused
+  // by either is paused for both, and its messages are parked in the table meanwhile.
+  WalRelay(WalRelayOptions options, std::unique_ptr<WalSource> source,
+           std::unique_ptr<WalLedger> ledger, std::shared_ptr<Dispatcher> dispatcher,
+           LogFn log = {});
   ~WalRelay();
   WalRelay(const WalRelay&) = delete;
   WalRelay& operator=(const WalRelay&) = delete;

@@ -111,7 +111,8 @@ using WalStream = std::pair<std::string, std::string>;
 enum class ParkAs : std::uint8_t {
   kFailed,     // a sink rejected it: status failed, due at `available_in`, one attempt spent
   kAbandoned,  // rejected for good (kPermanent) or out of attempts: status abandoned
-  kWaiting,    // an earlier message of its stream is parked: status pending, no attempt spent
+  kWaiting,    // not sent or unconfirmed (an earlier message of its stream is parked, or its
+               // target's sink is unavailable): status pending, no attempt spent
 };
 
 struct ParkedMessage {

@@ -1,0 +1,130 @@
+#pragma once
+// The dispatcher: one per process, between the sources of messages (the table relay's claims, the
+// WAL relay's slot) and the sinks. It owns the sinks, one lane per target, and what concerns a
+// destination rather than a source:
+// - each target's messages go through its sink, the targets side by side, so that a slow or dead
+//   broker costs the others nothing but its own deadline;
+// - a sink is used by one caller at a time: callers take turns in the order they asked, and a turn
+//   that does not come by the deadline sends nothing (kUnavailable, no attempt spent);
+// - per (target, stream) order: the rest of a stream whose first message in a batch is a retry is
+//   not sent, so that if the retry fails again its followers have not reached the broker first;
+// - a target whose sink finds no broker (every outcome kUnavailable) is paused: its messages are
+//   not sent until its probe is due (min_backoff, doubling up to max_backoff), whoever dispatches
+//   them; the sources leave them where they are (the table relay does not claim them, the WAL
+//   relay parks them in the table), so one sink's outage pauses its lane only, in every mode;
+// - one outcome per message, in batch order, each reason passed through RedactReasons: a sink
+//   that returns outcomes that do not match its batch is logged, and what it did not answer is
+//   kOutcomeUnknown.
+//
+// Threading: Dispatch may be called from several threads at once (the lanes take turns); the
+// pause queries are thread-safe.
+
+#include <chrono>
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "outbox/core/log.h"
+#include "outbox/observe/metrics.h"
+#include "outbox/sink/sink.h"
+
+namespace outbox {
+
+// Sinks by target name (the message's `target` column).
+using SinkMap = std::map<std::string, std::unique_ptr<Sink>, std::less<>>;
+
+struct DispatcherOptions {
+  // A paused target is probed again after min_backoff, then after twice as long each time its
+  // probe finds no broker, up to max_backoff.
+  std::chrono::milliseconds min_backoff{100};
+  std::chrono::milliseconds max_backoff{std::chrono::seconds{5}};
+  // Where outbox_relay_publish_seconds, outbox_relay_broker_unavailable and
+  // outbox_relay_target_paused{target} go. Not owned; must outlive the dispatcher. Null: a
+  // registry of its own.
+  observe::Registry* metrics = nullptr;
+};
+
+class Dispatcher {
+ public:
+  using SteadyClock = std::chrono::steady_clock;
+
+  struct PausedTarget {
+    std::string name;
+    std::string reason;  // why, from its last batch: the reason of its first outcome
+  };
+
+  // Throws ConfigError for an empty sink map or invalid backoff bounds.
+  explicit Dispatcher(SinkMap sinks, DispatcherOptions options = {}, LogFn log = {});
+  ~Dispatcher();
+  Dispatcher(const Dispatcher&) = delete;
+  Dispatcher& operator=(const Dispatcher&) = delete;
+
+  // Publishes `batch` (see the top of this file) and waits for every lane, at most until
+  // `deadline` (a sink's own deadline, or its turn's); one outcome per message, in batch order.
+  // Messages for a paused target whose probe is not due are not sent (kUnavailable); for a
+  // target without a sink, kRejected.
+  std::vector<PublishOutcome> Dispatch(std::span<const Envelope> batch, Deadline deadline);
+
+  // The paused targets whose probe is not due at `now`: what a source should not take now.
+  [[nodiscard]] std::vector<std::string> Held(SteadyClock::time_point now) const;
+  // The earliest probe still to come after `now`, if a target is paused.
+  [[nodiscard]] std::optional<SteadyClock::time_point> NextProbe(SteadyClock::time_point now) const;
+  // Ends the pause of each of `targets` whose last verdict came before `looked_at`: a source
+  // that looked then for its messages (a claim that could take them all) found none waiting, so
+  // there is nothing to probe with and nothing held back; the next failure starts a new pause.
+  void EndPauses(const std::vector<std::string>& targets, SteadyClock::time_point looked_at);
+
+  [[nodiscard]] bool Has(std::string_view target) const { return sinks_.contains(target); }
+  [[nodiscard]] std::size_t size() const { return sinks_.size(); }
+  // The paused targets, by name, and why. Thread-safe.
+  [[nodiscard]] std::vector<PausedTarget> Paused() const;
+  [[nodiscard]] bool AnyPaused() const;
+
+ private:
+  struct Lane;
+  struct Pause {
+    SteadyClock::time_point since;
+    SteadyClock::time_point verdict_at;  // of the batch that paused it or extended the pause
+    SteadyClock::time_point probe_at;
+    std::chrono::milliseconds backoff;
+    std::string reason;
+  };
+
+  // After a lane's publish: paused (or its pause doubled) when it found no broker, resumed when
+  // it answered. `reason` is set when every outcome was kUnavailable.
+  void Verdict(const std::string& target, const std::optional<std::string>& reason);
+  // Gauges and the paused list, after a change (pauses_mutex_ held).
+  void PausesChanged();
+  void Log(LogLevel level, const std::string& message) const;
+
+  DispatcherOptions options_;
+  std::unique_ptr<observe::Registry> own_registry_;
+  observe::Registry& registry_;
+  observe::Histogram& publish_seconds_;
+  observe::Gauge& broker_unavailable_;
+  SinkMap sinks_;
+  std::map<std::string, std::unique_ptr<Lane>, std::less<>> lanes_;
+  LogFn log_;
+  mutable std::mutex pauses_mutex_;
+  std::map<std::string, Pause, std::less<>> pauses_;  // guarded by pauses_mutex_
+};
+
+// A dispatcher of one relay's own (no other source shares it), with the backoff bounds and the
+// registry of that relay's options (RelayOptions, WalRelayOptions).
+template <class RelayOptionsT>
+std::shared_ptr<Dispatcher> OwnDispatcher(SinkMap sinks, const RelayOptionsT& options,
+                                          const LogFn& log) {
+  return std::make_shared<Dispatcher>(std::move(sinks),
+                                      DispatcherOptions{.min_backoff = options.min_backoff,
+                                                        .max_backoff = options.max_backoff,
+                                                        .metrics = options.metrics},
+                                      log);
+}
+
+}  // namespace outbox

@@ -1,0 +1,296 @@
+#include "outbox/relay/dispatcher.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <utility>
+
+#include "outbox/core/error.h"
+
+namespace outbox {
+namespace {
+
+constexpr std::string_view kTargetPausedName = "outbox_relay_target_paused";
+
+std::vector<PublishOutcome> NotSent(std::span<const Envelope> batch, FailureKind kind,
+                                    const std::string& reason) {
+  std::vector<PublishOutcome> outcomes;
+  outcomes.reserve(batch.size());
+  for (const Envelope& envelope : batch) outcomes.push_back({envelope.id, Failure{kind, reason}});
+  return outcomes;
+}
+
+}  // namespace
+
+// One target's lane: its sink, used by one caller at a time, turns given in the order they were
+// asked for (a source with batch after batch cannot keep another waiting past its deadline).
+struct Dispatcher::Lane {
+  Sink* sink = nullptr;
+  observe::Gauge* paused = nullptr;  // outbox_relay_target_paused{target}
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool busy = false;
+  std::uint64_t next_ticket = 0;
+  std::deque<std::uint64_t> queue;  // tickets in line, first come first
+
+  // Waits for this caller's turn until `deadline`; false (and out of the line) if it did not
+  // come. Give ends the turn.
+  bool Take(Deadline deadline) {
+    std::unique_lock lock(mutex);
+    const std::uint64_t ticket = next_ticket++;
+    queue.push_back(ticket);
+    if (changed.wait_until(lock, deadline, [&] { return !busy && queue.front() == ticket; })) {
+      queue.pop_front();
+      busy = true;
+      return true;
+    }
+    queue.erase(std::find(queue.begin(), queue.end(), ticket));
+    changed.notify_all();  // the one behind may be first now
+    return false;
+  }
+
+  void Give() {
+    {
+      const std::lock_guard lock(mutex);
+      busy = false;
+    }
+    changed.notify_all();
+  }
+
+  // The sink's outcomes for `batch` in its turn, one per message in batch order whatever the
+  // sink returned.
+  std::vector<PublishOutcome> Publish(std::span<const Envelope> batch, Deadline deadline,
+                                      const std::string& target, const LogFn& log) {
+    if (!Take(deadline)) {
+      return NotSent(batch, FailureKind::kUnavailable,
+                     "not sent: the sink was busy with another batch until the deadline");
+    }
+    struct Turn {
+      Lane& lane;
+      ~Turn() { lane.Give(); }
+    } turn{*this};
+    auto outcomes = RedactReasons(sink->Publish(batch, deadline));
+    bool matches = outcomes.size() == batch.size();
+    for (std::size_t i = 0; matches && i < batch.size(); ++i) {
+      matches = outcomes[i].id == batch[i].id;
+    }
+    if (matches) return outcomes;
+    if (log) {
+      log(LogLevel::kError, "sink '" + target + "' returned " + std::to_string(outcomes.size()) +
+                                " outcomes that do not match its batch of " +
+                                std::to_string(batch.size()));
+    }
+    std::vector<PublishOutcome> fixed;
+    fixed.reserve(batch.size());
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      if (i < outcomes.size() && outcomes[i].id == batch[i].id) {
+        fixed.push_back(std::move(outcomes[i]));
+      } else {
+        fixed.push_back({batch[i].id, Failure{FailureKind::kOutcomeUnknown,
+                                              "no outcome: the sink did not answer for it"}});
+      }
+    }
+    return fixed;
+  }
+};
+
+Dispatcher::Dispatcher(SinkMap sinks, DispatcherOptions options, LogFn log)
+    : options_(options),
+      own_registry_(options.metrics == nullptr ? std::make_unique<observe::Registry>() : nullptr),
+      registry_(options.metrics != nullptr ? *options.metrics : *own_registry_),
+      publish_seconds_(registry_.AddHistogram(
+          "outbox_relay_publish_seconds",
+          "Duration of each batch's publish, from the first send to the last confirmation.",
+          observe::LatencyBuckets())),
+      broker_unavailable_(registry_.AddGauge(
+          "outbox_relay_broker_unavailable",
+          "1 while the sink of some target is paused: its last batch found no broker.")),
+      sinks_(std::move(sinks)),
+      log_(std::move(log)) {
+  if (sinks_.empty()) throw ConfigError("sinks", "at least one sink is needed");
+  if (options_.min_backoff.count() < 1 || options_.max_backoff < options_.min_backoff) {
+    throw ConfigError("relay.max_backoff", "backoff bounds must be positive and ordered");
+  }
+  // One series per target: as many as the configuration has (observe::SeriesPerTarget).
+  registry_.AllowSeries(kTargetPausedName, observe::SeriesPerTarget(1, sinks_.size()));
+  for (const auto& [target, sink] : sinks_) {
+    if (!sink) throw ConfigError("sinks", "target '" + target + "' has no sink");
+    auto lane = std::make_unique<Lane>();
+    lane->sink = sink.get();
+    lane->paused = &registry_.AddGauge(
+        kTargetPausedName,
+        "1 while the target's sink is paused: its last batch found no broker; its messages "
+        "wait without leases or attempts spent while other targets flow.",
+        {{"target", target}});
+    lanes_.emplace(target, std::move(lane));
+  }
+}
+
+Dispatcher::~Dispatcher() = default;
+
+void Dispatcher::Log(LogLevel level, const std::string& message) const {
+  if (log_) log_(level, message);
+}
+
+std::vector<PublishOutcome> Dispatcher::Dispatch(std::span<const Envelope> batch,
+                                                 Deadline deadline) {
+  const auto started = SteadyClock::now();
+  std::vector<PublishOutcome> outcomes(batch.size());
+  const std::vector<std::string> held = Held(started);
+  std::map<std::string_view, std::vector<std::size_t>> by_target;
+  // Per stream: whether its first message here is a retry (the rest then waits for the next
+  // batch).
+  std::map<std::pair<std::string_view, std::string_view>, bool> retrying;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const Envelope& envelope = batch[i];
+    if (envelope.stream_key) {
+      const auto [head, first] = retrying.try_emplace(
+          std::pair<std::string_view, std::string_view>{envelope.target, *envelope.stream_key},
+          envelope.attempts > 0);
+      if (!first && head->second) {
+        outcomes[i] = {envelope.id,
+                       Failure{FailureKind::kOutcomeUnknown,
+                               "not sent: waiting for the retry of an earlier message of its "
+                               "stream"}};
+        continue;
+      }
+    }
+    by_target[envelope.target].push_back(i);
+  }
+  struct Running {
+    std::string target;
+    const std::vector<std::size_t>* indexes;
+    std::future<std::vector<PublishOutcome>> outcomes;
+  };
+  // One lane per target; the first runs on this thread (deferred: when its outcomes are asked).
+  std::vector<Running> running;
+  for (const auto& [name, indexes] : by_target) {
+    std::string target{name};
+    const auto lane = lanes_.find(name);
+    if (lane == lanes_.end() || std::find(held.begin(), held.end(), target) != held.end()) {
+      std::string reason;
+      FailureKind kind = FailureKind::kRejected;
+      if (lane == lanes_.end()) {
+        reason = "no sink is configured for target '" + target + "'";
+      } else {
+        kind = FailureKind::kUnavailable;
+        std::lock_guard lock(pauses_mutex_);
+        const auto pause = pauses_.find(name);
+        reason = "not sent: target '" + target + "' is paused" +
+                 (pause != pauses_.end() ? ": " + pause->second.reason : std::string{});
+      }
+      for (const auto i : indexes) outcomes[i] = {batch[i].id, Failure{kind, reason}};
+      continue;
+    }
+    auto publish = [this, &batch, deadline, lane = lane->second.get(), &indexes = indexes, target] {
+      if (indexes.size() == batch.size()) return lane->Publish(batch, deadline, target, log_);
+      std::vector<Envelope> group;
+      group.reserve(indexes.size());
+      for (const auto i : indexes) group.push_back(batch[i]);
+      return lane->Publish(group, deadline, target, log_);
+    };
+    const auto policy = running.empty() ? std::launch::deferred : std::launch::async;
+    running.push_back({std::move(target), &indexes, std::async(policy, std::move(publish))});
+  }
+  for (Running& lane : running) {
+    auto lane_outcomes = lane.outcomes.get();
+    bool all_unavailable = true;
+    for (std::size_t k = 0; k < lane.indexes->size(); ++k) {
+      const auto& failure = lane_outcomes[k].failure;
+      all_unavailable = all_unavailable && failure && failure->kind == FailureKind::kUnavailable;
+      outcomes[(*lane.indexes)[k]] = std::move(lane_outcomes[k]);
+    }
+    std::optional<std::string> reason;
+    if (all_unavailable) reason = outcomes[lane.indexes->front()].failure->reason;
+    Verdict(lane.target, reason);
+  }
+  publish_seconds_.Observe(std::chrono::duration<double>(SteadyClock::now() - started).count());
+  return outcomes;
+}
+
+void Dispatcher::Verdict(const std::string& target, const std::optional<std::string>& reason) {
+  const auto now = SteadyClock::now();
+  std::lock_guard lock(pauses_mutex_);
+  auto found = pauses_.find(target);
+  if (!reason) {
+    if (found == pauses_.end()) return;
+    const auto paused_for =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - found->second.since);
+    Log(LogLevel::kInfo, "sink '" + target + "' is available again after " +
+                             std::to_string(paused_for.count()) + " ms; its messages flow");
+    pauses_.erase(found);
+    PausesChanged();
+    return;
+  }
+  if (found == pauses_.end()) {
+    found = pauses_.emplace(target, Pause{now, now, now, options_.min_backoff, {}}).first;
+  } else {
+    found->second.backoff = std::min(found->second.backoff * 2, options_.max_backoff);
+  }
+  found->second.verdict_at = now;
+  found->second.probe_at = now + found->second.backoff;
+  found->second.reason = *reason;
+  PausesChanged();
+  registry_.RecordError(NameOf(FailureKind::kUnavailable), *reason);
+  Log(LogLevel::kWarn, "sink '" + target + "' is unavailable: " + *reason +
+                           "; its messages wait (no attempt spent, no lease kept) while other "
+                           "targets flow; probing it again in " +
+                           std::to_string(found->second.backoff.count()) + " ms");
+}
+
+std::vector<std::string> Dispatcher::Held(SteadyClock::time_point now) const {
+  std::lock_guard lock(pauses_mutex_);
+  std::vector<std::string> names;
+  for (const auto& [target, pause] : pauses_) {
+    if (now < pause.probe_at) names.push_back(target);
+  }
+  return names;
+}
+
+std::optional<Dispatcher::SteadyClock::time_point> Dispatcher::NextProbe(
+    SteadyClock::time_point now) const {
+  std::lock_guard lock(pauses_mutex_);
+  std::optional<SteadyClock::time_point> next;
+  for (const auto& [target, pause] : pauses_) {
+    if (pause.probe_at > now) next = std::min(next.value_or(pause.probe_at), pause.probe_at);
+  }
+  return next;
+}
+
+void Dispatcher::EndPauses(const std::vector<std::string>& targets,
+                           SteadyClock::time_point looked_at) {
+  std::lock_guard lock(pauses_mutex_);
+  std::size_t ended = 0;
+  for (const auto& target : targets) {
+    const auto found = pauses_.find(target);
+    if (found == pauses_.end() || found->second.verdict_at >= looked_at) continue;
+    pauses_.erase(found);
+    ++ended;
+  }
+  if (ended > 0) PausesChanged();
+}
+
+std::vector<Dispatcher::PausedTarget> Dispatcher::Paused() const {
+  std::lock_guard lock(pauses_mutex_);
+  std::vector<PausedTarget> paused;
+  paused.reserve(pauses_.size());
+  for (const auto& [target, pause] : pauses_) paused.push_back({target, pause.reason});
+  return paused;
+}
+
+bool Dispatcher::AnyPaused() const {
+  std::lock_guard lock(pauses_mutex_);
+  return !pauses_.empty();
+}
+
+void Dispatcher::PausesChanged() {
+  for (const auto& [target, lane] : lanes_) {
+    lane->paused->Set(pauses_.contains(target) ? 1.0 : 0.0);
+  }
+  broker_unavailable_.Set(pauses_.empty() ? 0.0 : 1.0);
+}
+
+}  // namespace outbox

@@ -1,0 +1,167 @@
+#include "partition_membership.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace outbox::relay {
+namespace {
+
+// A relay below its fair share of partitions (others are handing theirs back), or whose heartbeat
+// failed, heartbeats again this soon at the latest, however long its idle sweep.
+constexpr std::chrono::milliseconds kRebalanceLook{1000};
+
+}  // namespace
+
+PartitionMembership::PartitionMembership(PartitionLeases& leases, std::string owner, Timing timing,
+                                         TableReport& report, std::function<void()> wake)
+    : leases_(leases),
+      owner_(std::move(owner)),
+      timing_(timing),
+      report_(report),
+      wake_(std::move(wake)) {}
+
+PartitionMembership::~PartitionMembership() {
+  Stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void PartitionMembership::Start() {
+  thread_ = std::thread([this] { HeartbeatLoop(); });
+}
+
+void PartitionMembership::Stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+}
+
+void PartitionMembership::Join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+std::vector<PartitionLease> PartitionMembership::Claimable() const {
+  std::lock_guard lock(mutex_);
+  return claimable_;
+}
+
+bool PartitionMembership::HandBackPending() const {
+  std::lock_guard lock(mutex_);
+  return release_.empty() && !surplus_.empty();
+}
+
+std::set<int> PartitionMembership::TakeLost() {
+  std::lock_guard lock(mutex_);
+  std::set<int> lost;
+  lost.swap(lost_);
+  return lost;
+}
+
+std::set<int> PartitionMembership::Surplus() const {
+  std::lock_guard lock(mutex_);
+  return release_.empty() ? surplus_ : std::set<int>{};
+}
+
+void PartitionMembership::HandBack(const std::set<int>& partitions) {
+  {
+    std::lock_guard lock(mutex_);
+    release_.assign(partitions.begin(), partitions.end());
+  }
+  changed_.notify_all();
+}
+
+void PartitionMembership::Leave() {
+  try {
+    leases_.Leave(owner_);
+  } catch (const StoreError& error) {
+    report_.StoreFailed(error);
+    report_.Log(LogLevel::kWarn,
+                "handing back partitions failed (they are free when the lease expires): " +
+                    std::string{error.what()});
+  }
+}
+
+void PartitionMembership::HeartbeatLoop() {
+  std::unique_lock lock(mutex_);
+  auto next = SteadyClock::now();
+  while (!stop_) {
+    changed_.wait_until(lock, next,
+                        [&] { return stop_ || !release_.empty() || SteadyClock::now() >= next; });
+    if (stop_) return;
+    const std::vector<int> release = release_;
+    lock.unlock();
+    next = Heartbeat(release);
+    lock.lock();
+    release_.clear();
+  }
+}
+
+// One heartbeat (on the heartbeat thread); returns when the next is due.
+PartitionMembership::SteadyClock::time_point PartitionMembership::Heartbeat(
+    const std::vector<int>& release) {
+  const auto now = SteadyClock::now();
+  Membership membership;
+  try {
+    membership = leases_.Heartbeat(owner_, timing_.lease, release);
+  } catch (const StoreError& error) {
+    report_.StoreFailed(error);
+    report_.Log(LogLevel::kWarn, "partition heartbeat failed: " + std::string{error.what()});
+    // The claims check the leases themselves: expired ones claim nothing.
+    return now + std::min({timing_.sweep_interval, timing_.max_backoff, kRebalanceLook});
+  }
+  std::set<int> now_owned;
+  for (const auto& held : membership.owned) now_owned.insert(held.partition);
+  std::set<int> lost;
+  bool gained = false;
+  {
+    std::lock_guard lock(mutex_);
+    for (const int partition : owned_) {
+      const bool released = std::find(release.begin(), release.end(), partition) != release.end();
+      if (!released && !now_owned.contains(partition)) lost.insert(partition);
+    }
+    for (const int partition : now_owned) gained = gained || !owned_.contains(partition);
+    lost_.insert(lost.begin(), lost.end());
+    owned_ = std::move(now_owned);
+    surplus_ = {membership.surplus.begin(), membership.surplus.end()};
+    claimable_.clear();
+    for (const auto& held : membership.owned) {
+      if (!surplus_.contains(held.partition)) claimable_.push_back(held);
+    }
+  }
+  if (!lost.empty()) {
+    report_.Log(LogLevel::kWarn, std::to_string(lost.size()) +
+                                     " partitions were taken over by another relay (this relay's "
+                                     "lease expired: it stalled or lost the database); first " +
+                                     std::to_string(*lost.begin()));
+  }
+  const int rebalanced = membership.acquired - membership.taken_over + membership.released;
+  if (rebalanced > 0) report_.metrics.rebalances.Increment(static_cast<std::uint64_t>(rebalanced));
+  if (membership.taken_over > 0) {
+    report_.counters.takeovers += static_cast<std::uint64_t>(membership.taken_over);
+    report_.metrics.takeovers.Increment(static_cast<std::uint64_t>(membership.taken_over));
+  }
+  const auto held = membership.owned.size();
+  if (membership.acquired > 0 || membership.released > 0 || !lost.empty()) {
+    report_.Log(LogLevel::kInfo, "partitions: " + std::to_string(held) + " of " +
+                                     std::to_string(membership.partition_count) +
+                                     " held (fair share " + std::to_string(membership.fair_share) +
+                                     ", " + std::to_string(membership.live_instances) +
+                                     " live relays; took " + std::to_string(membership.acquired) +
+                                     ", of them " + std::to_string(membership.taken_over) +
+                                     " from expired leases; handed back " +
+                                     std::to_string(membership.released) + ")");
+  }
+  report_.counters.partitions_owned = static_cast<int>(held);
+  report_.metrics.partitions_owned.Set(static_cast<double>(held));
+  report_.metrics.live_instances.Set(static_cast<double>(membership.live_instances));
+  if (gained || !lost.empty()) wake_();  // an idle relay claims at once
+  // Below its share, a relay looks again soon: others are handing partitions back.
+  auto wait = membership.next_heartbeat;
+  if (static_cast<int>(held) < membership.fair_share) {
+    wait = std::min({wait, timing_.sweep_interval, kRebalanceLook});
+  }
+  return now + wait;
+}
+
+}  // namespace outbox::relay
