@@ -17,6 +17,7 @@
 #include "support/pg_test_support.h"
 #include "support/tcp_proxy.h"
 #include "support/wait.h"
+#include "support/wal_slot.h"
 
 namespace outbox::testing {
 namespace {
@@ -44,9 +45,10 @@ class TargetsE2eTest : public ::testing::Test {
 
   // Sinks "default" (the real broker, to healthy_queue_) and "other" (at `other_url`, to
   // other_queue_).
-  void WriteConfig(const std::string& other_url, int max_attempts) {
+  void WriteConfig(const std::string& other_url, int max_attempts, bool wal_mode = false) {
     std::ofstream out(config_path_);
     out << "[database]\nurl = \"" << PgUrl() << "\"\nschema = \"" << schema_.name() << "\"\n"
+        << (wal_mode ? "mode = \"wal\"\n" : "")
         << "[relay]\ninstance = \"targets\"\nbatch_size = 500\nlease = \"10s\"\n"
         << "publish_timeout = \"3s\"\nsweep_interval = \"200ms\"\nmax_backoff = \"500ms\"\n"
         << "[retry]\ninitial_delay = \"50ms\"\nmax_delay = \"100ms\"\nmax_attempts = "
@@ -67,6 +69,24 @@ class TargetsE2eTest : public ::testing::Test {
                               target + "-' || (g % " + std::to_string(kStreams) + "), target => '" +
                               target + "') FROM generate_series(1, " + std::to_string(count) +
                               ") g");
+    }
+  }
+
+  // The same messages in WAL mode (the schema delivers by WAL): transactions of 100, the two
+  // targets' interleaved, each committed with synchronous_commit (logical decoding sees flushed
+  // WAL only).
+  void EnqueueWal() {
+    for (int first = 0; first < kPerTarget; first += 100) {
+      for (const std::string target : {"other", "default"}) {
+        Sql(schema_.conn(), "BEGIN");
+        Sql(schema_.conn(), "SET LOCAL synchronous_commit = on");
+        Sql(schema_.conn(), "SELECT " + schema_.name() +
+                                ".enqueue('t', jsonb_build_object('n', g), stream_key => '" +
+                                target + "-' || (g % " + std::to_string(kStreams) +
+                                "), target => '" + target + "') FROM generate_series(" +
+                                std::to_string(first) + ", " + std::to_string(first + 99) + ") g");
+        Sql(schema_.conn(), "COMMIT");
+      }
     }
   }
 
@@ -158,6 +178,42 @@ TEST_F(TargetsE2eTest, ABrokerThatRefusesEverythingHoldsBackOnlyItsOwnTarget) {
       << Scalar(schema_.conn(), "SELECT min(last_error) FROM " + schema_.name() + ".messages");
   EXPECT_EQ(ReadyMessages(other_queue_).value_or(1), 0U);
   EXPECT_EQ(Log().find("is unavailable"), std::string::npos) << "a refusal is no outage";
+}
+
+// Issue #41: the same outage in WAL mode, the messages in the WAL only. The healthy target's
+// messages keep flowing from the slot; the down target's are parked in the table (unattempted)
+// while its lane is paused, and published by the table relay, in stream order, once its broker
+// is up. Before, 0 of 2,000 reached the healthy target: the slot waited for the down one.
+TEST_F(TargetsE2eTest, ABrokerThatIsDownHoldsBackOnlyItsOwnTargetInWalMode) {
+  const WalSlot slot(schema_.name());
+  const int dead_port = FreePort();
+  WriteConfig("amqp://guest:guest@127.0.0.1:" + std::to_string(dead_port) + "/", 3,
+              /*wal_mode=*/true);
+  Consumer healthy(healthy_queue_);
+  Outboxd relay(config_path_);
+  EnqueueWal();
+  EXPECT_TRUE(WaitUntil([&] { return healthy.count() >= kPerTarget; }, seconds{30}))
+      << healthy.count() << " of " << kPerTarget << " for the healthy target\n"
+      << Log();
+  EXPECT_TRUE(WaitUntil([&] { return Count("target = 'other'") == kPerTarget; }, seconds{30}))
+      << Count("target = 'other'") << " of the down target's messages parked\n"
+      << Log();
+  EXPECT_EQ(Count("target = 'default'"), 0) << "the healthy target's messages stay in the WAL";
+  EXPECT_EQ(Count("target = 'other' AND (attempts > 0 OR status IN ('failed', 'abandoned'))"), 0);
+  EXPECT_NE(Log().find("sink 'other' is unavailable"), std::string::npos) << Log();
+
+  DeclareQueue(other_queue_);
+  Consumer other(other_queue_);
+  TcpProxy broker("127.0.0.1", 5672, dead_port);
+  EXPECT_TRUE(WaitUntil([&] { return Count("target = 'other'") == 0; }, seconds{30}))
+      << Count("target = 'other'") << " still in the outbox\n"
+      << Log();
+  EXPECT_TRUE(WaitUntil([&] { return other.count() >= kPerTarget; }, seconds{10}));
+  EXPECT_EQ(relay.Stop(SIGTERM, seconds{30}), 0) << Log();
+  healthy.Stop();
+  other.Stop();
+  ExpectAllInStreamOrder(healthy, "healthy");
+  ExpectAllInStreamOrder(other, "other");
 }
 
 }  // namespace
