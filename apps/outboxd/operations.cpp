@@ -45,6 +45,7 @@ constexpr std::string_view kUiContentSecurityPolicy =
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
     "frame-ancestors 'none'";
+
 // Whether `path` is the dashboard's: "/ui", "/ui/" or a file under it.
 bool IsUiPath(std::string_view path) { return path == "/ui" || path.starts_with("/ui/"); }
 
