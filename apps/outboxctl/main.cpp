@@ -1,31 +1,42 @@
-// outboxctl: the operator's command line for an outbox in PostgreSQL: migrate, status, list, show,
-// replay, abandon, purge. Run `outboxctl --help` and `outboxctl <command> --help`.
+// outboxctl: the operator's command line for an outbox: migrate, status, list, show, replay,
+// abandon, purge. Run `outboxctl --help` and `outboxctl <command> --help`.
+//
+// The database is outboxd's: `--config outbox.toml` reads its [database] table through the store
+// registry outboxd uses (PostgreSQL or SQLite), or `--db`/`--schema` name a PostgreSQL one. Every
+// command is a call on the store's contracts (StoreSettings, Store::Stats, Admin): no SQL here.
+// What a store type does not have (WAL mode, a migration script on SQLite) is refused with a
+// clear message (exit 2) before anything is changed.
 //
 // Exit codes:
 //   0  success; also a dry run, and a list, replay or abandon that matched nothing
 //   1  the database failed or refused: unreachable, schema not migrated, a statement failed
-//   2  bad command line: unknown option, bad status, duration or id, replay or abandon without
-//      a selection, abandon without --reason (nothing is sent to the database)
+//   2  bad command line or --config file: unknown option, bad status, duration or id, replay or
+//      abandon without a selection, abandon without --reason, a [database] table outboxd would
+//      refuse, a command the store type has not (nothing is sent to the database)
 //   3  not found: `show` of an id that does not exist, or `replay`/`abandon` naming an id that
 //      does not exist (the ids that do exist are still processed)
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "database_config.h"
 #include "duration.h"
 #include "format.h"
 #include "message_json.h"
+#include "outbox/core/error.h"
 #include "outbox/core/log_text.h"
 #include "outbox/core/utf8.h"
+#include "outbox/store/admin.h"
 #include "outbox/store/postgres.h"
-#include "outbox/store/postgres_admin.h"
-#include "outbox/store/postgres_libpq.h"
-#include "outbox/store/postgres_wal.h"
+#include "outbox/store/registry.h"
+#include "outbox/store/wal.h"
 #include "version_line.h"
 
 namespace {
@@ -158,18 +169,24 @@ class FilterOptions {
 
 // ---- migrate, status ----
 
-int Migrate(const std::string& db, const std::string& schema, bool wal_slot) {
-  const int before = outbox::postgres::Migrate(db, schema);
-  const int latest = outbox::postgres::LatestSchemaVersion();
-  if (before == latest) {
-    std::cout << "schema " << schema << " is up to date (version " << latest << ")\n";
+int Migrate(const outbox::StoreSettings& database, bool wal_slot) {
+  const std::string what = database.Description();
+  if (const auto versions = database.MigrateSchema()) {
+    if (versions->before == versions->after) {
+      std::cout << what << " is up to date (version " << versions->after << ")\n";
+    } else {
+      std::cout << what << " migrated from version " << versions->before << " to "
+                << versions->after << "\n";
+    }
   } else {
-    std::cout << "schema " << schema << " migrated from version " << before << " to " << latest
-              << "\n";
+    std::cout << what
+              << " is ready (its tables created or upgraded; outboxd also does this at "
+                 "start)\n";
   }
   if (wal_slot) {
-    std::cout << "WAL slot " << outbox::postgres::EnsureWalSlot(db, schema) << " ready (set "
-              << schema << ".settings.delivery = 'wal' to use it)\n";
+    const auto ready = database.EnsureWalSlot();
+    std::cout << "WAL slot " << ready.slot << " ready (set " << ready.setting
+              << " = 'wal' to use it)\n";
   }
   return 0;
 }
@@ -182,23 +199,13 @@ std::string Age(const std::optional<std::chrono::milliseconds>& age) {
   return std::to_string(ms / 60000) + " min";
 }
 
-outbox::postgres::WalStatus ReadWal(const std::string& db, const std::string& schema) {
-  // Keepalives, tcp_user_timeout and the statement deadline, as the relay's connections.
-  const outbox::postgres::ConnPtr conn =
-      outbox::postgres::Connect(db, outbox::postgres::StatementDeadline());
-  if (PQstatus(conn.get()) != CONNECTION_OK) {
-    throw outbox::StoreError(
-        outbox::FailureKind::kUnavailable,
-        std::string{"cannot connect to the database: "} + PQerrorMessage(conn.get()));
-  }
-  return outbox::postgres::ReadWalStatus(conn.get(), schema);
-}
-
-int Status(const std::string& db, const std::string& schema, bool json) {
-  auto store = outbox::postgres::OpenStore({.conninfo = db, .schema = schema});
-  const auto stats = store->Stats();
+int Status(const outbox::StoreSettings& database, bool json) {
+  const auto stats = database.OpenStore(outbox::RetryPolicy{}, outbox::RetentionPolicy{})->Stats();
+  // WAL mode's state where the store has one (PostgreSQL); a store without reads as table mode.
+  const outbox::WalStatus wal = database.OpenAdmin(std::chrono::milliseconds{0})
+                                    ->Wal()
+                                    .value_or(outbox::WalStatus{.delivery = "table"});
   const char* approx = stats.counts_estimated ? "~" : "";
-  const auto wal = ReadWal(db, schema);
   if (json) {
     std::cout << "{\"pending\":" << stats.pending << ",\"processing\":" << stats.processing
               << ",\"failed\":" << stats.failed << ",\"abandoned\":" << stats.abandoned
@@ -490,14 +497,22 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", outbox::apps::VersionLine("outboxctl"));
   app.footer(
       "Exit codes: 0 success, 1 database failure or refusal, 2 bad command line, 3 not found.");
+  std::string config_path;
+  auto* config_option = app.add_option(
+      "-c,--config", config_path,
+      "outboxd's configuration file: its [database] table names the database (PostgreSQL or "
+      "SQLite); its other sections are not read");
   std::string db;
   std::string schema{outbox::postgres::kDefaultSchema};
-  app.add_option("--db", db,
-                 "PostgreSQL connection string (URI or key=value); default: libpq's PG* variables")
-      ->envname("OUTBOX_DATABASE_URL");
-  app.add_option("--schema", schema, "outbox schema")->envname("OUTBOX_SCHEMA");
+  // The environment is read below, not by CLI11: a variable set for other tools must not clash
+  // with --config.
+  auto* db_option = app.add_option("--db", db,
+                                   "PostgreSQL connection string (URI or key=value); default: "
+                                   "OUTBOX_DATABASE_URL, else libpq's PG* variables");
+  auto* schema_option = app.add_option(
+      "--schema", schema, "outbox schema (PostgreSQL); default: OUTBOX_SCHEMA or outbox");
   app.require_subcommand(1);
-  app.fallthrough();  // --db and --schema may also follow the command
+  app.fallthrough();  // --config, --db and --schema may also follow the command
 
   auto* migrate = app.add_subcommand("migrate", "create or upgrade the outbox schema");
   bool print_sql = false;
@@ -621,17 +636,53 @@ int main(int argc, char** argv) {
       retention.abandoned = DurationOption("--abandoned", purge_abandoned);
     }
 
-    if (migrate->parsed() && print_sql) {
+    // The database: outboxd's [database] table, or PostgreSQL by --db and --schema.
+    if (config_option->count() > 0 && (db_option->count() > 0 || schema_option->count() > 0)) {
+      throw UsageError("--config names the database; not with --db or --schema");
+    }
+    outboxctl::Database database;
+    if (config_option->count() > 0) {
       try {
-        std::cout << outbox::postgres::MigrationScript(schema, migrate_from);
+        database = outboxctl::LoadDatabase(
+            config_path, [](const char* name) -> const char* { return std::getenv(name); });
+      } catch (const outbox::ConfigError& error) {
+        throw UsageError(config_path + ": " + error.what());
+      }
+    } else {
+      if (const char* env = std::getenv("OUTBOX_DATABASE_URL");
+          db_option->count() == 0 && env != nullptr) {
+        db = env;
+      }
+      if (const char* env = std::getenv("OUTBOX_SCHEMA");
+          schema_option->count() == 0 && env != nullptr && *env != '\0') {
+        schema = env;
+      }
+      database = outboxctl::PostgresDatabase(db, schema);
+    }
+    const outbox::StoreSettings& store = *database.settings;
+    if (migrate->parsed() && wal_slot && !store.HasWalMode()) {
+      throw UsageError("migrate --wal-slot: " + store.Description() +
+                       " has no WAL mode (only PostgreSQL has one); nothing was changed");
+    }
+
+    if (migrate->parsed() && print_sql) {
+      std::optional<std::string> script;
+      try {
+        script = store.MigrationScript(migrate_from);
       } catch (const std::invalid_argument& error) {
         throw UsageError(error.what());
       }
+      if (!script) {
+        throw UsageError("migrate --print-sql: " + store.Description() +
+                         " has no migration script; `outboxctl migrate` (or outboxd at start) "
+                         "readies it");
+      }
+      std::cout << *script;
       return 0;
     }
-    if (migrate->parsed()) return Migrate(db, schema, wal_slot);
-    if (status->parsed()) return Status(db, schema, status_json);
-    auto admin = outbox::postgres::OpenAdmin(db, schema);
+    if (migrate->parsed()) return Migrate(store, wal_slot);
+    if (status->parsed()) return Status(store, status_json);
+    auto admin = store.OpenAdmin(std::chrono::milliseconds{0});
     if (list->parsed()) return List(*admin, filter, limit, after, list_json);
     if (show->parsed()) return Show(*admin, *id, show_json);
     if (replay->parsed()) return RunChange(*admin, Change::kReplay, filter, "", replay_dry_run);

@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "outbox/config/toml_file.h"
 #include "outbox/config/toml_table.h"
 #include "outbox/core/retry_policy.h"
 #include "outbox/sink/registry.h"
@@ -105,8 +106,8 @@ struct Config {
 
 using config::GetenvFn;
 
-// The largest configuration file (or text) read: 1 MiB.
-inline constexpr std::size_t kMaxConfigBytes = std::size_t{1} << 20;
+// The largest configuration file (or text) read: 1 MiB (outbox/config/toml_file.h).
+using config::kMaxConfigBytes;
 
 // Reads and validates the file at `path`. Throws outbox::ConfigError whose key() is the full
 // dotted key as written ("relay.batch_size", "sinks.default.confirm_window") for an unknown key

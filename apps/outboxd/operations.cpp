@@ -1,18 +1,10 @@
 #include "operations.h"
 
-#include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
-#include <atomic>
-#include <cerrno>
 #include <charconv>
 #include <cstdio>
-#include <ctime>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -23,6 +15,7 @@
 #include "outbox/core/utf8.h"
 #include "outbox/core/version.h"
 #include "outbox/observe/http_server.h"
+#include "outbox/observe/status.h"
 #include "outbox/store/admin.h"
 #include "ui_assets.h"
 
@@ -31,34 +24,18 @@ namespace {
 
 namespace http = observe::http;
 
-using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 // The largest body (POST /api/messages/replay and /abandon); larger ones get 413.
 constexpr std::size_t kMaxRequestBodyBytes = 64 * 1024;
 // The most ids one replay or abandon request may name, and the most ids its reply lists.
 constexpr std::size_t kMaxIdsPerRequest = 1000;
-// outbox_messages_by_topic: Admin::kTopicGroups (status, target, topic) series, the rest summed
-// into one series per status with target and topic "_other" (at most 4 more, within the
-// registry's fixed limit).
-static_assert(std::size_t{Admin::kTopicGroups} + 4 <= observe::Registry::kMaxSeriesPerFamily);
-// After the grouped count timed out, it is not tried again for this long.
-constexpr std::chrono::seconds kTopicRetryAfterTimeout{60};
 // Each statement of the admin API, lock waits included; then 503 (the database is busy).
 constexpr milliseconds kAdminStatementTimeout{30000};
 // Per request, not per read: the whole header, the whole body, the whole response.
 constexpr milliseconds kHeaderTimeout{5000};
 constexpr milliseconds kBodyTimeout{10000};
 constexpr milliseconds kWriteTimeout{10000};
-constexpr milliseconds kProbeTimeout{1000};
-
-constexpr std::string_view kByTopicName = "outbox_messages_by_topic";
-constexpr std::string_view kByTopicHelp =
-    "Messages that are not published, by status, target and topic: the 50 largest groups, the "
-    "rest summed into target=\"_other\", topic=\"_other\". Empty while "
-    "outbox_messages_by_topic_skipped is 1.";
-
-constexpr std::string_view kSinkReachableName = "outbox_sink_reachable";
 
 constexpr std::string_view kPrometheusContentType = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -68,22 +45,9 @@ constexpr std::string_view kUiContentSecurityPolicy =
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
     "frame-ancestors 'none'";
-// The rates ring: one sample of the relay's counters a second, for the last 15 minutes.
-constexpr std::size_t kRateSamples = 900;
-constexpr std::chrono::seconds kRateStep{1};
 
 // Whether `path` is the dashboard's: "/ui", "/ui/" or a file under it.
 bool IsUiPath(std::string_view path) { return path == "/ui" || path.starts_with("/ui/"); }
-
-double Seconds(SteadyClock::duration duration) {
-  return std::chrono::duration<double>(duration).count();
-}
-
-std::string SecondsText(SteadyClock::duration duration) {
-  std::array<char, 32> text{};
-  std::snprintf(text.data(), text.size(), "%.1f s", Seconds(duration));
-  return text.data();
-}
 
 // ---- the admin API's JSON (the same shapes as outboxctl list/show --json) ----
 
@@ -259,32 +223,6 @@ ChangeRequest ParseChangeRequest(const std::string& body) {
 
 }  // namespace
 
-bool TcpReachable(const std::string& host, int port, milliseconds timeout) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return false;
-  const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> addresses{found, &::freeaddrinfo};
-  for (const addrinfo* address = found; address != nullptr; address = address->ai_next) {
-    const int fd = ::socket(address->ai_family, address->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                            address->ai_protocol);
-    if (fd < 0) continue;
-    bool connected = ::connect(fd, address->ai_addr, address->ai_addrlen) == 0;
-    if (!connected && errno == EINPROGRESS) {
-      pollfd waiting{.fd = fd, .events = POLLOUT, .revents = 0};
-      if (::poll(&waiting, 1, static_cast<int>(timeout.count())) == 1) {
-        int error = 0;
-        socklen_t size = sizeof error;
-        connected = ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) == 0 && error == 0;
-      }
-    }
-    ::close(fd);
-    if (connected) return true;
-  }
-  return false;
-}
-
 std::optional<std::string> ExposureWarning(const HttpConfig& http) {
   if (!http.token.empty() || !http.listens_beyond_loopback()) return std::nullopt;
   return "[http] listens on " + http.listen +
@@ -307,78 +245,68 @@ bool BearerTokenMatches(std::string_view authorization, std::string_view token) 
   return difference == 0;
 }
 
+namespace {
+
+// The sinks whose broker readiness probes: those whose settings name an endpoint.
+std::vector<observe::ProbedSink> ProbedSinks(const Config& config) {
+  std::vector<observe::ProbedSink> sinks;
+  for (const SinkConfig& sink : config.sinks) {
+    if (auto endpoint = sink.settings->Endpoint()) {
+      sinks.push_back({.name = sink.name, .endpoint = std::move(*endpoint)});
+    }
+  }
+  return sinks;
+}
+
+observe::StatusOptions StatusOptionsOf(const Config& config) {
+  return {.instance = config.instance,
+          .stats_interval = config.http.stats_interval,
+          .ready_max_age = config.http.ready_max_age,
+          .serving = !config.http.listen.empty(),
+          .retry = config.retry,
+          .retention = config.retention};
+}
+
+}  // namespace
+
 class Operations::Impl {
  public:
   Impl(const Config& config, observe::Registry& registry, const RelayCounters& relay, LogFn log,
        PausedTargetsFn paused_targets)
       : config_(config),
         registry_(registry),
-        relay_(relay),
-        log_(std::move(log)),
-        paused_targets_(std::move(paused_targets)),
-        ready_(registry.AddGauge("outbox_ready", "1 when /readyz answers 200, else 0.")),
-        stats_age_(registry.AddGauge(
-            "outbox_stats_age_seconds",
-            "Seconds since the message counts were last read from the database (-1: never).")),
-        stats_duration_(registry.AddGauge(
-            "outbox_stats_duration_seconds",
-            "How long the last read of the message counts took in the database.")),
-        estimated_(registry.AddGauge(
-            "outbox_messages_estimated",
-            "1 when a count of outbox_messages was too large to take exactly and is the "
-            "database planner's estimate.")),
-        oldest_pending_age_(registry.AddGauge("outbox_oldest_pending_age_seconds",
-                                              "Age of the oldest pending message (0 when none is "
-                                              "pending), on the database's clock.")),
-        lease_owners_(registry.AddGauge(
-            "outbox_lease_owners", "Relays (lease owners) holding unexpired leases right now.")),
-        live_relays_(
-            registry.AddGauge("outbox_relays_live",
-                              "Relays heartbeating on this database (sharing its partitions).")),
-        unowned_partitions_(registry.AddGauge(
-            "outbox_partitions_unowned",
-            "Partitions no live relay holds: nobody publishes them until one takes them.")),
-        by_topic_skipped_(registry.AddGauge(
-            "outbox_messages_by_topic_skipped",
-            "1 when outbox_messages_by_topic is empty because the backlog is above the exact-count "
-            "limit or the grouped count took too long; 0 when it is current.")) {
-    registry
-        .AddGauge("outbox_info", "Always 1; the labels describe this outboxd.",
-                  {{"version", kVersion}, {"instance", config.instance}})
-        .Set(1);
-    for (const std::string_view status :
-         {"pending", "processing", "failed", "abandoned", "published"}) {
-      by_status_.push_back(&registry.AddGauge(
-          "outbox_messages",
-          "Messages in the outbox by status (published: those kept by the retention setting).",
-          {{"status", std::string{status}}}));
-    }
-    registry.ReplaceGauges(std::string{kByTopicName}, kByTopicHelp, {});
-    // One series per sink with a broker to probe: as many as the configuration has.
-    registry.AllowSeries(kSinkReachableName, observe::SeriesPerTarget(1, config.sinks.size()));
-    for (const SinkConfig& sink : config.sinks) {
-      const auto address = sink.settings->Endpoint();
-      if (!address) continue;
-      probes_.push_back(Probe{
-          .sink = sink.name,
-          .host = address->host,
-          .port = address->port,
-          .gauge = &registry.AddGauge(
-              kSinkReachableName,
-              "1 when the last TCP connection attempt to the sink's broker succeeded.",
-              {{"sink", sink.name}}),
-      });
-    }
-  }
+        log_(log),
+        status_(
+            StatusOptionsOf(config), config.database, ProbedSinks(config), registry, log,
+            [&relay] {
+              return observe::RelayTotals{
+                  .published = relay.published.load(),
+                  .failed = relay.failed.load(),
+                  .unconfirmed = relay.unconfirmed.load(),
+                  .takeovers = relay.takeovers.load(),
+                  .partitions_owned = relay.partitions_owned.load(),
+                  .broker_unavailable = relay.broker_unavailable.load(),
+              };
+            },
+            [paused = std::move(paused_targets)] {
+              std::vector<observe::PausedTarget> targets;
+              if (!paused) return targets;
+              for (Relay::PausedTarget& target : paused()) {
+                targets.push_back(
+                    {.name = std::move(target.name), .reason = std::move(target.reason)});
+              }
+              return targets;
+            }) {}
 
   ~Impl() { Stop(); }
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
+  void SetWalCheck(WalCheckFn check) { status_.SetWalCheck(std::move(check)); }
+
   void Start() {
-    stats_thread_ = std::thread([this] { StatsLoop(); });
+    status_.Start();
     if (config_.http.listen.empty()) return;
-    rates_thread_ = std::thread([this] { RatesLoop(); });
     server_ = std::make_unique<http::Server>(ServerOptions(), Routes(), log_);
     try {
       server_->Start();
@@ -396,7 +324,7 @@ class Operations::Impl {
     if (auto warning = ExposureWarning(config_.http)) Log(LogLevel::kWarn, *warning);
   }
 
-  void BeginDrain() { draining_ = true; }
+  void BeginDrain() { status_.BeginDrain(); }
 
   std::optional<Response> AnswerRaw(std::string_view bytes) {
     if (raw_routes_.empty()) raw_routes_ = Routes();
@@ -405,87 +333,12 @@ class Operations::Impl {
 
   void Stop() {
     if (server_) server_->Stop();
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    stop_changed_.notify_all();
-    if (stats_thread_.joinable()) stats_thread_.join();
-    if (rates_thread_.joinable()) rates_thread_.join();
+    status_.Stop();
   }
 
-  void SetWalCheck(WalCheckFn check) { wal_check_ = std::move(check); }
-
-  Readiness CheckReadiness() {
-    Readiness readiness{.ready = true, .report = {}};
-    const auto now = SteadyClock::now();
-    const milliseconds max_age = config_.http.ready_max_age;
-    const auto line = [&](bool ok, const std::string& text) {
-      readiness.ready = readiness.ready && ok;
-      readiness.report += text + "\n";
-    };
-    std::lock_guard lock(mutex_);
-    if (draining_) line(false, "relay: draining (shutting down)");
-    if (!stats_ok_at_) {
-      line(false, "database: not reached yet" + (stats_error_.empty() ? "" : ": " + stats_error_));
-    } else if (!stats_error_.empty()) {
-      line(false, "database: the last read of the counts failed: " + stats_error_);
-    } else if (now - *stats_ok_at_ > max_age) {
-      line(false, "database: the counts are " + SecondsText(now - *stats_ok_at_) + " old");
-    } else {
-      line(true, "database: ok (counts read " + SecondsText(now - *stats_ok_at_) + " ago)");
-    }
-    for (const Probe& probe : probes_) {
-      const std::string name = "sink " + probe.sink + ": ";
-      if (!probe.ok_at) {
-        line(false, name + "broker not reached yet (TCP " + probe.host + ":" +
-                        std::to_string(probe.port) + ")");
-      } else if (!probe.last_ok) {
-        line(false, name + "broker refuses TCP connections on " + probe.host + ":" +
-                        std::to_string(probe.port));
-      } else if (now - *probe.ok_at > max_age) {
-        line(false, name + "broker last reached " + SecondsText(now - *probe.ok_at) + " ago");
-      } else {
-        line(true, name + "broker accepts TCP connections");
-      }
-    }
-    if (wal_check_) {
-      if (const auto problem = wal_check_()) {
-        line(false, "WAL slot: " + *problem);
-      } else {
-        line(true, "WAL slot: read by a relay");
-      }
-    }
-    if (relay_.broker_unavailable) {
-      const std::vector<Relay::PausedTarget> paused =
-          paused_targets_ ? paused_targets_() : std::vector<Relay::PausedTarget>{};
-      for (const Relay::PausedTarget& target : paused) {
-        line(false, "target " + target.name + ": paused, its last batch found no broker" +
-                        (target.reason.empty() ? std::string{} : " (" + target.reason + ")") +
-                        "; its messages wait, no attempt spent, and the other targets flow");
-      }
-      if (paused.empty()) {  // resumed since the flag was read, or no names to tell
-        line(false,
-             "relay: a target is paused, its last batch found no broker "
-             "(outbox_relay_target_paused names it); the other targets flow");
-      }
-    }
-    ready_.Set(readiness.ready ? 1.0 : 0.0);
-    stats_age_.Set(stats_ok_at_ ? Seconds(now - *stats_ok_at_) : -1.0);
-    return readiness;
-  }
+  Readiness CheckReadiness() { return status_.CheckReadiness(); }
 
  private:
-  struct Probe {
-    std::string sink;
-    std::string host;  // empty: the URL has no usable host (then never ready)
-    int port = 0;
-    observe::Gauge* gauge = nullptr;
-    std::optional<SteadyClock::time_point> ok_at;  // guarded by mutex_
-    bool last_ok = false;                          // guarded by mutex_
-    bool probed = false;                           // guarded by mutex_
-  };
-
   void Log(LogLevel level, const std::string& message) const {
     if (log_) log_(level, message);
   }
@@ -553,39 +406,18 @@ class Operations::Impl {
     return missing;
   }
 
-  // GET /api/outbox/rates: the relay's counters per second, oldest first, for the last
-  // kRateSamples seconds at most: {"step_seconds": 1, "end_unix_ms": <time of the last sample>,
-  // "published": [...], "failed": [...], "unconfirmed": [...]}.
-  Json RatesJson() {
-    std::lock_guard lock(rates_mutex_);
-    Json published = Json::array();
-    Json failed = Json::array();
-    Json unconfirmed = Json::array();
-    const std::size_t first = (rates_next_ + kRateSamples - rates_size_) % kRateSamples;
-    for (std::size_t i = 0; i < rates_size_; ++i) {
-      const RateSample& sample = rates_[(first + i) % kRateSamples];
-      published.push_back(sample.published);
-      failed.push_back(sample.failed);
-      unconfirmed.push_back(sample.unconfirmed);
-    }
-    return Json{{"step_seconds", kRateStep.count()},
-                {"end_unix_ms", rates_end_unix_ms_},
-                {"published", std::move(published)},
-                {"failed", std::move(failed)},
-                {"unconfirmed", std::move(unconfirmed)}};
-  }
-
   // GET /api/outbox/relay: this relay, as the dashboard shows it.
   Json RelayJson() const {
+    const observe::RelayTotals totals = status_.Totals();
     return Json{{"instance", config_.instance},
                 {"version", kVersion},
                 {"database", config_.database_type},
                 {"admin_api", !config_.http.token.empty()},
-                {"partitions_owned", relay_.partitions_owned.load()},
-                {"takeovers", relay_.takeovers.load()},
-                {"published", relay_.published.load()},
-                {"failed", relay_.failed.load()},
-                {"unconfirmed", relay_.unconfirmed.load()}};
+                {"partitions_owned", totals.partitions_owned},
+                {"takeovers", totals.takeovers},
+                {"published", totals.published},
+                {"failed", totals.failed},
+                {"unconfirmed", totals.unconfirmed}};
   }
 
   static Json RelaysJson(const RelayOverview& overview) {
@@ -608,38 +440,6 @@ class Operations::Impl {
                 {"relays", std::move(relays)}};
   }
 
-  // Once a second (on the steady clock, without drift): how much the relay's counters grew.
-  void RatesLoop() {
-    std::uint64_t published = relay_.published.load();
-    std::uint64_t failed = relay_.failed.load();
-    std::uint64_t unconfirmed = relay_.unconfirmed.load();
-    auto next = SteadyClock::now() + kRateStep;
-    for (;;) {
-      {
-        std::unique_lock lock(mutex_);
-        if (stop_changed_.wait_until(lock, next, [this] { return stop_; })) return;
-      }
-      // After a stall (a suspended host), go on from now rather than catch up in a burst.
-      const auto woke = SteadyClock::now();
-      next = woke - next > kRateStep ? woke + kRateStep : next + kRateStep;
-      const std::uint64_t now_published = relay_.published.load();
-      const std::uint64_t now_failed = relay_.failed.load();
-      const std::uint64_t now_unconfirmed = relay_.unconfirmed.load();
-      std::lock_guard lock(rates_mutex_);
-      rates_[rates_next_] = RateSample{.published = now_published - published,
-                                       .failed = now_failed - failed,
-                                       .unconfirmed = now_unconfirmed - unconfirmed};
-      rates_next_ = (rates_next_ + 1) % kRateSamples;
-      rates_size_ = std::min(rates_size_ + 1, kRateSamples);
-      rates_end_unix_ms_ = std::chrono::duration_cast<milliseconds>(
-                               std::chrono::system_clock::now().time_since_epoch())
-                               .count();
-      published = now_published;
-      failed = now_failed;
-      unconfirmed = now_unconfirmed;
-    }
-  }
-
   // Probes and scrapes run on the I/O thread (they read caches in memory); the admin API, which
   // waits for the database, on the worker pool.
   std::vector<http::Route> Routes() {
@@ -657,24 +457,27 @@ class Operations::Impl {
     add("GET", "/healthz", Lane::kInline,
         [](const Request&) { return Response::Text(200, "ok\n"); });
     add("GET", "/readyz", Lane::kInline, [this](const Request&) {
-      const Readiness readiness = CheckReadiness();
+      const Readiness readiness = status_.CheckReadiness();
       return Response::Text(readiness.ready ? 200 : 503, readiness.report);
     });
     add("GET", "/metrics", Lane::kInline, [this](const Request&) {
-      CheckReadiness();  // refreshes outbox_ready and outbox_stats_age_seconds
+      (void)status_.CheckReadiness();  // refreshes outbox_ready and outbox_stats_age_seconds
       Response response = Response::Text(200, registry_.RenderPrometheus());
       response.content_type = std::string{kPrometheusContentType};
       return response;
     });
     add("GET", "/api/outbox", Lane::kInline, [this](const Request&) {
-      CheckReadiness();
+      (void)status_.CheckReadiness();
       Response response = Response::Text(200, registry_.RenderJson());
       response.content_type = "application/json";
       return response;
     });
     // For the dashboard: the relay's counters a second apart, and what this relay is.
-    add("GET", "/api/outbox/rates", Lane::kInline,
-        [this](const Request&) { return JsonReply(200, RatesJson()); });
+    add("GET", "/api/outbox/rates", Lane::kInline, [this](const Request&) {
+      Response response = Response::Text(200, status_.RatesJson() + "\n");
+      response.content_type = "application/json";
+      return response;
+    });
     add("GET", "/api/outbox/relay", Lane::kInline,
         [this](const Request&) { return JsonReply(200, RelayJson()); });
     // Every live relay of the database with the partitions it holds (the store's Admin::Relays).
@@ -801,168 +604,10 @@ class Operations::Impl {
     }
   }
 
-  // Every stats_interval: the counts on a connection of our own, then the broker probes.
-  void StatsLoop() {
-    std::unique_ptr<Store> store;
-    // Without a listener nobody reads the counts: the database is spared their queries (which
-    // walk each status index, and cost seconds under a held snapshot); brokers are still probed
-    // for the log.
-    const bool serving = !config_.http.listen.empty();
-    for (;;) {
-      if (serving) {
-        if (const auto stats = ReadStats(store)) ReadTopicCounts(*stats);
-      }
-      ProbeBrokers();
-      CheckReadiness();
-      std::unique_lock lock(mutex_);
-      if (stop_changed_.wait_for(lock, config_.http.stats_interval, [this] { return stop_; })) {
-        return;
-      }
-    }
-  }
-
-  // The counts, or nullopt when they could not be read.
-  std::optional<StoreStats> ReadStats(std::unique_ptr<Store>& store) {
-    std::optional<StoreStats> read;
-    std::string error;
-    const auto started = SteadyClock::now();
-    try {
-      if (!store) store = config_.database->OpenStore(config_.retry, config_.retention);
-      const StoreStats stats = store->Stats();
-      stats_duration_.Set(Seconds(SteadyClock::now() - started));
-      const std::array<std::int64_t, 5> counts{stats.pending, stats.processing, stats.failed,
-                                               stats.abandoned, stats.published};
-      for (std::size_t i = 0; i < counts.size(); ++i) {
-        by_status_[i]->Set(static_cast<double>(counts[i]));
-      }
-      estimated_.Set(stats.counts_estimated ? 1.0 : 0.0);
-      oldest_pending_age_.Set(stats.oldest_pending_age
-                                  ? std::chrono::duration<double>(*stats.oldest_pending_age).count()
-                                  : 0.0);
-      lease_owners_.Set(static_cast<double>(stats.active_leases));
-      live_relays_.Set(static_cast<double>(stats.live_relays));
-      unowned_partitions_.Set(static_cast<double>(stats.unowned_partitions));
-      read = stats;
-    } catch (const std::exception& failure) {
-      // Error texts of the store name the database without its password; mask anyway.
-      error = RedactKnownSecrets(MaskPassword(failure.what()));
-      store.reset();  // a fresh connection next time
-    }
-    bool changed = false;
-    {
-      std::lock_guard lock(mutex_);
-      changed = error != stats_error_;
-      stats_error_ = error;
-      if (error.empty()) stats_ok_at_ = SteadyClock::now();
-    }
-    if (!changed) return read;
-    if (error.empty()) {
-      Log(LogLevel::kInfo, "reading the outbox counts works again");
-    } else {
-      registry_.RecordError("database", "reading the outbox counts failed: " + error);
-      Log(LogLevel::kWarn, "reading the outbox counts failed (readiness fails): " + error);
-    }
-    return read;
-  }
-
-  // outbox_messages_by_topic: Admin::CountByTopic on the stats thread's own Admin, capped to
-  // Admin::kTopicGroups series plus "_other". Skipped while any of the statuses that are not
-  // published holds Admin::kTopicCountRowLimit rows or more (grouping that many rows would take
-  // seconds) and for a while after it ran into its timeout (a quarter of ready_max_age, at most
-  // 2 s).
-  void ReadTopicCounts(const StoreStats& stats) {
-    const std::int64_t limit = Admin::kTopicCountRowLimit;
-    const bool too_many = stats.pending >= limit || stats.processing >= limit ||
-                          stats.failed >= limit || stats.abandoned >= limit;
-    if (too_many || SteadyClock::now() < topic_retry_at_) {
-      SetTopicCounts({}, /*skipped=*/true);
-      return;
-    }
-    try {
-      // CountByTopic bounds its own statement; with the connection's timeout the same, in one
-      // statement (no transaction of its own).
-      const auto timeout =
-          std::clamp(std::chrono::duration_cast<milliseconds>(config_.http.ready_max_age / 4),
-                     milliseconds{100}, milliseconds{2000});
-      if (!topic_admin_) topic_admin_ = config_.database->OpenAdmin(timeout);
-      const auto counts = topic_admin_->CountByTopic(timeout);
-      if (!counts) {
-        topic_retry_at_ = SteadyClock::now() + kTopicRetryAfterTimeout;
-        Log(LogLevel::kWarn,
-            "outbox_messages_by_topic: the grouped count took too long; not trying again for "
-            "60 s");
-        SetTopicCounts({}, /*skipped=*/true);
-        return;
-      }
-      std::vector<std::pair<observe::Labels, double>> series;
-      for (const TopicCount& count : *counts) {
-        series.push_back({{{"status", std::string{MessageStatusName(count.status)}},
-                           {"target", count.target},
-                           {"topic", count.topic}},
-                          static_cast<double>(count.messages)});
-      }
-      SetTopicCounts(series, /*skipped=*/false);
-    } catch (const std::exception& failure) {
-      topic_admin_.reset();  // a fresh connection next time
-      SetTopicCounts({}, /*skipped=*/true);
-      Log(LogLevel::kDebug, "outbox_messages_by_topic: " + MaskPassword(failure.what()));
-    }
-  }
-
-  void SetTopicCounts(const std::vector<std::pair<observe::Labels, double>>& series, bool skipped) {
-    registry_.ReplaceGauges(std::string{kByTopicName}, kByTopicHelp, series);
-    by_topic_skipped_.Set(skipped ? 1.0 : 0.0);
-  }
-
-  void ProbeBrokers() {
-    for (Probe& probe : probes_) {
-      const bool ok = !probe.host.empty() && TcpReachable(probe.host, probe.port, kProbeTimeout);
-      probe.gauge->Set(ok ? 1.0 : 0.0);
-      bool changed = false;
-      {
-        std::lock_guard lock(mutex_);
-        // Logged and recorded once per change, and at the first probe when it fails (a broker that
-        // was never reachable used to be reported at every stats interval).
-        changed = probe.probed ? ok != probe.last_ok : !ok;
-        probe.probed = true;
-        probe.last_ok = ok;
-        if (ok) probe.ok_at = SteadyClock::now();
-      }
-      if (!changed) continue;
-      const std::string where = probe.host + ":" + std::to_string(probe.port);
-      if (ok) {
-        Log(LogLevel::kInfo, "sink " + probe.sink + ": the broker at " + where + " is reachable");
-      } else {
-        registry_.RecordError("unavailable", "sink " + probe.sink + ": the broker at " + where +
-                                                 " refuses TCP connections");
-        Log(LogLevel::kWarn, "sink " + probe.sink + ": the broker at " + where +
-                                 " refuses TCP connections (readiness fails)");
-      }
-    }
-  }
-
   const Config& config_;
   observe::Registry& registry_;
-  const RelayCounters& relay_;
   LogFn log_;
-  PausedTargetsFn paused_targets_;
-  WalCheckFn wal_check_;  // set before Start, read by the stats thread and requests
-  observe::Gauge& ready_;
-  observe::Gauge& stats_age_;
-  observe::Gauge& stats_duration_;
-  observe::Gauge& estimated_;
-  observe::Gauge& oldest_pending_age_;
-  observe::Gauge& lease_owners_;
-  observe::Gauge& live_relays_;
-  observe::Gauge& unowned_partitions_;
-  observe::Gauge& by_topic_skipped_;
-  std::vector<observe::Gauge*> by_status_;
-  std::vector<Probe> probes_;
-  std::atomic<bool> draining_{false};
-
-  // The stats thread's own Admin (and connection) for outbox_messages_by_topic.
-  std::unique_ptr<Admin> topic_admin_;
-  SteadyClock::time_point topic_retry_at_{};
+  observe::StatusService status_;
 
   // The admin API's Admin (and connection), opened on first use; one request at a time.
   std::mutex admin_mutex_;
@@ -970,25 +615,6 @@ class Operations::Impl {
 
   std::unique_ptr<http::Server> server_;
   std::vector<http::Route> raw_routes_;  // AnswerRaw's, built on first use
-  std::thread stats_thread_;
-
-  // The rates ring (RatesLoop writes, /api/outbox/rates reads).
-  struct RateSample {
-    std::uint64_t published = 0;
-    std::uint64_t failed = 0;
-    std::uint64_t unconfirmed = 0;
-  };
-  std::thread rates_thread_;
-  std::mutex rates_mutex_;
-  std::array<RateSample, kRateSamples> rates_{};  // guarded by rates_mutex_
-  std::size_t rates_next_ = 0;                    // guarded by rates_mutex_
-  std::size_t rates_size_ = 0;                    // guarded by rates_mutex_
-  std::int64_t rates_end_unix_ms_ = 0;            // guarded by rates_mutex_
-  std::mutex mutex_;
-  std::condition_variable stop_changed_;
-  bool stop_ = false;                                   // guarded by mutex_
-  std::optional<SteadyClock::time_point> stats_ok_at_;  // guarded by mutex_
-  std::string stats_error_;                             // guarded by mutex_
 };
 
 Operations::Operations(const Config& config, observe::Registry& registry,

@@ -1,31 +1,25 @@
 #pragma once
-// outboxd's operations side: the cached store statistics, broker probes and readiness, and the
-// HTTP listener that serves them (/metrics, /api/outbox, /healthz, /readyz), plus the admin API
-// (/api/messages: list, show, replay, abandon; never without a configured token), and the
-// dashboard: its page and files under /ui (compiled in: ui_assets.h; they need no token, the
-// data they fetch does), /api/outbox/rates (the relay's counters per second, 15 minutes of them)
-// and /api/outbox/relay (this relay). Everything the metrics show is rendered by the one
-// observe::Registry the relay also writes into.
+// outboxd's operations side: wiring. It builds the status service (outbox/observe/status.h:
+// the cached store counts, broker probes, readiness and rates) from the configuration, and the
+// HTTP listener that serves it (/metrics, /api/outbox, /api/outbox/rates, /api/outbox/relay,
+// /healthz, /readyz), the admin API (/api/messages: list, show, replay, abandon, over the store's
+// Admin; never without a configured token) and the dashboard: its page and files under /ui
+// (compiled in: ui_assets.h; they need no token, the data they fetch does). Everything the
+// metrics show is rendered by the one observe::Registry the relay also writes into.
 //
 // The store is [database]'s, PostgreSQL or SQLite: the counts are Store::Stats, the counts by
 // topic and the admin API the store's Admin (outbox/store/admin.h); no SQL here.
 //
-// Threading: one stats thread (its own database connections, for the counts and for the counts
-// by topic, so a scrape never touches the relay's connection and never reaches the database:
-// requests read the cache), a rates thread (with the listener: samples the relay's counters every
-// second into a ring) and the HTTP server's bounded pool of worker threads. Admin requests
-// run one at a time on a further connection of their own (the store's Admin, opened on first
-// use). The relay's hot path is not involved.
+// Threading: the status service's threads (outbox/observe/status.h) and the HTTP server's bounded
+// pool of worker threads. Admin requests run one at a time on a connection of their own (the
+// store's Admin, opened on first use). The relay's hot path is not involved.
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -33,12 +27,10 @@
 #include "outbox/core/log.h"
 #include "outbox/observe/http_server.h"
 #include "outbox/observe/metrics.h"
+#include "outbox/observe/status.h"
 #include "outbox/relay/relay.h"
 
 namespace outbox::outboxd {
-
-// Whether a TCP connection to host:port is accepted within `timeout`.
-bool TcpReachable(const std::string& host, int port, std::chrono::milliseconds timeout);
 
 // Constant-time comparison of the Authorization header with "Bearer <token>".
 bool BearerTokenMatches(std::string_view authorization, std::string_view token);
@@ -73,10 +65,7 @@ class Operations {
   // Stops the listener and the stats thread; idempotent.
   void Stop();
 
-  struct Readiness {
-    bool ready = false;
-    std::string report;  // one line per check: "database: ok (counts read 1.2 s ago)"
-  };
+  using Readiness = observe::StatusService::Readiness;
   [[nodiscard]] Readiness CheckReadiness();
 
   // Answers one request given as the raw bytes a client would send, on the calling thread,

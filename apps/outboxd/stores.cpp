@@ -1,15 +1,11 @@
-// The store types outboxd can relay from: one entry each (store/registry.h says how to write a
-// new one).
+// The store types outboxd can relay from: the ones outboxd and outboxctl share
+// (apps/common/store_types.cpp, one registration line each).
 
 #include "config.h"
-#include "outbox/store/postgres_type.h"
-#include "outbox/store/sqlite_type.h"
+#include "store_types.h"
 
 namespace outbox::outboxd {
 
-const StoreRegistry& StoreTypes() {
-  static const StoreRegistry registry{postgres::Type(), sqlite::Type()};
-  return registry;
-}
+const StoreRegistry& StoreTypes() { return apps::StoreTypes(); }
 
 }  // namespace outbox::outboxd

@@ -9,19 +9,8 @@ db=${OUTBOX_TEST_PG_URL:-postgresql://outbox:outbox@127.0.0.1:15432/outbox_test}
 schema="ctl_$$_$RANDOM"
 failures=0
 
-# expect <exit code> <regex> <args...>: runs outboxctl, checks its exit code and combined output.
-expect() {
-  local code=$1 pattern=$2 out rc
-  shift 2
-  out=$("$ctl" "$@" 2>&1)
-  rc=$?
-  if [[ $rc -ne $code || ! $out =~ $pattern ]]; then
-    echo "FAIL: outboxctl $* -> exit $rc (want $code), output:"
-    echo "$out" | sed 's/^/    /'
-    echo "    (wanted /$pattern/)"
-    failures=$((failures + 1))
-  fi
-}
+# shellcheck source=tests/cli/expect.sh
+source "$(dirname "$0")/expect.sh"
 sql_dir=$(mktemp -d "${TMPDIR:-/tmp}/outboxctl-test.XXXXXX")
 cleanup() {
   psql -q "$db" -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
@@ -64,17 +53,24 @@ expect 2 "A subcommand is required"
 expect 2 "The following argument was not expected: --frobnicate" --frobnicate status
 expect 0 "^outboxctl 0\.[0-9]+\.[0-9]+ \(PostgreSQL schema version 14\)$" --version
 OUTBOX_DATABASE_URL=$db OUTBOX_SCHEMA=$schema expect 0 "pending     3" status
+# Through outboxd's file (--config): its [database] table, read by the store registry; the counts
+# and WAL mode's state come through the store's contracts (Store::Stats, Admin::Wal).
+printf '[database]\ntype = "postgres"\nurl = "%s"\nschema = "%s"\n[sinks.default]\ntype = "file"\n' \
+  "$db" "$schema" >"$sql_dir/outbox.toml"
+expect 0 "pending     3.*delivery    table.*WAL slot    outbox_$schema: NOT being read" \
+  --config "$sql_dir/outbox.toml" status
+expect 0 '"pending":3,.*"delivery":"table","wal_topics":0,"wal_slot":\{"name":"outbox_'"$schema"'","exists":true' \
+  --config "$sql_dir/outbox.toml" status --json
+expect 0 "schema $schema is up to date \(version 14\)" --config "$sql_dir/outbox.toml" migrate
+# The environment's url wins over the file's, as in outboxd.
+OUTBOX_DATABASE_URL="postgresql://u:pw@127.0.0.1:1/x" expect 1 "cannot connect to PostgreSQL \(host=127.0.0.1 port=1" \
+  --config "$sql_dir/outbox.toml" status
+expect 2 "--config names the database; not with --db or --schema" \
+  --config "$sql_dir/outbox.toml" --schema "$schema" status
 
 # ---- list, show, replay, abandon, purge ----
 c=(--db "$db" --schema "$schema")
 q() { psql -qtAX "$db" -c "$1"; }
-# same <what> <actual> <wanted>: a check of output or of the database's state.
-same() {
-  if [[ $2 != "$3" ]]; then
-    echo "FAIL: $1: got '$2', want '$3'"
-    failures=$((failures + 1))
-  fi
-}
 state() { q "SELECT concat_ws(' ', status, attempts, lease_owner, last_error)
              FROM $schema.messages WHERE id = '$1'"; }
 

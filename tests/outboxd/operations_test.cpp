@@ -1,5 +1,6 @@
 // outboxd's operations side without servers: the listener, its token, garbage requests and
-// readiness with a database and a broker that are not there.
+// readiness with a database and a broker that are not there, as HTTP answers (the status
+// service's own logic: tests/observe/status_test.cpp).
 
 #include "operations.h"
 
@@ -56,11 +57,6 @@ TEST(OperationsTest, BearerTokenMatchesExactlyTheToken) {
   EXPECT_FALSE(BearerTokenMatches("bearer s3cret", "s3cret"));
   EXPECT_FALSE(BearerTokenMatches("s3cret", "s3cret"));
   EXPECT_FALSE(BearerTokenMatches("", "s3cret"));
-}
-
-TEST(OperationsTest, TcpProbeTellsAClosedPort) {
-  EXPECT_FALSE(TcpReachable("127.0.0.1", FreePort(), milliseconds{500}));
-  EXPECT_FALSE(TcpReachable("no-such-host.invalid", 5672, milliseconds{500}));
 }
 
 class OperationsServerTest : public ::testing::Test {
@@ -141,17 +137,8 @@ TEST_F(OperationsServerTest, NotReadyWithoutDatabaseAndBroker) {
   EXPECT_NE(Get("/api/outbox")->body.find("\"kind\":\"database\""), std::string::npos);
 }
 
-TEST_F(OperationsServerTest, ABrokerNeverReachedIsReportedOnceNotAtEveryInterval) {
-  // Ten stats intervals with the sink's broker down from the start.
-  std::this_thread::sleep_for(milliseconds{1000});
-  const std::string body = Get("/api/outbox")->body;
-  std::size_t reports = 0;
-  for (auto at = body.find("refuses TCP connections"); at != std::string::npos;
-       at = body.find("refuses TCP connections", at + 1)) {
-    ++reports;
-  }
-  EXPECT_EQ(reports, 1U) << body;
-}
+// A broker never reached is reported once, not at every interval: the status service's
+// (tests/observe/status_test.cpp, through the registry /api/outbox renders).
 
 TEST_F(OperationsServerTest, TheDashboardIsServedWithoutATokenAndItsDataIsNot) {
   for (const std::string path : {"/ui", "/ui/", "/ui/app.js", "/ui/style.css"}) {
@@ -377,56 +364,27 @@ TEST_F(OperationsServerTest, AdminRequestsWithoutADatabaseFailFast) {
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds{5});
 }
 
-// A paused target is named in /readyz, each on its own line, while the flag is up.
-TEST(OperationsTest, ReadinessNamesEachPausedTarget) {
-  Config config;
-  config.database =
-      std::make_shared<const postgres::StoreSettings>("postgresql://127.0.0.1:1/none", "outbox");
-  observe::Registry registry;
-  RelayCounters counters;
-  std::vector<Relay::PausedTarget> paused{
-      {"other", "the endpoint refuses the relay (its credentials): HTTP 401"}, {"audit-log", ""}};
-  Operations operations(config, registry, counters, LogFn{}, [&paused] { return paused; });
-  EXPECT_EQ(operations.CheckReadiness().report.find("paused"), std::string::npos);
-  counters.broker_unavailable = true;
-  Operations::Readiness readiness = operations.CheckReadiness();
-  EXPECT_FALSE(readiness.ready);
-  EXPECT_NE(readiness.report.find("target other: paused, its last batch found no broker"),
-            std::string::npos)
-      << readiness.report;
-  EXPECT_NE(readiness.report.find("target audit-log: paused"), std::string::npos)
-      << readiness.report;
-  // Why (issue #40): the reason of its last batch.
-  EXPECT_NE(readiness.report.find(
-                "found no broker (the endpoint refuses the relay (its credentials): HTTP 401)"),
-            std::string::npos)
-      << readiness.report;
-  // Resumed between the flag and the names: still not ready, and it says so without a name.
-  paused.clear();
-  readiness = operations.CheckReadiness();
-  EXPECT_NE(readiness.report.find("relay: a target is paused"), std::string::npos)
-      << readiness.report;
-}
-
-// WAL mode: /readyz fails while the slot's check reports a problem (no relay reads it), and names
-// it; it passes when a relay reads it.
-TEST(OperationsTest, ReadinessFailsWhileNoRelayReadsTheWalSlot) {
+// The relay's paused targets and the WAL check, handed to Operations, reach its readiness (the
+// status service's rules for them: tests/observe/status_test.cpp).
+TEST(OperationsTest, TheRelaysPausedTargetsAndTheWalCheckReachReadiness) {
   Config config;
   config.database = std::make_shared<const postgres::StoreSettings>("postgresql://127.0.0.1:1/none",
                                                                     "outbox", /*wal=*/true);
   observe::Registry registry;
   RelayCounters counters;
-  Operations operations(config, registry, counters, LogFn{});
-  std::optional<std::string> problem = "no relay is reading the replication slot";
-  operations.SetWalCheck([&problem] { return problem; });
-  Operations::Readiness readiness = operations.CheckReadiness();
+  Operations operations(config, registry, counters, LogFn{}, [] {
+    return std::vector<Relay::PausedTarget>{{"other", "HTTP 401"}};
+  });
+  operations.SetWalCheck([] { return std::optional<std::string>{"no relay reads it"}; });
+  EXPECT_EQ(operations.CheckReadiness().report.find("paused"), std::string::npos);
+  counters.broker_unavailable = true;
+  const Operations::Readiness readiness = operations.CheckReadiness();
   EXPECT_FALSE(readiness.ready);
-  EXPECT_NE(readiness.report.find("WAL slot: no relay is reading the replication slot"),
-            std::string::npos)
+  EXPECT_NE(
+      readiness.report.find("target other: paused, its last batch found no broker (HTTP 401)"),
+      std::string::npos)
       << readiness.report;
-  problem.reset();
-  readiness = operations.CheckReadiness();
-  EXPECT_NE(readiness.report.find("WAL slot: read by a relay"), std::string::npos)
+  EXPECT_NE(readiness.report.find("WAL slot: no relay reads it"), std::string::npos)
       << readiness.report;
 }
 

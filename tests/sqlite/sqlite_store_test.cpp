@@ -163,6 +163,28 @@ TEST_P(SqliteAdminTest, CountByTopicGivesUpAfterItsTimeout) {
 
 TEST_P(SqliteAdminTest, OpenRefusesAnUnmigratedFileAndBadArguments) {
   const std::string empty = TempPath();
+  // A file that does not exist is named as such, and not created (outboxctl on a wrong path).
+  for (const auto& open :
+       std::vector<std::function<void()>>{[&] { (void)sqlite::OpenAdmin(empty); },
+                                          [&] { (void)sqlite::OpenStore({.path = empty}); }}) {
+    try {
+      open();
+      FAIL() << "opened a database that does not exist";
+    } catch (const StoreError& error) {
+      EXPECT_EQ(error.kind(), FailureKind::kPermanent);
+      EXPECT_NE(std::string{error.what()}.find("it does not exist"), std::string::npos)
+          << error.what();
+    }
+    EXPECT_FALSE(std::filesystem::exists(empty));
+  }
+  // A database without the outbox tables.
+  {
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open(empty.c_str(), &raw), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(raw, "CREATE TABLE app (id INTEGER)", nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(raw);
+  }
   try {
     sqlite::OpenAdmin(empty);
     FAIL() << "opened a database without outbox tables";

@@ -461,5 +461,17 @@ TEST_P(AdminContractTest, BadFiltersAndArgumentsThrowInvalidArgument) {
             "count by topic: timeout must be at least 1 ms, got 0 ms");
 }
 
+// WAL mode's state (Admin::Wal, for `outboxctl status`): a store without WAL mode has none; one
+// with it reads a fresh outbox as delivering to the table, with no slot made yet.
+TEST_P(AdminContractTest, WalModeIsAbsentOrTableDeliveryWithoutASlotOnAFreshOutbox) {
+  const std::optional<WalStatus> wal = admin_->Wal();
+  if (!wal) return;
+  EXPECT_EQ(wal->delivery, "table");
+  EXPECT_EQ(wal->wal_topics, 0);
+  EXPECT_FALSE(wal->slot.has_value());
+  EXPECT_FALSE(wal->state.exists);
+  EXPECT_FALSE(wal->owner.has_value());
+}
+
 }  // namespace
 }  // namespace outbox::testing

@@ -29,6 +29,7 @@
 #include "outbox/core/message.h"
 #include "outbox/core/uuid.h"
 #include "outbox/store/store.h"
+#include "outbox/store/wal.h"
 
 namespace outbox {
 
@@ -206,6 +207,10 @@ class Admin {
   // snapshot.
   RelayOverview Relays() { return ListRelays(); }
 
+  // WAL mode (outbox/store/wal.h): the delivery setting, the slot and the relay reading it;
+  // nullopt where the store has no WAL mode (SQLite).
+  std::optional<WalStatus> Wal() { return ReadWal(); }
+
  protected:
   enum class ChangeKind : std::uint8_t { kReplay, kAbandon };
 
@@ -229,6 +234,7 @@ class Admin {
   virtual std::int64_t PurgeChunk(const RetentionPolicy& retention, int chunk) = 0;
   virtual std::optional<std::vector<TopicCount>> CountGroups(std::chrono::milliseconds timeout) = 0;
   virtual RelayOverview ListRelays() = 0;
+  virtual std::optional<WalStatus> ReadWal() { return std::nullopt; }
 
  private:
   ChangeResult Change(ChangeKind kind, const MessageFilter& filter, const std::string& reason,

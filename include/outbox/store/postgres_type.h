@@ -34,6 +34,11 @@ class StoreSettings final : public outbox::StoreSettings {
         deadline_(statement_deadline) {}
   void Describe(config::TomlWriter& out) const override;
   [[nodiscard]] std::string Description() const override { return "schema " + schema_; }
+  // `outboxctl migrate`: postgres::Migrate, MigrationScript and EnsureWalSlot on this schema.
+  [[nodiscard]] std::optional<SchemaVersions> MigrateSchema() const override;
+  [[nodiscard]] std::optional<std::string> MigrationScript(int from) const override;
+  [[nodiscard]] bool HasWalMode() const override { return true; }
+  [[nodiscard]] WalSlotReady EnsureWalSlot() const override;
   [[nodiscard]] std::unique_ptr<Store> OpenStore(const RetryPolicy& retry,
                                                  const RetentionPolicy& retention) const override;
   [[nodiscard]] std::unique_ptr<Wakeup> OpenWakeup() const override;

@@ -26,15 +26,8 @@ std::string WalPrefix(const std::string& schema);
 // none (outboxctl migrate --wal-slot), kUnavailable when the database cannot be read.
 std::string ReadWalSlot(pg_conn* conn, const std::string& schema);
 
-// What `outboxctl status` shows of WAL mode.
-struct WalStatus {
-  std::string delivery;              // settings.delivery: "table" or "wal"
-  std::int64_t wal_topics = 0;       // topics whose delivery is 'wal' (topic_settings)
-  std::optional<std::string> slot;   // settings.wal_slot
-  WalSlotState state;                // the slot on the server (exists false when there is none)
-  Lsn position = 0;                  // the latest of wal_positions: handled up to here
-  std::optional<std::string> owner;  // the relay holding the slot's lease, while it is live
-};
+// What `outboxctl status` shows of WAL mode (Admin::Wal), for the outbox in `schema`.
+using WalStatus = outbox::WalStatus;
 WalStatus ReadWalStatus(pg_conn* conn, const std::string& schema);
 
 // Each opens a connection of its own; both throw StoreError as above, and when the schema is not

@@ -10,6 +10,8 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,37 @@ class StoreSettings {
   // Readies the database before anything opens it (SQLite creates or upgrades its tables, so the
   // embedded store needs no migrate step); nothing where migration is an operator's step.
   virtual void Prepare() const {}
+  // The operator's migrate step (`outboxctl migrate`): creates or upgrades the store's tables on
+  // a connection of its own. Returns the schema version before and after it; nullopt where the
+  // store numbers no versions (the default: Prepare, which readies the database as a start does).
+  struct SchemaVersions {
+    int before = 0;  // 0: nothing was there
+    int after = 0;
+  };
+  [[nodiscard]] virtual std::optional<SchemaVersions> MigrateSchema() const {
+    Prepare();
+    return std::nullopt;
+  }
+  // The SQL MigrateSchema runs from version `from` (0: nothing there yet), for a team whose schema
+  // changes go through a migration tool; nullopt where the store has none to print (it readies
+  // itself). Throws std::invalid_argument for a version outside 0..the latest.
+  [[nodiscard]] virtual std::optional<std::string> MigrationScript(int /*from*/) const {
+    return std::nullopt;
+  }
+  // Whether the store type has a WAL mode at all (outbox/store/wal.h; PostgreSQL), whatever this
+  // table's mode.
+  [[nodiscard]] virtual bool HasWalMode() const { return false; }
+  // Creates what WAL mode reads (a logical replication slot and its publication) unless it is
+  // there. Throws std::logic_error where !HasWalMode(), StoreError when the database refuses (no
+  // wal_level = logical, no REPLICATION attribute).
+  struct WalSlotReady {
+    std::string slot;  // its name
+    std::string
+        setting;  // what turns WAL mode on, once the slot is there: "<schema>.settings.delivery"
+  };
+  [[nodiscard]] virtual WalSlotReady EnsureWalSlot() const {
+    throw std::logic_error(Description() + " has no WAL mode");
+  }
   [[nodiscard]] virtual std::unique_ptr<Store> OpenStore(
       const RetryPolicy& retry, const RetentionPolicy& retention) const = 0;
   [[nodiscard]] virtual std::unique_ptr<Wakeup> OpenWakeup() const = 0;

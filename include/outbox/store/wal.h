@@ -168,6 +168,17 @@ struct WalSlotState {
   std::optional<double> flush_lag_seconds;
 };
 
+// WAL mode as an operator sees it (Admin::Wal, `outboxctl status`): the delivery setting, the slot
+// and who reads it.
+struct WalStatus {
+  std::string delivery;              // the schema's delivery setting: "table" or "wal"
+  std::int64_t wal_topics = 0;       // topics whose delivery is "wal"
+  std::optional<std::string> slot;   // the slot's name, once `outboxctl migrate --wal-slot` made it
+  WalSlotState state;                // the slot on the server (exists false when there is none)
+  Lsn position = 0;                  // handled up to here
+  std::optional<std::string> owner;  // the relay holding the slot's lease, while it is live
+};
+
 class WalLedger {
  public:
   virtual ~WalLedger() = default;

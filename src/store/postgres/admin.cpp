@@ -7,6 +7,7 @@
 #include "connection.h"
 #include "migrations.h"
 #include "outbox/store/postgres_admin.h"
+#include "outbox/store/postgres_wal.h"
 #include "statements.h"
 
 namespace outbox::postgres {
@@ -321,6 +322,10 @@ class PostgresAdmin final : public Admin {
     const auto result = Exec(connection_.Ready(), "purge", statements.purge,
                              {Param{published}, Param{abandoned}, Param{chunk_text}});
     return std::stoll(PQcmdTuples(result.get()));
+  }
+
+  std::optional<WalStatus> ReadWal() override {
+    return ReadWalStatus(connection_.Ready(), schema_);
   }
 
   RelayOverview ListRelays() override {

@@ -74,6 +74,22 @@ void StoreSettings::Describe(config::TomlWriter& out) const {
   out.Duration("statement_deadline", deadline_);
 }
 
+std::optional<StoreSettings::SchemaVersions> StoreSettings::MigrateSchema() const {
+  SetStatementDeadline(deadline_);
+  const int before = postgres::Migrate(url_, schema_);
+  return SchemaVersions{.before = before, .after = LatestSchemaVersion()};
+}
+
+std::optional<std::string> StoreSettings::MigrationScript(int from) const {
+  return postgres::MigrationScript(schema_, from);
+}
+
+StoreSettings::WalSlotReady StoreSettings::EnsureWalSlot() const {
+  SetStatementDeadline(deadline_);
+  return {.slot = postgres::EnsureWalSlot(url_, schema_),
+          .setting = schema_ + ".settings.delivery"};
+}
+
 std::unique_ptr<Store> StoreSettings::OpenStore(const RetryPolicy& retry,
                                                 const RetentionPolicy& retention) const {
   SetStatementDeadline(deadline_);

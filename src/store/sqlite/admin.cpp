@@ -179,7 +179,7 @@ class Watchdog {
 class SqliteAdmin final : public Admin {
  public:
   SqliteAdmin(const std::string& path, std::chrono::milliseconds busy_timeout)
-      : db_(Open(path, busy_timeout)) {
+      : db_(Open(path, busy_timeout, /*create=*/false)) {
     RequireTables(db_.get(), path);
   }
 

@@ -14,12 +14,18 @@ void ThrowError(sqlite3* db, int code, std::string_view what) {
   throw StoreError(kind, message);
 }
 
-DbPtr Open(const std::string& path, std::chrono::milliseconds busy_timeout) {
+DbPtr Open(const std::string& path, std::chrono::milliseconds busy_timeout, bool create) {
   sqlite3* raw = nullptr;
-  const int code =
-      sqlite3_open_v2(path.c_str(), &raw,
-                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
+  const int code = sqlite3_open_v2(
+      path.c_str(), &raw,
+      SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX, nullptr);
   DbPtr db{raw};
+  if (code == SQLITE_CANTOPEN && !create) {
+    throw StoreError(FailureKind::kPermanent,
+                     "cannot open SQLite database '" + path +
+                         "': it does not exist, or cannot be written (outboxctl migrate, or "
+                         "outboxd at start, creates it)");
+  }
   if (code != SQLITE_OK) ThrowError(db.get(), code, "cannot open SQLite database '" + path + "'");
   sqlite3_busy_timeout(db.get(), static_cast<int>(busy_timeout.count()));
   Run(db.get(), "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;", "configure");
@@ -101,7 +107,8 @@ void RequireTables(sqlite3* db, const std::string& path) {
   if (check.Int(0) == 0) {
     throw StoreError(FailureKind::kPermanent,
                      "the SQLite database '" + path +
-                         "' has no outbox tables: call outbox::sqlite::Migrate first");
+                         "' has no outbox tables: call outbox::sqlite::Migrate first (outboxctl "
+                         "migrate, or outboxd at start, does it)");
   }
   if (check.Int(1) < 2) {
     throw StoreError(FailureKind::kPermanent,

@@ -29,8 +29,10 @@ struct StatementFinalizer {
 // again), anything else kPermanent.
 [[noreturn]] void ThrowError(sqlite3* db, int code, std::string_view what);
 
-// Opens (creating) the database at `path` in WAL mode with a busy timeout.
-DbPtr Open(const std::string& path, std::chrono::milliseconds busy_timeout);
+// Opens the database at `path` in WAL mode with a busy timeout; a missing file is created when
+// `create` (migrating), else StoreError(kPermanent) naming the fix (a store or admin opened on a
+// database never readied).
+DbPtr Open(const std::string& path, std::chrono::milliseconds busy_timeout, bool create);
 
 // Runs SQL without parameters or results (possibly several statements).
 void Run(sqlite3* db, const char* sql, std::string_view what);

@@ -122,7 +122,7 @@ void Migrate(sqlite3* db, int partition_count) {
 }
 
 void Migrate(const std::string& path, int partition_count) {
-  const DbPtr db = Open(path, std::chrono::milliseconds{5000});
+  const DbPtr db = Open(path, std::chrono::milliseconds{5000}, /*create=*/true);
   Migrate(db.get(), partition_count);
 }
 

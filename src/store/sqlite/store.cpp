@@ -62,7 +62,7 @@ class SqliteStore final : public Store {
  public:
   explicit SqliteStore(StoreOptions options)
       : options_(std::move(options)),
-        db_(Open(options_.path, options_.busy_timeout)),
+        db_(Open(options_.path, options_.busy_timeout, /*create=*/false)),
         writer_(options_.limits) {
     if (!options_.random) options_.random = DefaultRandom();
     RequireTables(db_.get(), options_.path);
