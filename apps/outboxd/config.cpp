@@ -46,23 +46,13 @@ using std::chrono::seconds;
 
 constexpr std::string_view kHttpTokenEnv = "OUTBOX_HTTP_TOKEN";
 constexpr std::size_t kMaxTokenBytes = 256;
-constexpr std::size_t kMaxInstanceBytes = 255;
 constexpr std::size_t kMaxSinkNameBytes = 64;
-constexpr std::int64_t kMaxBatchSize = 10000;
 constexpr std::int64_t kMaxAttempts = 1000000;
 constexpr double kMaxMultiplier = 1000.0;
 
 constexpr milliseconds kHour{std::chrono::hours{1}};
 constexpr milliseconds kDay{std::chrono::hours{24}};
 constexpr milliseconds kYear{std::chrono::hours{24 * 365}};
-
-std::string DefaultInstance() {
-  std::array<char, 256> host{};
-  if (::gethostname(host.data(), host.size() - 1) != 0 || host[0] == '\0') {
-    return "outboxd-" + std::to_string(::getpid());
-  }
-  return std::string{host.data()} + "-" + std::to_string(::getpid());
-}
 
 void ParseDatabase(const Section& root, const GetenvFn& getenv, Config& config) {
   const Section database = root.Table("database");
@@ -78,50 +68,7 @@ void ParseDatabase(const Section& root, const GetenvFn& getenv, Config& config) 
 }
 
 void ParseRelay(const Section& root, Config& config) {
-  const Section relay = root.Table("relay");
-  relay.AllowOnly({"instance", "batch_size", "lease", "sweep_interval", "linger", "publish_timeout",
-                   "shutdown_timeout", "min_backoff", "max_backoff", "purge_interval"});
-  if (relay.Read("instance", config.instance)) {
-    if (config.instance.empty() || config.instance.size() > kMaxInstanceBytes ||
-        HasControlCharacter(config.instance)) {
-      Fail(
-          "relay.instance",
-          "must be 1 to " + std::to_string(kMaxInstanceBytes) + " bytes without control characters",
-          relay.Find("instance"));
-    }
-  } else {
-    config.instance = DefaultInstance();
-  }
-  relay.ReadInteger("batch_size", 1, kMaxBatchSize, config.batch_size);
-  relay.ReadDuration("lease", seconds{1}, kDay, config.lease);
-  if (!relay.ReadDuration("sweep_interval", milliseconds{10}, kHour, config.sweep_interval)) {
-    config.sweep_interval = config.database->DefaultSweepInterval();
-  }
-  relay.ReadDuration("linger", milliseconds{0}, seconds{1}, config.linger);
-  relay.ReadDuration("publish_timeout", milliseconds{1}, kHour, config.publish_timeout);
-  relay.ReadDuration("shutdown_timeout", milliseconds{0}, kHour, config.shutdown_timeout);
-  relay.ReadDuration("min_backoff", milliseconds{1}, kHour, config.min_backoff);
-  relay.ReadDuration("max_backoff", milliseconds{1}, kHour, config.max_backoff);
-  relay.ReadDuration("purge_interval", seconds{1}, kDay, config.purge_interval);
-  // The relay renews its partition leases between batches: a batch must leave time for that.
-  if (config.publish_timeout * 2 > config.lease) {
-    Fail("relay.publish_timeout",
-         "must be at most half of relay.lease (" + FormatDuration(config.lease) + "), got " +
-             FormatDuration(config.publish_timeout),
-         relay.Find("publish_timeout"));
-  }
-  if (config.linger * 2 >= config.lease) {
-    Fail("relay.linger",
-         "must be less than half of relay.lease (" + FormatDuration(config.lease) + "), got " +
-             FormatDuration(config.linger),
-         relay.Find("linger"));
-  }
-  if (config.max_backoff < config.min_backoff) {
-    Fail("relay.max_backoff",
-         "must be at least relay.min_backoff (" + FormatDuration(config.min_backoff) + "), got " +
-             FormatDuration(config.max_backoff),
-         relay.Find("max_backoff"));
-  }
+  config.relay = ReadRelaySection(root.Table("relay"), config.database->DefaultSweepInterval());
 }
 
 void ParseRetry(const Section& root, Config& config) {
@@ -386,17 +333,7 @@ std::string Describe(const Config& config) {
   out.String("type", config.database_type);
   config.database->Describe(out);
 
-  out.Header("relay");
-  out.String("instance", config.instance);
-  out.Integer("batch_size", config.batch_size);
-  out.Duration("lease", config.lease);
-  out.Duration("sweep_interval", config.sweep_interval);
-  out.Duration("linger", config.linger);
-  out.Duration("publish_timeout", config.publish_timeout);
-  out.Duration("shutdown_timeout", config.shutdown_timeout);
-  out.Duration("min_backoff", config.min_backoff);
-  out.Duration("max_backoff", config.max_backoff);
-  out.Duration("purge_interval", config.purge_interval);
+  DescribeRelaySection(out, config.relay);
 
   out.Header("retry");
   out.Duration("initial_delay", config.retry.initial_delay);

@@ -24,6 +24,7 @@
 #include "outbox/config/toml_file.h"
 #include "outbox/config/toml_table.h"
 #include "outbox/core/retry_policy.h"
+#include "outbox/relay/relay_config.h"
 #include "outbox/sink/registry.h"
 #include "outbox/store/registry.h"
 #include "outbox/store/store.h"
@@ -76,19 +77,7 @@ struct Config {
   std::string database_type = "postgres";
   std::shared_ptr<const StoreSettings> database;
 
-  // [relay]
-  std::string instance;  // lease owner name; default "<hostname>-<pid>"
-  int batch_size = 500;  // 1..10000
-  std::chrono::milliseconds lease{30000};
-  // Default: the store type's (StoreSettings::DefaultSweepInterval; 10 s for PostgreSQL, whose
-  // writers wake the relay, 1 s for SQLite).
-  std::chrono::milliseconds sweep_interval{10000};
-  std::chrono::milliseconds linger{25};              // 0..lease/2; see RelayOptions::linger
-  std::chrono::milliseconds publish_timeout{10000};  // shorter than lease
-  std::chrono::milliseconds shutdown_timeout{10000};
-  std::chrono::milliseconds min_backoff{100};  // pause after an outage, doubling up to max_backoff
-  std::chrono::milliseconds max_backoff{5000};
-  std::chrono::milliseconds purge_interval{60000};
+  RelaySection relay;  // [relay], read by the relay library (outbox/relay/relay_config.h)
 
   RetryPolicy retry;          // [retry]
   RetentionPolicy retention;  // [retention]

@@ -31,9 +31,7 @@
 #include "outbox/core/secrets.h"
 #include "outbox/core/version.h"
 #include "outbox/observe/metrics.h"
-#include "outbox/relay/dispatcher.h"
-#include "outbox/relay/relay.h"
-#include "outbox/relay/wal_relay.h"
+#include "outbox/relay/relay_config.h"
 #include "service_manager.h"
 #include "version_line.h"
 
@@ -112,72 +110,22 @@ outbox::SinkMap OpenSinks(const outbox::outboxd::Config& config,
   return sinks;
 }
 
-// The table relay's options, for a start and for --check-config alike.
-outbox::RelayOptions RelayOptionsOf(const outbox::outboxd::Config& config,
-                                    outbox::observe::Registry& registry) {
-  outbox::RelayOptions options;
-  options.instance = config.instance;
-  options.batch_size = config.batch_size;
-  options.lease = config.lease;
-  options.sweep_interval = config.sweep_interval;
-  options.linger = config.linger;
-  options.publish_timeout = config.publish_timeout;
-  options.min_backoff = config.min_backoff;
-  options.max_backoff = config.max_backoff;
-  options.purge_interval = config.purge_interval;
-  options.retention = config.retention;
-  options.metrics = &registry;
-  options.max_attempts = config.retry.max_attempts;
-  return options;
-}
-
-// WAL mode's relay options, for a start and for --check-config alike.
-outbox::WalRelayOptions WalRelayOptionsOf(const outbox::outboxd::Config& config,
-                                          outbox::observe::Registry& registry) {
-  outbox::WalRelayOptions options;
-  options.instance = config.instance;
-  options.batch_size = config.batch_size;
-  options.linger = config.linger;
-  options.lease = config.lease;
-  options.publish_timeout = config.publish_timeout;
-  options.min_backoff = config.min_backoff;
-  options.max_backoff = config.max_backoff;
-  options.retry = config.retry;
-  options.metrics = &registry;
-  return options;
+outbox::RelayGroup::Settings RelaySettingsOf(const outbox::outboxd::Config& config) {
+  return {.relay = config.relay, .retry = config.retry, .retention = config.retention};
 }
 
 // Everything a start checks before it needs the database or the network, run by --check-config
 // as a start runs it, so that the two refuse the same configurations (exit 2): the sinks' options
-// (by building the sinks), the relays' options (Relay::CheckOptions, WalRelay::CheckOptions), and
+// (by building the sinks), the relays' options (RelayGroup::Check), and
 // the metric families (by registering the operations side's series in a registry of its own; the
 // relay's per-target series follow the same rule, observe::SeriesPerTarget). What only the
 // database or the network can tell (reachable, migrated, the listen port free) is not checked.
 void CheckStart(const outbox::outboxd::Config& config) {
   const outbox::SinkMap sinks = OpenSinks(config, outbox::SinkContext{});
+  outbox::RelayGroup::Check(RelaySettingsOf(config), *config.database);
   outbox::observe::Registry registry;
-  outbox::Relay::CheckOptions(RelayOptionsOf(config, registry));
-  if (config.database->WalMode()) {
-    outbox::WalRelay::CheckOptions(WalRelayOptionsOf(config, registry));
-  }
   const outbox::RelayCounters counters;
   const outbox::outboxd::Operations operations(config, registry, counters, outbox::LogFn{});
-}
-
-// The relay's store, wake-up and partition leases on [database], whatever its type.
-struct Database {
-  std::unique_ptr<outbox::Store> store;
-  std::unique_ptr<outbox::Wakeup> wakeup;
-  // Where several relays may share the database (PostgreSQL): always, so that a second outboxd
-  // just works. Null for one relay per database (SQLite).
-  std::unique_ptr<outbox::PartitionLeases> partition_leases;
-};
-
-Database OpenDatabase(const outbox::outboxd::Config& config) {
-  const outbox::StoreSettings& database = *config.database;
-  database.Prepare();
-  return {database.OpenStore(config.retry, config.retention), database.OpenWakeup(),
-          database.OpenPartitionLeases()};
 }
 
 // What main will exit with once its drain is done; kDraining until then.
@@ -311,43 +259,25 @@ int main(int argc, char** argv) {
   const auto log_fn = MakeLogFn(logger, config.log_format == "json", journal);
   Shutdown shutdown;
   std::thread signal_thread(
-      [&] { HandleSignals(shutdown, log_fn, logger, signals, config.shutdown_timeout); });
+      [&] { HandleSignals(shutdown, log_fn, logger, signals, config.relay.shutdown_timeout); });
   signal_thread.detach();  // it either exits the process or waits forever
   try {
     // The relay and the operations side write into one registry; only it renders.
     outbox::observe::Registry registry;
-    outbox::RelayOptions options = RelayOptionsOf(config, registry);
-    Database database = OpenDatabase(config);
-    options.partition_leases = database.partition_leases.get();
-    // WAL mode: a second relay reads the slot; the table relay still publishes what WAL mode
-    // parks in the table (and the topics left in table mode). The two publish through one
-    // dispatcher (outbox/relay/dispatcher.h): one connection per target, one pause per target,
-    // and one memory of what its broker asked (an HTTP endpoint's Retry-After holds for both).
-    const bool wal_mode = config.database->WalMode();
-    auto dispatcher = std::make_shared<outbox::Dispatcher>(
-        OpenSinks(config, {.log = log_fn, .lease = config.lease}),
-        outbox::DispatcherOptions{.min_backoff = options.min_backoff,
-                                  .max_backoff = options.max_backoff,
-                                  .metrics = &registry},
-        log_fn);
-    outbox::Relay relay(options, std::move(database.store), std::move(database.wakeup), dispatcher,
-                        log_fn);
-    std::unique_ptr<outbox::WalRelay> wal_relay;
-    if (wal_mode) {
-      wal_relay = std::make_unique<outbox::WalRelay>(
-          WalRelayOptionsOf(config, registry), config.database->OpenWalSource(),
-          config.database->OpenWalLedger(), dispatcher, log_fn);
-    }
+    // The table relay, WAL mode's relay when the database delivers by WAL, one dispatcher.
+    outbox::RelayGroup relays(RelaySettingsOf(config), *config.database,
+                              OpenSinks(config, {.log = log_fn, .lease = config.relay.lease}),
+                              registry, log_fn);
     // The operations side (stats thread, HTTP listener), on connections of its own to the same
     // database, PostgreSQL or SQLite.
     std::optional<outbox::outboxd::Operations> operations;
-    operations.emplace(config, registry, relay.counters(), log_fn,
-                       [&relay] { return relay.paused_target_reasons(); });
-    if (wal_relay) operations->SetWalCheck([&wal_relay] { return wal_relay->SlotProblem(); });
+    operations.emplace(config, registry, relays.counters(), log_fn,
+                       [&relays] { return relays.paused_targets(); });
+    if (relays.wal_mode()) operations->SetWalCheck([&relays] { return relays.SlotProblem(); });
     operations->Start();
     const std::string sinks = std::to_string(config.sinks.size()) + " sink(s)";
-    const std::string relaying =
-        "relaying " + config.database->Description() + " as " + config.instance + " to " + sinks;
+    const std::string relaying = "relaying " + config.database->Description() + " as " +
+                                 config.relay.instance + " to " + sinks;
     log_fn(outbox::LogLevel::kInfo, "outboxd " + std::string{outbox::kVersion} + " " + relaying);
     // From here until the relays are destroyed, a signal drains them (Shutdown).
     struct Armed {
@@ -360,52 +290,23 @@ int main(int argc, char** argv) {
     } armed{shutdown};
     {
       std::lock_guard lock(shutdown.mutex);
-      shutdown.stop = [&relay, &wal_relay] {
-        relay.Stop();
-        if (wal_relay) wal_relay->Stop();
-      };
+      shutdown.stop = [&relays] { relays.Stop(); };
       shutdown.operations = operations ? &*operations : nullptr;
     }
     // Started: configuration read, database reached and its schema checked, sinks built.
     outbox::outboxd::NotifyReady(relaying);
     // A WAL relay that fails for good (not an outage, not a missing slot, which it reports and
     // waits out) stops outboxd: nothing may be skipped silently.
-    std::atomic<bool> wal_failed{false};
-    // Stopped and joined on every way out, also when the table relay throws.
-    struct WalThread {
-      outbox::WalRelay* relay = nullptr;
-      std::thread thread;
-      ~WalThread() {
-        if (!thread.joinable()) return;
-        relay->Stop();
-        thread.join();
-      }
-    } wal_thread{wal_relay.get(), {}};
-    if (wal_relay) {
-      wal_thread.thread = std::thread([&] {
-        try {
-          wal_relay->Run();
-        } catch (const std::exception& error) {
-          log_fn(outbox::LogLevel::kError, std::string{"WAL mode: "} + error.what());
-          wal_failed = true;
-          relay.Stop();
-        }
-      });
-    }
-    relay.Run();
-    if (wal_thread.thread.joinable()) {
-      wal_relay->Stop();
-      wal_thread.thread.join();
-    }
+    const bool wal_failed = !relays.Run();
     shutdown.exit_code = wal_failed ? kExitFailure : 0;
     if (operations) operations->Stop();
-    const auto& counters = relay.counters();
+    const auto& counters = relays.counters();
     log_fn(outbox::LogLevel::kInfo,
            "published " + std::to_string(counters.published.load()) + " messages, " +
                std::to_string(counters.failed.load()) + " failed attempts, " +
                std::to_string(counters.unconfirmed.load()) + " republished; bye");
-    if (wal_relay) {
-      const auto& wal = wal_relay->counters();
+    if (const auto* wal_counters = relays.wal_counters()) {
+      const auto& wal = *wal_counters;
       log_fn(outbox::LogLevel::kInfo, "WAL mode: published " +
                                           std::to_string(wal.published.load()) +
                                           " messages, parked " + std::to_string(wal.parked.load()) +

@@ -259,7 +259,7 @@ std::vector<observe::ProbedSink> ProbedSinks(const Config& config) {
 }
 
 observe::StatusOptions StatusOptionsOf(const Config& config) {
-  return {.instance = config.instance,
+  return {.instance = config.relay.instance,
           .stats_interval = config.http.stats_interval,
           .ready_max_age = config.http.ready_max_age,
           .serving = !config.http.listen.empty(),
@@ -409,7 +409,7 @@ class Operations::Impl {
   // GET /api/outbox/relay: this relay, as the dashboard shows it.
   Json RelayJson() const {
     const observe::RelayTotals totals = status_.Totals();
-    return Json{{"instance", config_.instance},
+    return Json{{"instance", config_.relay.instance},
                 {"version", kVersion},
                 {"database", config_.database_type},
                 {"admin_api", !config_.http.token.empty()},

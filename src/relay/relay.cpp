@@ -492,7 +492,7 @@ void Relay::CheckOptions(const RelayOptions& options) {
 Relay::Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr<Wakeup> wakeup,
              SinkMap sinks, LogFn log)
     : Relay(options, std::move(store), std::move(wakeup),
-            OwnDispatcher(std::move(sinks), options, log), log) {}
+            DispatcherFor(std::move(sinks), options, log), log) {}
 
 Relay::Relay(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr<Wakeup> wakeup,
              std::shared_ptr<Dispatcher> dispatcher, LogFn log) {

@@ -602,7 +602,7 @@ void WalRelay::CheckOptions(const WalRelayOptions& options) {
 WalRelay::WalRelay(WalRelayOptions options, std::unique_ptr<WalSource> source,
                    std::unique_ptr<WalLedger> ledger, SinkMap sinks, LogFn log)
     : WalRelay(options, std::move(source), std::move(ledger),
-               OwnDispatcher(std::move(sinks), options, log), log) {}
+               DispatcherFor(std::move(sinks), options, log), log) {}
 
 WalRelay::WalRelay(WalRelayOptions options, std::unique_ptr<WalSource> source,
                    std::unique_ptr<WalLedger> ledger, std::shared_ptr<Dispatcher> dispatcher,

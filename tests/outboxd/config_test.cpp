@@ -96,14 +96,14 @@ TEST(ConfigTest, ExampleFileIsValidAndStatesTheDefaults) {
   EXPECT_EQ(config.database_type, defaults.database_type);
   EXPECT_EQ(Pg(config).url(), "postgresql://outbox@127.0.0.1:5432/app");
   EXPECT_EQ(Pg(config).schema(), postgres::kDefaultSchema);
-  EXPECT_EQ(config.batch_size, defaults.batch_size);
-  EXPECT_EQ(config.lease, defaults.lease);
-  EXPECT_EQ(config.sweep_interval, defaults.sweep_interval);
-  EXPECT_EQ(config.publish_timeout, defaults.publish_timeout);
-  EXPECT_EQ(config.shutdown_timeout, defaults.shutdown_timeout);
-  EXPECT_EQ(config.min_backoff, defaults.min_backoff);
-  EXPECT_EQ(config.max_backoff, defaults.max_backoff);
-  EXPECT_EQ(config.purge_interval, defaults.purge_interval);
+  EXPECT_EQ(config.relay.batch_size, defaults.relay.batch_size);
+  EXPECT_EQ(config.relay.lease, defaults.relay.lease);
+  EXPECT_EQ(config.relay.sweep_interval, defaults.relay.sweep_interval);
+  EXPECT_EQ(config.relay.publish_timeout, defaults.relay.publish_timeout);
+  EXPECT_EQ(config.relay.shutdown_timeout, defaults.relay.shutdown_timeout);
+  EXPECT_EQ(config.relay.min_backoff, defaults.relay.min_backoff);
+  EXPECT_EQ(config.relay.max_backoff, defaults.relay.max_backoff);
+  EXPECT_EQ(config.relay.purge_interval, defaults.relay.purge_interval);
   EXPECT_EQ(config.retry.initial_delay, defaults.retry.initial_delay);
   EXPECT_EQ(config.retry.max_delay, defaults.retry.max_delay);
   EXPECT_EQ(config.retry.multiplier, defaults.retry.multiplier);
@@ -195,20 +195,21 @@ TEST(ConfigTest, MinimalFileGetsDefaults) {
   EXPECT_EQ(Pg(config).url(), "postgresql://outbox@db/app");
   EXPECT_EQ(Pg(config).schema(), "outbox");
   EXPECT_FALSE(Pg(config).WalMode());
-  EXPECT_EQ(config.batch_size, 500);
-  EXPECT_EQ(config.lease, milliseconds{30000});
+  EXPECT_EQ(config.relay.batch_size, 500);
+  EXPECT_EQ(config.relay.lease, milliseconds{30000});
   // PostgreSQL's writers wake the relay: the sweep is a safety net (issue #21).
-  EXPECT_EQ(config.sweep_interval, milliseconds{10000});
-  EXPECT_EQ(config.linger, milliseconds{25});
-  EXPECT_EQ(config.publish_timeout, milliseconds{10000});
-  EXPECT_EQ(config.shutdown_timeout, milliseconds{10000});
+  EXPECT_EQ(config.relay.sweep_interval, milliseconds{10000});
+  EXPECT_EQ(config.relay.linger, milliseconds{25});
+  EXPECT_EQ(config.relay.publish_timeout, milliseconds{10000});
+  EXPECT_EQ(config.relay.shutdown_timeout, milliseconds{10000});
   EXPECT_EQ(config.retry.max_attempts, defaults.retry.max_attempts);
   EXPECT_EQ(config.retention.abandoned, defaults.retention.abandoned);
   EXPECT_EQ(config.log_level, "info");
   EXPECT_EQ(config.log_format, "text");
   const std::string pid_suffix = "-" + std::to_string(::getpid());
-  ASSERT_GT(config.instance.size(), pid_suffix.size());
-  EXPECT_EQ(config.instance.substr(config.instance.size() - pid_suffix.size()), pid_suffix);
+  ASSERT_GT(config.relay.instance.size(), pid_suffix.size());
+  EXPECT_EQ(config.relay.instance.substr(config.relay.instance.size() - pid_suffix.size()),
+            pid_suffix);
   ASSERT_EQ(config.sinks.size(), 1U);
   EXPECT_EQ(config.sinks[0].name, "default");
   EXPECT_EQ(File(config.sinks[0]).path, "-");
@@ -250,13 +251,13 @@ declare_exchange_type = "topic"
 max_message_bytes = 1024
 envelope = "external"
 )");
-  EXPECT_EQ(config.instance, "relay-7");
-  EXPECT_EQ(config.batch_size, 50);
-  EXPECT_EQ(config.lease, std::chrono::minutes{4});
-  EXPECT_EQ(config.sweep_interval, milliseconds{250});
-  EXPECT_EQ(config.linger, milliseconds{0});
-  EXPECT_EQ(config.publish_timeout, seconds{90});
-  EXPECT_EQ(config.shutdown_timeout, milliseconds{0});
+  EXPECT_EQ(config.relay.instance, "relay-7");
+  EXPECT_EQ(config.relay.batch_size, 50);
+  EXPECT_EQ(config.relay.lease, std::chrono::minutes{4});
+  EXPECT_EQ(config.relay.sweep_interval, milliseconds{250});
+  EXPECT_EQ(config.relay.linger, milliseconds{0});
+  EXPECT_EQ(config.relay.publish_timeout, seconds{90});
+  EXPECT_EQ(config.relay.shutdown_timeout, milliseconds{0});
   EXPECT_EQ(config.retry.initial_delay, milliseconds{100});
   EXPECT_EQ(config.retry.max_delay, std::chrono::hours{1});
   EXPECT_EQ(config.retry.multiplier, 3.0);
@@ -419,7 +420,7 @@ TEST(ConfigTest, RabbitTemplatesAndTopologyAreChecked) {
 // ---- Durations ----
 
 TEST(ConfigTest, DurationsAreStringsWithAUnit) {
-  EXPECT_EQ(Parse(WithRelay("lease = \"1h\"\npublish_timeout = \"30m\"")).publish_timeout,
+  EXPECT_EQ(Parse(WithRelay("lease = \"1h\"\npublish_timeout = \"30m\"")).relay.publish_timeout,
             std::chrono::minutes{30});
   ExpectError(WithRelay("lease = 30"), "relay.lease",
               "expected a duration such as \"250ms\", \"30s\", \"5m\", \"1h\" or \"7d\" (a "
@@ -515,7 +516,7 @@ TEST(ConfigTest, SqliteNeedsAPathAndNoUrl) {
   EXPECT_EQ(config.database_type, "sqlite");
   EXPECT_EQ(Lite(config).path(), "/var/lib/app/app.db");
   // Writers in other processes cannot wake the relay: it looks every second by default.
-  EXPECT_EQ(config.sweep_interval, milliseconds{1000});
+  EXPECT_EQ(config.relay.sweep_interval, milliseconds{1000});
   // The listener serves SQLite too: on by default, as with PostgreSQL.
   EXPECT_EQ(config.http.listen, HttpConfig{}.listen);
   // OUTBOX_DATABASE_URL may be set for other tools; it does not apply to a SQLite file.
@@ -1003,7 +1004,7 @@ TEST(ConfigTest, TextThatIsNotUtf8IsRefused) {
   ExpectError(head + "# a comment \xc0\xaf\n", "file", "test.toml:8: not valid UTF-8");
   ExpectError(head + "\xfe = 1\n", "file", "test.toml:8: not valid UTF-8");
   // UTF-8 is read as it is.
-  EXPECT_EQ(Parse(head + "instance = '''é ☃ 𝄞'''\n").instance, "é ☃ 𝄞");
+  EXPECT_EQ(Parse(head + "instance = '''é ☃ 𝄞'''\n").relay.instance, "é ☃ 𝄞");
 }
 
 TEST(ConfigTest, QuotedCutsLongValuesBetweenCharacters) {

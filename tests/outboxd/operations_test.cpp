@@ -65,7 +65,7 @@ class OperationsServerTest : public ::testing::Test {
     port_ = FreePort();
     config_.database = std::make_shared<const postgres::StoreSettings>(
         "postgresql://outbox:pw-canary-db@127.0.0.1:1/none", "outbox");
-    config_.instance = "unit";
+    config_.relay.instance = "unit";
     config_.http.listen = "127.0.0.1:" + std::to_string(port_);
     config_.http.token = "tok-canary-1";
     config_.http.stats_interval = milliseconds{100};

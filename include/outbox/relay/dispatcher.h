@@ -115,10 +115,10 @@ class Dispatcher {
   std::map<std::string, Pause, std::less<>> pauses_;  // guarded by pauses_mutex_
 };
 
-// A dispatcher of one relay's own (no other source shares it), with the backoff bounds and the
-// registry of that relay's options (RelayOptions, WalRelayOptions).
+// A dispatcher over `sinks` with the backoff bounds and the registry of a relay's options
+// (RelayOptions, WalRelayOptions).
 template <class RelayOptionsT>
-std::shared_ptr<Dispatcher> OwnDispatcher(SinkMap sinks, const RelayOptionsT& options,
+std::shared_ptr<Dispatcher> DispatcherFor(SinkMap sinks, const RelayOptionsT& options,
                                           const LogFn& log) {
   return std::make_shared<Dispatcher>(std::move(sinks),
                                       DispatcherOptions{.min_backoff = options.min_backoff,

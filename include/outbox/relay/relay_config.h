@@ -1,0 +1,103 @@
+#pragma once
+// The relay's section of outboxd's configuration, [relay], read once with one set of rules for
+// the table relay and WAL mode's relay alike; and the relays of one process built from it
+// (RelayGroup): the table relay, WAL mode's relay when the store delivers by WAL, and the one
+// dispatcher they publish through. The apps only wire: they hand over the parsed sections, the
+// store's settings and the sinks.
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "outbox/config/toml_table.h"
+#include "outbox/core/log.h"
+#include "outbox/core/retry_policy.h"
+#include "outbox/observe/metrics.h"
+#include "outbox/relay/dispatcher.h"
+#include "outbox/relay/relay.h"
+#include "outbox/relay/wal_relay.h"
+#include "outbox/store/registry.h"
+#include "outbox/store/store.h"
+
+namespace outbox {
+
+// [relay], as read (every key is documented in apps/outboxd/outbox.example.toml).
+struct RelaySection {
+  std::string instance;  // lease owner name; default "<hostname>-<pid>"
+  int batch_size = 500;  // 1..10000
+  std::chrono::milliseconds lease{30000};
+  // Default: the store type's (StoreSettings::DefaultSweepInterval).
+  std::chrono::milliseconds sweep_interval{10000};
+  std::chrono::milliseconds linger{25};              // under lease/2; see RelayOptions::linger
+  std::chrono::milliseconds publish_timeout{10000};  // at most lease/2
+  std::chrono::milliseconds shutdown_timeout{10000};
+  std::chrono::milliseconds min_backoff{100};  // pause after an outage, doubling up to max_backoff
+  std::chrono::milliseconds max_backoff{5000};
+  std::chrono::milliseconds purge_interval{60000};
+};
+
+// Reads the [relay] table. Throws ConfigError naming "relay.<key>" (with the value's place in
+// the file) for an unknown key, a wrong type, a value out of range, or a broken rule between
+// keys (publish_timeout at most half of lease: partition leases are renewed between batches;
+// linger under half of lease; max_backoff at least min_backoff). `default_sweep`: the store
+// type's, used when the file names none.
+RelaySection ReadRelaySection(const config::Section& relay,
+                              std::chrono::milliseconds default_sweep);
+// The section as TOML (it reads back to the same values), for outboxd --check-config.
+void DescribeRelaySection(config::TomlWriter& out, const RelaySection& relay);
+
+// The table relay's options from the sections. `retry.max_attempts` only counts abandoned
+// messages (the store decides).
+RelayOptions TableRelayOptionsOf(const RelaySection& relay, const RetryPolicy& retry,
+                                 const RetentionPolicy& retention, observe::Registry& metrics);
+// WAL mode's relay options from the sections.
+WalRelayOptions WalRelayOptionsOf(const RelaySection& relay, const RetryPolicy& retry,
+                                  observe::Registry& metrics);
+
+// The relays of one process over one store. Construction reaches the database (the store's
+// Prepare: reachable, migrated) and throws StoreError or ConfigError; Run relays until Stop.
+class RelayGroup {
+ public:
+  struct Settings {
+    RelaySection relay;
+    RetryPolicy retry;
+    RetentionPolicy retention;
+  };
+
+  // What a start checks before it reaches the database, for outboxd --check-config: the
+  // options of each relay the store's mode runs. Throws ConfigError.
+  static void Check(const Settings& settings, const StoreSettings& store);
+
+  RelayGroup(const Settings& settings, const StoreSettings& store, SinkMap sinks,
+             observe::Registry& metrics, LogFn log);
+  ~RelayGroup();
+  RelayGroup(const RelayGroup&) = delete;
+  RelayGroup& operator=(const RelayGroup&) = delete;
+
+  // Relays until Stop, WAL mode's relay on a thread of its own, then drains both. Returns false
+  // when WAL mode failed for good (not an outage, not a missing slot, which it reports and
+  // waits out): the table relay is stopped then too, as nothing may be skipped silently.
+  bool Run();
+  // Asks both relays to drain and Run to return. Thread-safe, idempotent.
+  void Stop();
+
+  [[nodiscard]] const RelayCounters& counters() const { return table_->counters(); }
+  // WAL mode's counters; null in table mode.
+  [[nodiscard]] const WalRelayCounters* wal_counters() const;
+  [[nodiscard]] std::vector<Relay::PausedTarget> paused_targets() const {
+    return table_->paused_target_reasons();
+  }
+  // WAL mode's slot problem for /readyz (WalRelay::SlotProblem); nullopt in table mode.
+  [[nodiscard]] std::optional<std::string> SlotProblem() const;
+  [[nodiscard]] bool wal_mode() const { return wal_ != nullptr; }
+
+ private:
+  LogFn log_;
+  std::unique_ptr<PartitionLeases> partition_leases_;
+  std::unique_ptr<Relay> table_;
+  std::unique_ptr<WalRelay> wal_;
+};
+
+}  // namespace outbox
