@@ -16,6 +16,7 @@
 #include "wal_metrics.h"
 #include "wal_numbers.h"
 #include "wal_settler.h"
+#include "wal_slot_watch.h"
 
 namespace outbox {
 namespace {
@@ -29,10 +30,6 @@ using std::chrono::milliseconds;
 
 // While another relay holds the slot, how often to look whether its lease has expired.
 constexpr milliseconds kStandbyLook{1000};
-// How often the slot's state is read (for readiness and the outbox_wal_slot_* gauges).
-constexpr milliseconds kSlotCheck{5000};
-// How often a missing slot is logged again while the relay waits for it.
-constexpr milliseconds kSlotGoneLogEvery{60000};
 // How often what later commits superseded is removed from the ledger (WalLedger::Purge).
 constexpr milliseconds kPurgeEvery{5000};
 // The longest a read of the slot waits, so that the lease is renewed and Stop is seen in time.
@@ -66,7 +63,7 @@ class WalRelay::Engine {
     Log(LogLevel::kInfo, "WAL relay started as " + owner_);
     while (!stopping()) {
       try {
-        CheckSlot();
+        slot_.Check(last_error_);
         if (!HoldLease()) {
           Sleep(kStandbyLook);
           continue;
@@ -76,7 +73,7 @@ class WalRelay::Engine {
         Step(true);
       } catch (const StoreError& error) {
         if (error.kind() == FailureKind::kPermanent && !streaming_) {
-          if (!SlotIsGone()) throw;
+          if (!slot_.IsGone()) throw;
           SlotGone(Describe(error));
           continue;
         }
@@ -109,10 +106,7 @@ class WalRelay::Engine {
     Log(LogLevel::kInfo, "WAL relay stopped");
   }
 
-  std::optional<std::string> SlotProblem() const {
-    std::lock_guard lock(slot_mutex_);
-    return slot_problem_;
-  }
+  std::optional<std::string> SlotProblem() const { return slot_.Problem(); }
 
   void Stop() {
     {
@@ -140,34 +134,6 @@ class WalRelay::Engine {
   void SetActive(bool active) {
     counters_.active = active;
     metrics_.active.Set(active ? 1.0 : 0.0);
-  }
-
-  // Every few seconds, active or standing by: is some relay reading the slot, and how much WAL
-  // does it keep? An inactive slot is a readiness failure (nobody relays the WAL messages).
-  void CheckSlot() {
-    const auto now = SteadyClock::now();
-    if (now < next_slot_check_) return;
-    next_slot_check_ = now + kSlotCheck;
-    std::optional<std::string> problem;
-    try {
-      const WalSlotState state = ledger_->SlotState();
-      metrics_.slot_active.Set(state.active ? 1.0 : 0.0);
-      metrics_.slot_retained_bytes.Set(static_cast<double>(state.retained_bytes));
-      metrics_.slot_unconfirmed_bytes.Set(static_cast<double>(state.unconfirmed_bytes));
-      metrics_.slot_flush_lag_seconds.Set(state.flush_lag_seconds.value_or(0.0));
-      if (!state.exists) {
-        problem = "the replication slot does not exist (outboxctl migrate --wal-slot)";
-      } else if (state.wal_status == "lost") {
-        problem = "the replication slot is lost (its WAL was removed): see the README, WAL mode";
-      } else if (!state.active) {
-        problem = "no relay is reading the replication slot" +
-                  (last_error_.empty() ? std::string{} : " (this one: " + last_error_ + ")");
-      }
-    } catch (const StoreError& error) {
-      problem = "the slot's state could not be read: " + Describe(error);
-    }
-    std::lock_guard lock(slot_mutex_);
-    slot_problem_ = std::move(problem);
   }
 
   // Every few seconds while this relay holds the slot: the ledger's superseded records go. A
@@ -220,7 +186,7 @@ class WalRelay::Engine {
   void StartStreaming() {
     // A slot made again starts where it was made: what was committed before that and after the
     // ledger's position is read back from the WAL files first.
-    if (slot_gone_since_ && SlotExists()) Recover();
+    if (slot_.gone() && slot_.Exists()) Recover();
     const Lsn position = ledger_->Position();
     numbers_.Forget();
     // A reader still connected now is a relay whose lease expired (frozen, or cut off from the
@@ -243,62 +209,21 @@ class WalRelay::Engine {
     counters_.position = position;
     SetActive(true);
     Log(LogLevel::kInfo, "reading the WAL slot from " + FormatLsn(position));
-    if (slot_gone_since_) {
-      const auto gone =
-          std::chrono::duration_cast<std::chrono::seconds>(SteadyClock::now() - *slot_gone_since_);
-      Log(LogLevel::kWarn, "the WAL slot is back after " + std::to_string(gone.count()) +
+    if (const auto gone = slot_.Back()) {
+      Log(LogLevel::kWarn, "the WAL slot is back after " + std::to_string(gone->count()) +
                                " s; WAL mode carries on from where the new slot starts");
-      slot_gone_since_.reset();
       recovery_idle_ = false;
-      metrics_.slot_missing.Set(0.0);
     }
   }
 
-  bool SlotExists() {
-    const WalSlotState state = ledger_->SlotState();
-    return state.exists && state.wal_status != "lost";
-  }
-
-  // Whether the slot is missing (or lost) as the server says now: reading it failed for good.
-  bool SlotIsGone() {
-    try {
-      return !SlotExists();
-    } catch (const StoreError&) {
-      return false;
-    }
-  }
-
-  // The slot was dropped (or lost its WAL) under this relay. WAL-mode enqueues fail without it
-  // (outbox.enqueue checks), so what is lost is what was committed but not yet read when it went:
-  // said loudly (log, /readyz, outbox_wal_slot_missing), and the relay waits for the slot to be
-  // made again (outboxctl migrate --wal-slot) to carry on from it, instead of exiting; the table
-  // relay goes on meanwhile.
+  // The slot was dropped (or lost its WAL) under this relay: reported (WalSlotWatch::Gone), and
+  // the relay waits for the slot to be made again (outboxctl migrate --wal-slot) to carry on from
+  // it, instead of exiting; the table relay goes on meanwhile. What the WAL files still hold is
+  // published meanwhile (Recover).
   void SlotGone(const std::string& what) {
-    const auto now = SteadyClock::now();
-    metrics_.slot_missing.Set(1.0);
-    if (!slot_gone_since_) {
-      slot_gone_since_ = now;
-      slot_gone_at_ = counters_.position.load();
-    }
-    if (now >= next_slot_gone_log_) {
-      next_slot_gone_log_ = now + kSlotGoneLogEvery;
-      metrics_.registry.RecordError("wal", what);
-      Log(LogLevel::kError,
-          "WAL mode has no slot to read: " + what +
-              ". Enqueues in WAL mode fail until it is made again (outboxctl migrate --wal-slot) "
-              "or delivery is set to 'table'; messages committed in WAL mode after " +
-              FormatLsn(slot_gone_at_) +
-              " that this relay had not read when the slot went are not in any slot. Looking "
-              "for the slot again every " +
-              std::to_string(kSlotCheck.count() / 1000) + " s");
-    }
-    {
-      std::lock_guard lock(slot_mutex_);
-      slot_problem_ = "the replication slot is gone: " + what;
-    }
-    next_slot_check_ = {};
+    slot_.Gone(what, counters_.position.load());
     if (epoch_ && !recovery_idle_) Recover();  // only the lease holder publishes
-    Sleep(kSlotCheck);
+    Sleep(relay::WalSlotWatch::kCheckEvery);
   }
 
   // An outage: nothing of the batch in hand was committed; read again from the ledger's position
@@ -568,20 +493,15 @@ class WalRelay::Engine {
   SteadyClock::time_point renew_at_{};
   bool streaming_ = false;
   relay::WalGatherer gatherer_{*source_, options_.batch_size, options_.linger};
-  std::unique_ptr<Batch> in_flight_;  // publishing; its outcomes not yet taken
+  relay::WalSlotWatch slot_{*ledger_, metrics_, log_};  // declared after ledger_ and metrics_
+  std::unique_ptr<Batch> in_flight_;                    // publishing; its outcomes not yet taken
   // Until when the table is taken as clear (WalCommitted::table_clear): StreamStates is skipped.
   SteadyClock::time_point table_clear_until_{};
-  std::optional<SteadyClock::time_point> slot_gone_since_;  // while the slot is missing
-  Lsn slot_gone_at_ = 0;                                    // the committed position when it went
   bool recovery_idle_ = false;  // the last read of the WAL files found nothing left
-  SteadyClock::time_point next_slot_gone_log_{};
   relay::WalStreamNumbers numbers_;
 
-  SteadyClock::time_point next_slot_check_{};
   SteadyClock::time_point next_purge_{};
   std::string last_error_;  // of the last outage, until a batch succeeds
-  mutable std::mutex slot_mutex_;
-  std::optional<std::string> slot_problem_;  // guarded by slot_mutex_
 
   mutable std::mutex stop_mutex_;
   std::condition_variable stop_changed_;
