@@ -286,11 +286,24 @@ bool Dispatcher::AnyPaused() const {
   return !pauses_.empty();
 }
 
+int Dispatcher::AddPauseListener(std::function<void(bool any_paused)> listener) {
+  std::lock_guard lock(pauses_mutex_);
+  listener(!pauses_.empty());
+  pause_listeners_.emplace(next_listener_, std::move(listener));
+  return next_listener_++;
+}
+
+void Dispatcher::RemovePauseListener(int id) {
+  std::lock_guard lock(pauses_mutex_);
+  pause_listeners_.erase(id);
+}
+
 void Dispatcher::PausesChanged() {
   for (const auto& [target, lane] : lanes_) {
     lane->paused->Set(pauses_.contains(target) ? 1.0 : 0.0);
   }
   broker_unavailable_.Set(pauses_.empty() ? 0.0 : 1.0);
+  for (const auto& [id, listener] : pause_listeners_) listener(!pauses_.empty());
 }
 
 }  // namespace outbox

@@ -53,6 +53,10 @@ class Relay::Engine {
     if (options_.hand_off != nullptr) {
       options_.hand_off->SetListener([wakeup = wakeup_.get()] { wakeup->Interrupt(); });
     }
+    // Whoever pauses a target (this relay, or a WAL relay sharing the dispatcher), the counters
+    // show it.
+    pause_listener_ = dispatcher_->AddPauseListener(
+        [&counters = report_.counters](bool any) { counters.broker_unavailable = any; });
     if (options_.partition_leases != nullptr) {
       membership_ = std::make_unique<PartitionMembership>(
           *options_.partition_leases, owner_,
@@ -65,6 +69,7 @@ class Relay::Engine {
 
   ~Engine() {
     if (options_.hand_off != nullptr) options_.hand_off->SetListener({});
+    dispatcher_->RemovePauseListener(pause_listener_);
   }
 
   Engine(const Engine&) = delete;
@@ -128,7 +133,6 @@ class Relay::Engine {
         next = Claim(current);
       }
       auto broken_streams = settler_.Settle(current, publishing.get());
-      PausesChanged();
       // Claimed while this batch was in flight, for a target paused since: back, with no lease
       // kept; the later messages of their streams wait for them.
       const auto held = dispatcher_->Held(SteadyClock::now());
@@ -435,11 +439,7 @@ class Relay::Engine {
     // Only a pause whose last verdict came before this claim was sent: one set meanwhile (by a
     // batch of another source) is not answered by it.
     dispatcher_->EndPauses(idle, last_claim_at_);
-    PausesChanged();
   }
-
-  // The dispatcher's paused set, as the relay's counters show it.
-  void PausesChanged() { report_.counters.broker_unavailable = dispatcher_->AnyPaused(); }
 
   std::unique_ptr<observe::Registry> own_registry_;  // when the options name no registry
   relay::TableReport report_;
@@ -450,6 +450,7 @@ class Relay::Engine {
   std::string owner_;  // lease owner: instance name plus a per-run suffix
   relay::TableSettler settler_;
   std::unique_ptr<PartitionMembership> membership_;  // when options_.partition_leases is set
+  int pause_listener_ = 0;                           // on dispatcher_
   std::chrono::milliseconds backoff_;
   bool claim_failed_ = false;    // the last Claim failed (and backed off): claim again, not idle
   bool idle_announced_ = false;  // this relay's idle mark stands (see Wakeup)

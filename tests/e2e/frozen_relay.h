@@ -92,6 +92,7 @@ inline Freeze FreezeHoldingAClaim(ChildProcess& process, PGconn* conn, const std
   using std::chrono::milliseconds;
   using Clock = std::chrono::steady_clock;
   Freeze freeze;
+  int unquiet = 0;  // attempts whose backends did not become quiet
   while (freeze.attempts < max_attempts) {
     ++freeze.attempts;
     bool holding = false;
@@ -125,10 +126,13 @@ inline Freeze FreezeHoldingAClaim(ChildProcess& process, PGconn* conn, const std
       claimed_before = claimed_now;
     }
     if (!quiet) {
+      // A backend stays active while it sends a result larger than the socket's buffers to the
+      // stopped relay (a claim of many messages): not a moment to read; try again, a few times.
       process.Signal(SIGCONT);
       freeze.problem = "the stopped relay's backends (application_name " + app +
                        ") were not quiet within 10 s: " + before.fingerprint;
-      return freeze;
+      if (++unquiet >= 3) return freeze;
+      continue;
     }
     freeze.claimed = claimed_before;
     if (freeze.claimed > 0) return freeze;

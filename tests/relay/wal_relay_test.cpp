@@ -539,6 +539,9 @@ TEST_F(WalRelayTest, WithOneTargetDownTheOtherFlowsAndNothingIsLostOrReordered) 
       << " delivered to the healthy target while the other is down";
   EXPECT_TRUE(other->delivered().empty());
   EXPECT_GT(std::stoi(Count("target = 'other'")), 0) << "the down target's messages wait";
+  // The table relay's counters show a pause whoever made it (/readyz reads them).
+  EXPECT_TRUE(table_relay_->counters().broker_unavailable.load());
+  EXPECT_EQ(table_relay_->paused_targets(), std::vector<std::string>{"other"});
   EXPECT_EQ(Count("target = 'default'"), "0");
   down = false;
   write(100, 300);

@@ -249,6 +249,20 @@ TEST(DispatcherTest, APauseEndsOnlyForALookMadeAfterItsLastVerdict) {
   EXPECT_FALSE(one.dispatcher->AnyPaused());
 }
 
+TEST(DispatcherTest, PauseListenersHearEveryChangeUntilRemoved) {
+  OneTarget one(milliseconds{0}, AllUnavailable, {.min_backoff = milliseconds{1}});
+  std::vector<bool> heard;
+  const int id = one.dispatcher->AddPauseListener([&](bool any) { heard.push_back(any); });
+  one.dispatcher->Dispatch(Batch(1), Far());
+  std::this_thread::sleep_for(milliseconds{5});  // the probe is due
+  one.sink->answer_ = {};
+  one.dispatcher->Dispatch(Batch(1), Far());
+  one.dispatcher->RemovePauseListener(id);
+  one.sink->answer_ = AllUnavailable;
+  one.dispatcher->Dispatch(Batch(1), Far());
+  EXPECT_EQ(heard, (std::vector<bool>{false, true, false}));
+}
+
 TEST(DispatcherTest, BadSetUpIsAConfigError) {
   EXPECT_THROW(Dispatcher(SinkMap{}), ConfigError);
   SinkMap sinks;

@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -85,6 +86,11 @@ class Dispatcher {
   // The paused targets, by name, and why. Thread-safe.
   [[nodiscard]] std::vector<PausedTarget> Paused() const;
   [[nodiscard]] bool AnyPaused() const;
+  // `listener` is called with AnyPaused() now and whenever it changes, from the thread that
+  // changed it, under the dispatcher's lock (it must not call the dispatcher). Returns the id for
+  // RemovePauseListener, which a listener that goes before the dispatcher must call.
+  int AddPauseListener(std::function<void(bool any_paused)> listener);
+  void RemovePauseListener(int id);
 
  private:
   struct Lane;
@@ -112,7 +118,9 @@ class Dispatcher {
   std::map<std::string, std::unique_ptr<Lane>, std::less<>> lanes_;
   LogFn log_;
   mutable std::mutex pauses_mutex_;
-  std::map<std::string, Pause, std::less<>> pauses_;  // guarded by pauses_mutex_
+  std::map<std::string, Pause, std::less<>> pauses_;  // guarded by pauses_mutex_, as below
+  std::map<int, std::function<void(bool)>> pause_listeners_;
+  int next_listener_ = 0;
 };
 
 // A dispatcher over `sinks` with the backoff bounds and the registry of a relay's options
