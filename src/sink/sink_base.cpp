@@ -1,0 +1,69 @@
+// The sink base (include/outbox/sink/sink_base.h).
+
+#include "outbox/sink/sink_base.h"
+
+#include <string>
+#include <utility>
+
+namespace outbox {
+
+std::vector<PublishOutcome> SinkBase::Batch::TakeOutcomes() {
+  std::vector<PublishOutcome> outcomes;
+  outcomes.reserve(size());
+  for (std::size_t i = 0; i < size(); ++i) {
+    std::optional<Failure> failure = std::move(verdicts_[i]);
+    if (states_[i] == State::kSent) {
+      failure = Failure{.kind = FailureKind::kOutcomeUnknown,
+                        .reason = "sent, but no verdict by the deadline"};
+    } else if (states_[i] == State::kNotSent) {
+      failure = stopped() ? Failure{.kind = FailureKind::kUnavailable,
+                                    .reason = "not sent: " + stop_reason_}
+                          : Failure{.kind = FailureKind::kOutcomeUnknown,
+                                    .reason = "the sink gave no verdict on it"};
+    }
+    outcomes.push_back({.id = envelopes_[i].id, .failure = std::move(failure)});
+  }
+  return outcomes;
+}
+
+std::vector<PublishOutcome> SinkBase::Publish(std::span<const Envelope> envelopes,
+                                              Deadline deadline) {
+  if (envelopes.empty()) return {};
+  Batch batch(envelopes);
+  batch_ = &batch;
+  struct Detach {
+    Batch*& batch;
+    ~Detach() { batch = nullptr; }
+  } detach{batch_};
+  if (std::chrono::steady_clock::now() >= deadline) {
+    batch.Stop("the deadline had already passed");
+  } else if (ConnectWithBackoff(batch, deadline) && Ready(batch, deadline)) {
+    batch.Resume();
+    Send(batch, deadline);
+    Await(batch, deadline);
+  }
+  Finish(batch);
+  return batch.TakeOutcomes();
+}
+
+bool SinkBase::ConnectWithBackoff(Batch& batch, Deadline deadline) {
+  if (Connected()) return true;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_connect_at_) {
+    batch.Stop(last_connect_error_ + " (next attempt in " +
+               std::to_string(
+                   std::chrono::ceil<std::chrono::milliseconds>(next_connect_at_ - now).count()) +
+               " ms)");
+    return false;
+  }
+  if (std::optional<std::string> error = Connect(deadline)) {
+    next_connect_at_ = std::chrono::steady_clock::now() + reconnect_.Failed();
+    last_connect_error_ = std::move(*error);
+    batch.Stop(last_connect_error_);
+    return false;
+  }
+  reconnect_.Succeeded();
+  return true;
+}
+
+}  // namespace outbox
