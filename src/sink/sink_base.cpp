@@ -7,6 +7,19 @@
 
 namespace outbox {
 
+std::string Shorten(std::string_view text, std::size_t max) {
+  if (text.size() <= max) return std::string{text};
+  std::size_t cut = max;
+  // Back up over UTF-8 continuation bytes (10xxxxxx) so that no sequence is split.
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0U) == 0x80U) --cut;
+  return std::string{text.substr(0, cut)} + "...";
+}
+
+std::string Millis(std::chrono::steady_clock::duration duration) {
+  return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(duration).count()) +
+         " ms";
+}
+
 std::vector<PublishOutcome> SinkBase::Batch::TakeOutcomes() {
   std::vector<PublishOutcome> outcomes;
   outcomes.reserve(size());

@@ -35,6 +35,8 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "outbox/sink/sink.h"
@@ -62,6 +64,16 @@ class Backoff {
   std::chrono::milliseconds max_;
   std::chrono::milliseconds current_{0};
 };
+
+// Helpers for the reasons the sinks give.
+inline Failure MakeFailure(FailureKind kind, std::string reason) {
+  return Failure{.kind = kind, .reason = std::move(reason)};
+}
+// `text` cut to its first `max` bytes (never inside a UTF-8 sequence) and "...", for a name or a
+// broker's answer quoted in a reason.
+std::string Shorten(std::string_view text, std::size_t max = 64);
+// "250 ms" (whole milliseconds, rounded down).
+std::string Millis(std::chrono::steady_clock::duration duration);
 
 inline constexpr std::chrono::milliseconds kMinReconnectBackoff{100};
 inline constexpr std::chrono::milliseconds kMaxReconnectBackoff{5000};

@@ -54,14 +54,6 @@ constexpr std::size_t kMaxUnsentBytes = std::size_t{1024} * 1024;
 // How often one batch may load the script again after NOSCRIPT.
 constexpr int kMaxScriptReloads = 2;
 
-Failure MakeFailure(FailureKind kind, std::string reason) {
-  return Failure{.kind = kind, .reason = std::move(reason)};
-}
-
-std::string Millis(SteadyClock::duration duration) {
-  return std::to_string(std::chrono::duration_cast<milliseconds>(duration).count()) + " ms";
-}
-
 std::string Number(std::int64_t value) {
   char digits[24];
   const auto result = std::to_chars(std::begin(digits), std::end(digits), value);
