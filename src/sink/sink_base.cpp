@@ -55,12 +55,13 @@ std::vector<PublishOutcome> SinkBase::Publish(std::span<const Envelope> envelope
     Send(batch, deadline);
     Await(batch, deadline);
   }
-  Finish(batch);
+  Finish(batch, deadline);
   return batch.TakeOutcomes();
 }
 
 bool SinkBase::ConnectWithBackoff(Batch& batch, Deadline deadline) {
-  if (Connected()) return true;
+  if (Connected(deadline)) return true;
+  batch.Resume();  // the connection it dropped is replaced, or the attempt says why not
   const auto now = std::chrono::steady_clock::now();
   if (now < next_connect_at_) {
     batch.Stop(last_connect_error_ + " (next attempt in " +

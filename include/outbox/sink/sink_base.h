@@ -17,7 +17,8 @@
 //
 // A sink implements, in the order Publish calls them (on the thread that calls Publish):
 //   Connected()   whether a usable connection is there; a sink checks its liveness here and drops
-//                 a dead one, so that nothing is sent on it (its messages stay kUnavailable);
+//                 a dead one, so that nothing is sent on it (its messages stay kUnavailable); why
+//                 it was dropped is then no reason to stop, the next connect's failure is;
 //   Connect()     makes one, within the deadline; returns why it could not;
 //   Ready()       anything between connected and sending (RabbitMQ: its channel, a blocked
 //                 connection); false stops the batch. Once ready, a reason to stop given before
@@ -25,7 +26,9 @@
 //   Send()        sends in batch order (reading verdicts on the way where a window needs it);
 //   Await()       waits for the verdicts until none is outstanding or the deadline passes;
 //   Finish()      always last, even when nothing was sent: settles or forgets what is still in
-//                 flight (a late confirm must not be taken for the next batch's).
+//                 flight (a late confirm must not be taken for the next batch's); what time is
+//                 left before the deadline may serve the sink's own chores (NATS: a check of the
+//                 streams' duplicate windows).
 // Classifying a broker's answer stays in each sink (classify.h next to it): the inputs differ.
 
 #include <algorithm>
@@ -148,12 +151,12 @@ class SinkBase : public Sink {
   explicit SinkBase(Backoff reconnect = Backoff{kMinReconnectBackoff, kMaxReconnectBackoff})
       : reconnect_(reconnect) {}
 
-  virtual bool Connected() = 0;
+  virtual bool Connected(Deadline deadline) = 0;
   virtual std::optional<std::string> Connect(Deadline deadline) = 0;
   virtual bool Ready(Batch& /*batch*/, Deadline /*deadline*/) { return true; }
   virtual void Send(Batch& batch, Deadline deadline) = 0;
   virtual void Await(Batch& /*batch*/, Deadline /*deadline*/) {}
-  virtual void Finish(Batch& /*batch*/) {}
+  virtual void Finish(Batch& /*batch*/, Deadline /*deadline*/) {}
 
   // The batch of the Publish call in progress; null between calls (a callback of the broker's
   // library that runs then has nothing to settle).

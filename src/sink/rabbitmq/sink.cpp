@@ -253,12 +253,12 @@ class RabbitSink final : public SinkBase {
   }
   [[nodiscard]] bool CanPublish() const { return connection_ && channel_open_ && !blocked_; }
 
-  bool Connected() override;
+  bool Connected(Deadline deadline) override;
   std::optional<std::string> Connect(Deadline deadline) override;
   bool Ready(Batch& batch, Deadline deadline) override;
   void Send(Batch& batch, Deadline deadline) override;
   void Await(Batch& batch, Deadline deadline) override;
-  void Finish(Batch& batch) override;
+  void Finish(Batch& batch, Deadline deadline) override;
   bool ReopenChannel(Deadline deadline);
   std::optional<Failure> Prepare(const Envelope& envelope, Prepared& out) const;
   bool AwaitWritable(Deadline deadline);
@@ -291,7 +291,7 @@ class RabbitSink final : public SinkBase {
   std::size_t in_flight_ = 0;  // sent by the Publish call in progress, not yet settled
 };
 
-bool RabbitSink::Connected() {
+bool RabbitSink::Connected(Deadline /*deadline*/) {
   if (connection_) DrainReady();  // notices a connection or channel closed since the last call
   return connection_.has_value();
 }
@@ -337,7 +337,7 @@ void RabbitSink::Await(Batch& /*batch*/, Deadline deadline) {
 }
 
 // Whatever is still pending has no verdict by the deadline; its late confirm will be ignored.
-void RabbitSink::Finish(Batch& /*batch*/) {
+void RabbitSink::Finish(Batch& /*batch*/, Deadline /*deadline*/) {
   for (auto& [tag, pending] : pending_) {
     if (pending.index == kNoIndex) continue;
     Settle(pending.index, MakeFailure(FailureKind::kOutcomeUnknown,

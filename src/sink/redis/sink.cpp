@@ -119,10 +119,10 @@ class RedisSink final : public SinkBase {
     return connection_.has_value() && !state_->batch.stopped() && !state_->noscript_from;
   }
 
-  bool Connected() override;
+  bool Connected(Deadline deadline) override;
   std::optional<std::string> Connect(Deadline deadline) override;
   void Send(Batch& batch, Deadline deadline) override;
-  void Finish(Batch& batch) override;
+  void Finish(Batch& batch, Deadline deadline) override;
   std::string ConnectFailed(const std::string& reason);
   std::optional<Failure> Prepare(const Envelope& envelope);
   void Run(Deadline deadline);
@@ -169,14 +169,14 @@ void RedisSink::Send(Batch& batch, Deadline deadline) {
   Run(deadline);
 }
 
-void RedisSink::Finish(Batch& batch) {
+void RedisSink::Finish(Batch& batch, Deadline /*deadline*/) {
   state_.reset();
   for (std::size_t i = 0; i < batch.size(); ++i) {
     if (batch.published(i)) out_of_memory_logged_ = false;  // writes go through again
   }
 }
 
-bool RedisSink::Connected() {
+bool RedisSink::Connected(Deadline /*deadline*/) {
   // A connection the server closed meanwhile (restart, idle timeout) is made anew before
   // anything is sent, so that its messages are kUnavailable, not kOutcomeUnknown.
   if (connection_ && !connection_->StillOpen()) connection_.reset();
