@@ -115,6 +115,10 @@ class SinkBase : public Sink {
     [[nodiscard]] bool settled(std::size_t index) const {
       return states_[index] == State::kSettled;
     }
+    // The verdict on a settled message (no failure: published).
+    [[nodiscard]] const std::optional<Failure>& verdict(std::size_t index) const {
+      return verdicts_[index];
+    }
     [[nodiscard]] bool published(std::size_t index) const {
       return settled(index) && !verdicts_[index];
     }
