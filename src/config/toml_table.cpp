@@ -412,11 +412,6 @@ std::size_t EditDistance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
-bool HasControlCharacter(std::string_view text) {
-  return std::any_of(text.begin(), text.end(),
-                     [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == '\x7f'; });
-}
-
 std::optional<std::string> Env(const GetenvFn& getenv, const std::string& name) {
   if (!getenv) return std::nullopt;
   const char* value = getenv(name.c_str());

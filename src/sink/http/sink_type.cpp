@@ -118,16 +118,8 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
   SinkOptions options;
 
   // url: required; the environment wins (it may hold a password).
-  const std::string url_env = SinkSecretEnv(name, "url");
-  sink.Read("url", options.url);
-  const config::TomlValue* url_value = sink.Find("url");
-  std::string url_origin;
-  if (auto url = config::Env(getenv, url_env)) {
-    options.url = std::move(*url);
-    url_origin = " (from " + url_env + ")";
-    url_value = nullptr;
-  }
-  if (options.url.empty()) Fail(sink.Key("url"), "is required (or set " + url_env + ")", url_value);
+  const config::ValueSource url =
+      sink.ReadSecret("url", SinkSecretEnv(name, "url"), getenv, options.url, /*required=*/true);
 
   sink.ReadChoice("method", {"POST", "PUT"}, options.method);
   ReadSecrets(sink, name, getenv, options);
@@ -158,12 +150,11 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
     ValidateOptions(options);
   } catch (const ConfigError& error) {
     const std::string& key = error.key();
-    const std::string message = std::string{error.what()}.substr(key.size() + 2);
-    const config::TomlValue* where = key == "url" ? url_value : sink.Find(key);
+    if (key == "url") url.Fail(error.message());
     if (key == "secrets" && config::Env(getenv, SinkSecretEnv(name, "secrets"))) {
-      Fail(sink.Key(key), message + " (from " + SinkSecretEnv(name, "secrets") + ")");
+      Fail(sink.Key(key), error.message() + " (from " + SinkSecretEnv(name, "secrets") + ")");
     }
-    Fail(sink.Key(key), message + (key == "url" ? url_origin : std::string{}), where);
+    Fail(sink.Key(key), error.message(), sink.Find(key));
   }
   return std::make_unique<const SinkSettings>(std::move(options));
 }
