@@ -30,6 +30,7 @@
 
 #include "classify.h"
 #include "handles.h"
+#include "outbox/core/ascii.h"
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/kafka.h"
@@ -48,6 +49,7 @@ constexpr milliseconds kSocketTimeout{30000};
 constexpr milliseconds kQueueFullWait{50};
 constexpr milliseconds kFlushSlice{1000};  // how often a long wait looks for a fatal error
 constexpr std::size_t kMaxCachedTopics = 1024;
+constexpr std::size_t kMaxTopicBytes = 249;  // Kafka's limit on a topic name
 
 // Properties the sink sets itself, with the aliases librdkafka knows them by.
 constexpr std::array<std::string_view, 19> kReservedProperties = {
@@ -92,8 +94,13 @@ void Set(rd_kafka_conf_t* conf, const std::string& key, const std::string& name,
 // checks the whole configuration without connecting anywhere.
 ConfPtr BuildConf(const SinkOptions& options, bool probe = false) {
   if (!ParseBrokers(options.brokers)) {
-    throw ConfigError("brokers",
-                      "expected host:port[,host:port...], got " + Quote(options.brokers));
+    // (Not quoted: a caller that knows how to mask it may; the type's parser does.)
+    throw ConfigError("brokers", "expected host:port[,host:port...]");
+  }
+  // The template as written; each expanded topic is checked again when a message is prepared.
+  if (options.topic.empty() || options.topic.size() > kMaxTopicBytes ||
+      HasControlCharacter(options.topic)) {
+    throw ConfigError("topic", "must be 1 to 249 bytes without control characters");
   }
   NameTemplate::Parse(options.topic, "topic");
   if (std::find(kCompressions.begin(), kCompressions.end(), options.compression) ==

@@ -853,9 +853,9 @@ void ValidateOptions(const SinkOptions& options) {
   } catch (const std::invalid_argument& error) {
     throw ConfigError("url", std::string{error.what()} + " (got '" + MaskUrl(options.url) + "')");
   }
-  NameTemplate::Parse(options.subject, "subject");
   {
-    // The template's literal parts must make a subject with any field's value.
+    // The template's literal parts must make a subject with any field's value (each expanded
+    // subject is checked again when a message is prepared).
     Envelope sample;
     sample.topic = "topic";
     sample.target = "target";

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "connection.h"
+#include "outbox/core/ascii.h"
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/name_template.h"
@@ -93,45 +94,6 @@ std::optional<std::size_t> NumberAfter(std::string_view text, std::string_view p
     any = true;
   }
   return any ? std::optional<std::size_t>{value} : std::nullopt;
-}
-
-void ValidateOptions(const SinkOptions& options) {
-  try {
-    ParseUrl(options.url);
-  } catch (const std::invalid_argument& error) {
-    throw ConfigError("url", error.what());
-  }
-  if (options.confirm_window == 0) {
-    throw ConfigError("confirm_window", "must be at least 1 (unconfirmed publishes in flight)");
-  }
-  if (options.connect_timeout <= milliseconds::zero()) {
-    throw ConfigError("connect_timeout", "must be positive");
-  }
-  if (options.heartbeat < std::chrono::seconds::zero() ||
-      options.heartbeat.count() > std::numeric_limits<std::uint16_t>::max()) {
-    throw ConfigError("heartbeat", "must be between 0 (off) and 65535 seconds");
-  }
-  if (options.max_message_bytes == 0) {
-    throw ConfigError("max_message_bytes", "must be at least 1");
-  }
-  if (options.exchange.size() > kShortStringMax) {
-    throw ConfigError("exchange", "longer than AMQP's 255 bytes");
-  }
-  if (options.routing_key.size() > kShortStringMax) {
-    throw ConfigError("routing_key", "longer than AMQP's 255 bytes");
-  }
-  const std::string& type = options.declare_exchange_type;
-  if (!type.empty()) {
-    if (type != "direct" && type != "topic" && type != "fanout" && type != "headers") {
-      throw ConfigError("declare_exchange_type", "'" + type +
-                                                     "' is not an exchange type (direct, topic, "
-                                                     "fanout or headers; empty declares nothing)");
-    }
-    if (options.exchange.empty() || options.exchange.find('{') != std::string::npos) {
-      throw ConfigError("declare_exchange_type",
-                        "needs `exchange` to be a plain, non-empty exchange name to declare");
-    }
-  }
 }
 
 // One message in AMQP form. Its properties point into its own members and into the envelope,
@@ -827,6 +789,51 @@ void RabbitSink::LoseConnection(const std::string& reason) {
 }
 
 }  // namespace
+
+void ValidateOptions(const SinkOptions& options) {
+  try {
+    ParseUrl(options.url);
+  } catch (const std::invalid_argument& error) {
+    throw ConfigError("url", error.what());
+  }
+  if (options.confirm_window == 0) {
+    throw ConfigError("confirm_window", "must be at least 1 (unconfirmed publishes in flight)");
+  }
+  if (options.connect_timeout <= milliseconds::zero()) {
+    throw ConfigError("connect_timeout", "must be positive");
+  }
+  if (options.heartbeat < std::chrono::seconds::zero() ||
+      options.heartbeat.count() > std::numeric_limits<std::uint16_t>::max()) {
+    throw ConfigError("heartbeat", "must be between 0 (off) and 65535 seconds");
+  }
+  if (options.max_message_bytes == 0) {
+    throw ConfigError("max_message_bytes", "must be at least 1");
+  }
+  // The templates as written; each expanded name is checked again when a message is prepared.
+  for (const auto& [key, text] :
+       {std::pair<std::string, const std::string&>{"exchange", options.exchange},
+        {"routing_key", options.routing_key}}) {
+    if (text.size() > kShortStringMax)
+      throw ConfigError(key, "must be at most 255 bytes (AMQP's limit)");
+    if (HasControlCharacter(text)) throw ConfigError(key, "must not contain control characters");
+    NameTemplate::Parse(text, key);
+  }
+  const std::string& type = options.declare_exchange_type;
+  if (!type.empty()) {
+    if (type != "direct" && type != "topic" && type != "fanout" && type != "headers") {
+      throw ConfigError(
+          "declare_exchange_type",
+          "must be one of \"direct\", \"topic\", \"fanout\" or \"headers\" (or empty: "
+          "declare nothing); got '" +
+              Shorten(type) + "'");
+    }
+    if (options.exchange.empty() || options.exchange.find('{') != std::string::npos) {
+      throw ConfigError("exchange",
+                        "must be a plain, non-empty name when declare_exchange_type is set (it is "
+                        "declared on every connect)");
+    }
+  }
+}
 
 std::unique_ptr<Sink> OpenSink(SinkOptions options) {
   ValidateOptions(options);

@@ -31,6 +31,7 @@
 #include "classify.h"
 #include "connection.h"
 #include "dedup_script.h"
+#include "outbox/core/ascii.h"
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/name_template.h"
@@ -44,6 +45,7 @@ using std::chrono::milliseconds;
 using SteadyClock = std::chrono::steady_clock;
 
 constexpr std::size_t kMaxPipeline = 100000;
+constexpr std::size_t kMaxNameBytes = 1024;  // the stream template and the dedup prefix
 constexpr std::size_t kMaxMessageBytes =
     std::size_t{512} * 1024 * 1024;  // Redis's proto-max-bulk-len default
 constexpr milliseconds kMinDedupWindow{1000};
@@ -491,14 +493,17 @@ void RedisSink::LoseConnection(const std::string& reason) {
 
 void ValidateOptions(const SinkOptions& options) {
   ParseUrl(options.url);
-  if (options.stream.empty()) throw ConfigError("stream", "must not be empty");
+  // The template as written; each expanded key is checked again when a message is prepared.
+  for (const auto& [key, text] :
+       {std::pair<std::string, const std::string&>{"stream", options.stream},
+        {"dedup_prefix", options.dedup_prefix}}) {
+    if (text.empty() || text.size() > kMaxNameBytes || HasControlCharacter(text)) {
+      throw ConfigError(key, "must be 1 to 1024 bytes without control characters");
+    }
+  }
   NameTemplate::Parse(options.stream, "stream");
   if (options.dedup_window < kMinDedupWindow || options.dedup_window > kMaxDedupWindow) {
     throw ConfigError("dedup_window", "must be between 1 s and 365 days");
-  }
-  if (options.dedup_prefix.empty()) {
-    throw ConfigError("dedup_prefix",
-                      "must not be empty (the dedup keys would be bare message ids)");
   }
   if (options.pipeline == 0 || options.pipeline > kMaxPipeline) {
     throw ConfigError("pipeline", "must be between 1 and 100000 (commands in flight)");
