@@ -267,6 +267,13 @@ class Section {
     return source;
   }
 
+  // Runs `check`, a component's own validation of what was read here (a sink's ValidateOptions),
+  // which throws ConfigError naming its own keys ("url", "librdkafka.<property>": a sub-table's
+  // key); throws it again under this table's key, pointing at the value in the file. A key read by
+  // ReadSecret is reported by its source in `sources` (which says where its value came from).
+  void Check(const std::function<void()>& check,
+             std::initializer_list<const ValueSource*> sources = {}) const;
+
   // A string that must be one of `choices`.
   bool ReadChoice(std::string_view key, std::initializer_list<std::string_view> choices,
                   std::string& out) const {

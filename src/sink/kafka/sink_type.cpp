@@ -59,15 +59,12 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
   } else {
     sink.Read("brokers", options.brokers);
   }
-  std::string origin;
+  config::ValueSource brokers{.key = sink.Key("brokers"), .env = {}, .value = brokers_value};
   if (auto from_env = config::Env(getenv, brokers_env)) {
     options.brokers = std::move(*from_env);
-    origin = " (from " + brokers_env + ")";
-    brokers_value = nullptr;
+    brokers = {.key = sink.Key("brokers"), .env = brokers_env, .value = nullptr};
   }
-  if (options.brokers.empty()) {
-    Fail(sink.Key("brokers"), "is required (or set " + brokers_env + ")", brokers_value);
-  }
+  if (options.brokers.empty()) brokers.Fail("is required (or set " + brokers_env + ")");
   sink.Read("topic", options.topic);
   sink.ReadChoice("compression", {"none", "gzip", "snappy", "lz4", "zstd"}, options.compression);
   sink.ReadDuration("linger", milliseconds{0}, std::chrono::minutes{15}, options.linger);
@@ -91,21 +88,17 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
 
   // The values themselves (the brokers, the topic template, a property the sink sets itself, an
   // unknown property, a bad value), checked where the sink and librdkafka check them, once.
-  try {
-    ValidateOptions(options);
-  } catch (const ConfigError& error) {
-    const std::string& key = error.key();
-    if (key == "brokers") {
-      Fail(sink.Key(key),
-           error.message() + ", got " + Quoted(config::MaskPassword(options.brokers)) + origin,
-           brokers_value);
-    }
-    if (key.starts_with("librdkafka.")) {
-      const std::string property = key.substr(std::string_view{"librdkafka."}.size());
-      Fail(properties.Key(property), error.message(), properties.Find(property));
-    }
-    Fail(sink.Key(key), error.message(), sink.Find(key));
-  }
+  sink.Check(
+      [&] {
+        try {
+          ValidateOptions(options);
+        } catch (const ConfigError& error) {
+          if (error.key() != "brokers") throw;
+          throw ConfigError("brokers", error.message() + ", got " +
+                                           Quoted(config::MaskPassword(options.brokers)));
+        }
+      },
+      {&brokers});
   return std::make_unique<const SinkSettings>(std::string{name}, std::move(options));
 }
 

@@ -39,16 +39,16 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
 
   // The values themselves (the URL, the names and templates, the topology) are checked where the
   // sink checks them, once; the messages never quote the password.
-  try {
-    ValidateOptions(options);
-  } catch (const ConfigError& error) {
-    if (error.key() == "url")
-      url.Fail(error.message() + ", got " + Quoted(MaskAmqpUrl(options.url)));
-    const config::TomlValue* where = sink.Find(error.key());
-    // (No exchange written, one to declare: the line that asks for it.)
-    if (where == nullptr && error.key() == "exchange") where = sink.Find("declare_exchange_type");
-    Fail(sink.Key(error.key()), error.message(), where);
-  }
+  sink.Check(
+      [&] {
+        try {
+          ValidateOptions(options);
+        } catch (const ConfigError& error) {
+          if (error.key() != "url") throw;
+          throw ConfigError("url", error.message() + ", got " + Quoted(MaskAmqpUrl(options.url)));
+        }
+      },
+      {&url});
   return std::make_unique<const SinkSettings>(std::move(options));
 }
 

@@ -36,12 +36,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
 
   // The values themselves (the URL, the stream template, the prefix), checked where the sink
   // checks them, once; ParseUrl's messages never contain the password.
-  try {
-    ValidateOptions(options);
-  } catch (const ConfigError& error) {
-    if (error.key() == "url") url.Fail(error.message());
-    Fail(sink.Key(error.key()), error.message(), sink.Find(error.key()));
-  }
+  sink.Check([&] { ValidateOptions(options); }, {&url});
   return std::make_unique<const SinkSettings>(std::move(options));
 }
 
