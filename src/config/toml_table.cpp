@@ -419,7 +419,9 @@ void Section::Check(const std::function<void()>& check,
   } catch (const ConfigError& error) {
     const std::string key = Key(error.key());
     for (const ValueSource* source : sources) {
-      if (source->key == key) source->Fail(error.message());
+      if (source->key != key) continue;
+      source->Fail(error.message() +
+                   (source->shown.empty() ? std::string{} : ", got " + Quoted(source->shown)));
     }
     const std::size_t dot = error.key().find('.');
     const TomlValue* value =

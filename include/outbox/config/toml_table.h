@@ -91,6 +91,9 @@ struct ValueSource {
   std::string key;                   // the full dotted key
   std::string env;                   // the environment variable it came from, or ""
   const TomlValue* value = nullptr;  // the file's value, when that is what was used
+  // The value as a message may show it (masked), quoted after a check's message by
+  // Section::Check ("..., got \"amqp://u:***@mq/\""); "" shows nothing.
+  std::string shown;
 
   [[nodiscard]] bool from_env() const { return !env.empty(); }
   // " (from OUTBOX_SINK_ORDERS_URL)" for a value from the environment, else "".

@@ -88,17 +88,8 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
 
   // The values themselves (the brokers, the topic template, a property the sink sets itself, an
   // unknown property, a bad value), checked where the sink and librdkafka check them, once.
-  sink.Check(
-      [&] {
-        try {
-          ValidateOptions(options);
-        } catch (const ConfigError& error) {
-          if (error.key() != "brokers") throw;
-          throw ConfigError("brokers", error.message() + ", got " +
-                                           Quoted(config::MaskPassword(options.brokers)));
-        }
-      },
-      {&brokers});
+  brokers.shown = config::MaskPassword(options.brokers);
+  sink.Check([&] { ValidateOptions(options); }, {&brokers});
   return std::make_unique<const SinkSettings>(std::string{name}, std::move(options));
 }
 

@@ -23,7 +23,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                   "max_message_bytes", "envelope"});
   SinkOptions options;
   options.url.clear();
-  const config::ValueSource url =
+  config::ValueSource url =
       sink.ReadSecret("url", SinkSecretEnv(name, "url"), getenv, options.url, /*required=*/true);
   sink.Read("exchange", options.exchange);
   sink.Read("routing_key", options.routing_key);
@@ -39,16 +39,8 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
 
   // The values themselves (the URL, the names and templates, the topology) are checked where the
   // sink checks them, once; the messages never quote the password.
-  sink.Check(
-      [&] {
-        try {
-          ValidateOptions(options);
-        } catch (const ConfigError& error) {
-          if (error.key() != "url") throw;
-          throw ConfigError("url", error.message() + ", got " + Quoted(MaskAmqpUrl(options.url)));
-        }
-      },
-      {&url});
+  url.shown = MaskAmqpUrl(options.url);
+  sink.Check([&] { ValidateOptions(options); }, {&url});
   return std::make_unique<const SinkSettings>(std::move(options));
 }
 
