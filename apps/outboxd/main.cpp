@@ -103,8 +103,7 @@ outbox::SinkMap OpenSinks(const outbox::outboxd::Config& config,
     try {
       sinks.emplace(sink.name, sink.settings->Open(context));
     } catch (const outbox::ConfigError& error) {
-      throw outbox::ConfigError("sinks." + sink.name + "." + error.key(),
-                                std::string{error.what()}.substr(error.key().size() + 2));
+      throw outbox::ConfigError("sinks." + sink.name + "." + error.key(), error.message());
     }
   }
   return sinks;

@@ -412,9 +412,24 @@ std::size_t EditDistance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
-bool HasControlCharacter(std::string_view text) {
-  return std::any_of(text.begin(), text.end(),
-                     [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == '\x7f'; });
+void Section::Check(const std::function<void()>& check,
+                    std::initializer_list<const ValueSource*> sources) const {
+  try {
+    check();
+  } catch (const ConfigError& error) {
+    const std::string key = Key(error.key());
+    for (const ValueSource* source : sources) {
+      if (source->key != key) continue;
+      source->Fail(error.message() +
+                   (source->shown.empty() ? std::string{} : ", got " + Quoted(source->shown)));
+    }
+    const std::size_t dot = error.key().find('.');
+    const TomlValue* value =
+        dot == std::string::npos
+            ? Find(error.key())
+            : Table(error.key().substr(0, dot)).Find(error.key().substr(dot + 1));
+    Fail(key, error.message(), value);
+  }
 }
 
 std::optional<std::string> Env(const GetenvFn& getenv, const std::string& name) {

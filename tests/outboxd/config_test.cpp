@@ -1054,7 +1054,7 @@ url = "amqp://u:pw-mq-1@mq/"
 type = "rabbitmq"
 [sinks.third]
 type = "rabbitmq"
-url = "amqp://u@mq/?password=pw-mq-3"
+url = "amqp://u:pw-mq-3@[::1]:5673/v"
 )",
       {{"OUTBOX_SINK_SECOND_URL", "amqp://u:pw-mq-2@mq/"}});
   const std::string described = Describe(config);
@@ -1226,6 +1226,11 @@ TEST(ConfigTest, DescribeMasksEachUrlFormByParsingIt) {
 TEST(ConfigTest, ARefusedBrokerUrlIsQuotedMasked) {
   ExpectError(WithSink("type = \"rabbitmq\"\nurl = \"http://u:pw9 zz@mq/\""), "sinks.default.url",
               "expected an amqp:// URL, got \"http://u:***@mq/\"");
+  // One librabbitmq refuses is refused by the parser too (the sink would refuse it at start), and
+  // shown as its scheme only.
+  ExpectError(WithSink("type = \"rabbitmq\"\nurl = \"amqp://u@mq/?password=pw-mq-3\""),
+              "sinks.default.url",
+              "not a valid AMQP URL (amqp://user:password@host:port/vhost), got \"amqp://***\"");
 }
 
 // The real program: --check-config prints each form masked.

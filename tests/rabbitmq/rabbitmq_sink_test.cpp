@@ -105,10 +105,13 @@ TEST(RabbitSinkOptionsTest, InvalidOptionsThrowConfigErrorNamingTheKey) {
     o.exchange = "x";
     o.declare_exchange_type = "round-robin";
   });
-  expect_key("declare_exchange_type", [](auto& o) {
+  // An exchange to declare must be a plain name: the exchange is what is wrong.
+  expect_key("exchange", [](auto& o) {
     o.exchange = "{topic}";
     o.declare_exchange_type = "topic";
   });
+  expect_key("exchange", [](auto& o) { o.exchange = std::string(256, 'x'); });
+  expect_key("routing_key", [](auto& o) { o.routing_key = "a\nb"; });
 }
 
 TEST(RabbitSinkOptionsTest, TemplatesExpandTopicTargetAndType) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "outbox/config/duration.h"
+#include "outbox/core/ascii.h"
 
 namespace outbox::config {
 
@@ -61,7 +62,7 @@ std::string Where(const TomlValue& value);
 [[noreturn]] void Fail(const std::string& key, const std::string& message,
                        const TomlValue* value = nullptr);
 std::size_t EditDistance(std::string_view a, std::string_view b);
-bool HasControlCharacter(std::string_view text);
+using outbox::HasControlCharacter;  // core/ascii.h
 // An environment variable, when set and not empty.
 std::optional<std::string> Env(const GetenvFn& getenv, const std::string& name);
 // `text` (free text: an error message from a library, a line of the configuration file) with
@@ -84,6 +85,24 @@ inline std::string TomlKey(std::string_view name) {
 }
 // `value` as a TOML float literal ("2.0", "0.25", "inf").
 std::string TomlFloat(double value);
+
+// Where a value read by Section::ReadSecret came from: the file, the environment, or nowhere.
+struct ValueSource {
+  std::string key;                   // the full dotted key
+  std::string env;                   // the environment variable it came from, or ""
+  const TomlValue* value = nullptr;  // the file's value, when that is what was used
+  // The value as a message may show it (masked), quoted after a check's message by
+  // Section::Check ("..., got \"amqp://u:***@mq/\""); "" shows nothing.
+  std::string shown;
+
+  [[nodiscard]] bool from_env() const { return !env.empty(); }
+  // " (from OUTBOX_SINK_ORDERS_URL)" for a value from the environment, else "".
+  [[nodiscard]] std::string Origin() const { return env.empty() ? "" : " (from " + env + ")"; }
+  // Throws ConfigError(key, message + where the value came from).
+  [[noreturn]] void Fail(const std::string& message) const {
+    config::Fail(key, message + Origin(), value);
+  }
+};
 
 // A table of the file being read (or an absent one); every error names the full dotted key.
 class Section {
@@ -232,6 +251,31 @@ class Section {
     }
     return true;
   }
+
+  // A string that may hold a secret (a password, a token, a URL with user info), so that it may
+  // come from the environment instead: the variable `env`, when set and not empty, wins over the
+  // file. Leaves `out` alone when neither has it; `required`: then throws "is required (or set
+  // <env>)". A message about the value goes through the returned source's Fail, which says where
+  // it came from (and never points at the file's line when the environment's value was used).
+  ValueSource ReadSecret(std::string_view key, const std::string& env, const GetenvFn& getenv,
+                         std::string& out, bool required = false) const {
+    ValueSource source{.key = Key(key), .env = {}, .value = Find(key)};
+    Read(key, out);
+    if (std::optional<std::string> from_env = Env(getenv, env)) {
+      out = std::move(*from_env);
+      source.env = env;
+      source.value = nullptr;
+    }
+    if (required && out.empty()) source.Fail("is required (or set " + env + ")");
+    return source;
+  }
+
+  // Runs `check`, a component's own validation of what was read here (a sink's ValidateOptions),
+  // which throws ConfigError naming its own keys ("url", "librdkafka.<property>": a sub-table's
+  // key); throws it again under this table's key, pointing at the value in the file. A key read by
+  // ReadSecret is reported by its source in `sources` (which says where its value came from).
+  void Check(const std::function<void()>& check,
+             std::initializer_list<const ValueSource*> sources = {}) const;
 
   // A string that must be one of `choices`.
   bool ReadChoice(std::string_view key, std::initializer_list<std::string_view> choices,

@@ -18,6 +18,14 @@ constexpr bool StartsWithNoCase(std::string_view text, std::string_view prefix) 
   return true;
 }
 
+// `text` has a C0 control character or DEL (for names and values a person reads in a message).
+constexpr bool HasControlCharacter(std::string_view text) {
+  for (const char c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == '\x7f') return true;
+  }
+  return false;
+}
+
 // `a` and `b` are equal, A-Z and a-z taken as equal.
 constexpr bool EqualsNoCase(std::string_view a, std::string_view b) {
   return a.size() == b.size() && StartsWithNoCase(a, b);

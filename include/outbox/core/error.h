@@ -4,19 +4,27 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace outbox {
 
 // A configuration value is missing, of the wrong type or out of range. `key` names it the way
-// the user wrote it (e.g. "relay.batch_size").
+// the user wrote it (e.g. "relay.batch_size"); what() is "<key>: <message>". A caller that knows
+// the key better (a sink names its own "url"; the user wrote "sinks.orders.url") throws again
+// with its key and message().
 class ConfigError : public std::runtime_error {
  public:
-  ConfigError(std::string key, const std::string& message)
-      : std::runtime_error(key + ": " + message), key_(std::move(key)) {}
+  ConfigError(std::string key, std::string message)
+      : std::runtime_error(key + ": " + message),
+        key_(std::move(key)),
+        message_(std::move(message)) {}
   [[nodiscard]] const std::string& key() const { return key_; }
+  // What is wrong, without the key.
+  [[nodiscard]] const std::string& message() const { return message_; }
 
  private:
   std::string key_;
+  std::string message_;
 };
 
 // A message handed to a writer is invalid (empty topic, bad header, payload over the limit).

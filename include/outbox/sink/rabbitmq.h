@@ -76,10 +76,15 @@ struct SinkOptions {
 // The sink's name, as Sink::Name() returns it.
 inline constexpr std::string_view kSinkName = "rabbitmq";
 
+// Checks `options` without connecting: the one check of each option (the sink type's parser
+// calls it, and the sink trusts what it gets; only a name expanded from a template is checked
+// again, per message). Throws outbox::ConfigError naming the offending key ("url", "exchange",
+// "routing_key", "confirm_window", "connect_timeout", "heartbeat", "max_message_bytes",
+// "declare_exchange_type"); messages never contain the password.
+void ValidateOptions(const SinkOptions& options);
+
 // Checks `options` and creates the sink; connecting is lazy (the first Publish), so this works
-// while the broker is down. Throws outbox::ConfigError naming the offending key ("url",
-// "exchange", "routing_key", "confirm_window", "connect_timeout", "heartbeat",
-// "max_message_bytes", "declare_exchange_type"); messages never contain the password.
+// while the broker is down. Throws outbox::ConfigError as ValidateOptions does.
 std::unique_ptr<Sink> OpenSink(SinkOptions options);
 
 }  // namespace outbox::rabbitmq

@@ -6,8 +6,11 @@
 // Threading: one thread calls Publish at a time. A sink that needs its own I/O thread owns it.
 //
 // Errors: broker failures are outcomes, never exceptions. A sink that cannot reach its broker
-// returns kUnavailable for the whole batch (and reconnects on a later call, with its own backoff).
+// returns kUnavailable for the whole batch (and reconnects on a later call, with a backoff).
 // Exceptions are thrown only for misuse and for configuration errors at construction.
+//
+// The sinks of this project are built on SinkBase (sink_base.h), which owns the deadline, the one
+// outcome per message and the reconnect backoff; this interface is what the relay calls.
 
 #include <optional>
 #include <span>

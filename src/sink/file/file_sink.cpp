@@ -14,6 +14,7 @@
 #include "json_line.h"
 #include "outbox/core/error.h"
 #include "outbox/sink/file.h"
+#include "outbox/sink/sink_base.h"
 
 namespace outbox::file {
 namespace {
@@ -80,31 +81,41 @@ int SyncParentDirectory(const std::string& path) {
   return fd.Close();
 }
 
-class FileSink final : public Sink {
+// The output is opened again on the first call after it was closed, at once (no backoff: an open
+// costs nothing, and a persistent error is reported again each time).
+class FileSink final : public SinkBase {
  public:
   FileSink(SinkOptions options, Output output)
-      : options_(std::move(options)), output_(std::move(output)) {}
+      : SinkBase(Backoff{std::chrono::milliseconds{0}, std::chrono::milliseconds{0}}),
+        options_(std::move(options)),
+        output_(std::move(output)) {}
 
   [[nodiscard]] std::string_view Name() const override { return "file"; }
 
-  std::vector<PublishOutcome> Publish(std::span<const Envelope> batch, Deadline deadline) override {
-    std::vector<PublishOutcome> outcomes;
-    outcomes.reserve(batch.size());
-    if (batch.empty()) return outcomes;
-    if (!output_) {
-      OpenResult opened = OpenOutput(options_);
-      if (!opened.output) return AllFailed(batch, FailureKind::kUnavailable, opened.error);
-      output_ = std::move(opened.output);
-      parent_synced_ = false;
-    }
+  void Close() override {
+    if (output_) output_->fd.Close();
+    output_.reset();
+  }
 
+ private:
+  bool Connected(Deadline /*deadline*/) override { return output_.has_value(); }
+
+  std::optional<std::string> Connect(Deadline /*deadline*/) override {
+    OpenResult opened = OpenOutput(options_);
+    if (!opened.output) return std::move(opened.error);
+    output_ = std::move(opened.output);
+    parent_synced_ = false;
+    return std::nullopt;
+  }
+
+  void Send(Batch& batch, Deadline deadline) override {
     // The whole batch in one buffer, so that a regular file gets it in one write(2) (appends of
     // other writers do not interleave with it) and we know where each message's line ends.
     std::string buffer;
     if (mid_line_) buffer.push_back('\n');
     std::vector<std::size_t> line_ends;
     line_ends.reserve(batch.size());
-    for (const Envelope& envelope : batch) {
+    for (const Envelope& envelope : batch.envelopes()) {
       AppendJsonLine(envelope, buffer, options_.envelope);
       line_ends.push_back(buffer.size());
     }
@@ -130,23 +141,8 @@ class FileSink final : public Sink {
       if (!result.timed_out) Close();
     }
     for (std::size_t i = 0; i < batch.size(); ++i) {
-      outcomes.push_back({batch[i].id, i < complete ? sync_failure : write_failure});
+      batch.Settle(i, i < complete ? sync_failure : write_failure);
     }
-    return outcomes;
-  }
-
-  void Close() override {
-    if (output_) output_->fd.Close();
-    output_.reset();
-  }
-
- private:
-  static std::vector<PublishOutcome> AllFailed(std::span<const Envelope> batch, FailureKind kind,
-                                               const std::string& reason) {
-    std::vector<PublishOutcome> outcomes;
-    outcomes.reserve(batch.size());
-    for (const Envelope& envelope : batch) outcomes.push_back({envelope.id, Failure{kind, reason}});
-    return outcomes;
   }
 
   [[nodiscard]] std::string WriteFailureReason(const WriteResult& result,

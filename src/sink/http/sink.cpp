@@ -31,6 +31,7 @@
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/http.h"
 #include "outbox/sink/name_template.h"
+#include "outbox/sink/sink_base.h"
 #include "signature.h"
 #include "url.h"
 
@@ -41,8 +42,8 @@ using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 // A host that could not be reached gets nothing for this long, doubling up to the maximum.
-constexpr milliseconds kMinHostBackoff{100};
-constexpr milliseconds kMaxHostBackoff{5000};
+constexpr milliseconds kMinHostBackoff = kMinReconnectBackoff;
+constexpr milliseconds kMaxHostBackoff = kMaxReconnectBackoff;
 // A 429 without Retry-After: the host gets nothing for this long.
 constexpr milliseconds kTooManyRequestsPause{1000};
 // Request timeouts of this many different messages in a row, with no answer from their host in
@@ -82,7 +83,7 @@ std::string HeaderLine(std::string_view name, std::string_view value) {
   return line;
 }
 
-class HttpSink final : public Sink {
+class HttpSink final : public SinkBase {
  public:
   explicit HttpSink(SinkOptions options)
       : options_(std::move(options)),
@@ -104,7 +105,13 @@ class HttpSink final : public Sink {
 
   [[nodiscard]] std::string_view Name() const override { return kSinkName; }
 
-  std::vector<PublishOutcome> Publish(std::span<const Envelope> batch, Deadline deadline) override;
+  // No connection of its own: libcurl connects per request, and a host that cannot be reached
+  // is paused on its own (HostDown), not the whole sink.
+  bool Connected(Deadline /*deadline*/) override { return true; }
+  std::optional<std::string> Connect(Deadline /*deadline*/) override { return std::nullopt; }
+  void Send(Batch& verdicts, Deadline deadline) override;
+  void Await(Batch& verdicts, Deadline deadline) override;
+  void Finish(Batch& verdicts, Deadline deadline) override;
 
   void Close() override {
     for (auto& request : running_) {
@@ -122,7 +129,7 @@ class HttpSink final : public Sink {
     std::string wait_reason;
     SteadyClock::time_point down_until;  // could not be reached, or refused the relay
     SteadyClock::time_point down_since;  // when it was last found so
-    milliseconds backoff{0};
+    Backoff backoff{kMinHostBackoff, kMaxHostBackoff};
     std::string down_reason;  // "cannot reach the endpoint: ...", "the endpoint refuses ..."
     // The messages whose requests timed out since the host last answered anything.
     std::vector<Uuid> timed_out;
@@ -157,10 +164,11 @@ class HttpSink final : public Sink {
     std::optional<Failure> broken;  // what its later messages are told
   };
 
-  // The state of one Publish call.
-  struct Batch {
-    std::span<const Envelope> envelopes;
-    std::vector<std::optional<PublishOutcome>> outcomes;
+  // The state of one Publish call besides its verdicts.
+  struct Plan {
+    explicit Plan(Batch& batch)
+        : verdicts(batch), urls(batch.size()), hosts(batch.size(), nullptr) {}
+    Batch& verdicts;
     std::vector<std::string> urls;
     std::vector<HostState*> hosts;
     std::unordered_map<std::string_view, StreamState> streams;
@@ -290,17 +298,17 @@ class HttpSink final : public Sink {
 
   // Records the outcome of message `index` and, for a stream, lets its next message go (after a
   // success) or tells its later messages why they are not sent (after a failure).
-  void Decide(Batch& batch, std::size_t index, std::optional<Failure> failure) {
-    const Envelope& envelope = batch.envelopes[index];
+  void Decide(Plan& batch, std::size_t index, std::optional<Failure> failure) {
+    const Envelope& envelope = batch.verdicts[index];
     const bool published = !failure.has_value();
-    batch.outcomes[index] = PublishOutcome{envelope.id, std::move(failure)};
+    batch.verdicts.Settle(index, std::move(failure));
     if (!envelope.stream_key) return;
     StreamState& stream = batch.streams[*envelope.stream_key];
     stream.busy = false;
     // A permanent failure is abandoned by the relay, never accepted later: the rest of the stream
     // goes on. Any other failure is tried again, so nothing after it may be accepted first.
-    if (!published && batch.outcomes[index]->failure->kind != FailureKind::kPermanent) {
-      const Failure& cause = *batch.outcomes[index]->failure;
+    if (!published && batch.verdicts.verdict(index)->kind != FailureKind::kPermanent) {
+      const Failure& cause = *batch.verdicts.verdict(index);
       stream.broken =
           cause.kind == FailureKind::kUnavailable
               ? Failure{FailureKind::kUnavailable,
@@ -316,19 +324,17 @@ class HttpSink final : public Sink {
 
   // The stream's next message becomes ready, unless the stream is broken (then all of the rest
   // are told so).
-  void Advance(Batch& batch, StreamState& stream) {
+  void Advance(Plan& batch, StreamState& stream) {
     while (!stream.rest.empty() && !stream.busy) {
       const std::size_t next = stream.rest.front();
       stream.rest.pop_front();
       if (stream.broken) {
         // (One refused before sending keeps its own, permanent, failure.)
-        if (!batch.outcomes[next]) {
-          batch.outcomes[next] = PublishOutcome{batch.envelopes[next].id, stream.broken};
-        }
+        batch.verdicts.Settle(next, stream.broken);
         continue;
       }
-      if (batch.outcomes[next]) {  // refused before sending: the rest waits for it
-        Decide(batch, next, batch.outcomes[next]->failure);
+      if (batch.verdicts.settled(next)) {  // refused before sending: the rest waits for it
+        Decide(batch, next, batch.verdicts.verdict(next));
         return;
       }
       stream.busy = true;
@@ -337,7 +343,7 @@ class HttpSink final : public Sink {
   }
 
   // Starts what may go now on every host; tells the messages of hosts that wait why.
-  void StartReady(Batch& batch, Deadline deadline) {
+  void StartReady(Plan& batch, Deadline deadline) {
     const auto now = SteadyClock::now();
     bool again = true;
     while (again) {  // a failure here can make a stream's next message ready on another host
@@ -378,8 +384,8 @@ class HttpSink final : public Sink {
     }
   }
 
-  void Start(Batch& batch, std::size_t index, HostState& host, Deadline deadline) {
-    const Envelope& envelope = batch.envelopes[index];
+  void Start(Plan& batch, std::size_t index, HostState& host, Deadline deadline) {
+    const Envelope& envelope = batch.verdicts[index];
     auto request = std::make_unique<Request>();
     request->index = index;
     request->host = &host;
@@ -479,22 +485,21 @@ class HttpSink final : public Sink {
     // the deadline) pauses the host once, with the shortest pause, not once per request.
     if (request.started < host.down_since) return;
     host.down_since = now;
-    host.backoff =
-        host.backoff.count() == 0 ? kMinHostBackoff : std::min(host.backoff * 2, kMaxHostBackoff);
+    const milliseconds pause = host.backoff.Failed();
     if (now >= host.down_until) {
       // (Unreachable: the words the log has always had, which operators and tests look for.)
       const bool unreachable = why.starts_with("cannot reach");
       Log(LogLevel::kWarn, "webhook endpoint " + MaskUrl(request.url) +
                                (unreachable ? " cannot be reached: " : ": ") + why +
                                "; nothing is sent to its host for " +
-                               std::to_string(host.backoff.count()) + " ms");
+                               std::to_string(pause.count()) + " ms");
     }
-    host.down_until = now + host.backoff;
+    host.down_until = now + pause;
     host.down_reason = why;
   }
 
   // A request ended: its outcome, and what it says about its host.
-  void Finish(Batch& batch, Request& request, CURLcode code) {
+  void Conclude(Plan& batch, Request& request, CURLcode code) {
     HostState& host = *request.host;
     --host.in_flight;
     CURL* easy = request.easy.get();
@@ -518,7 +523,7 @@ class HttpSink final : public Sink {
                 ? "the publish deadline (relay.publish_timeout)"
                 : "request_timeout (" + TimeoutText(options_.request_timeout) + ")";
         Failure failure = ClassifyTimeout(sent, limit);
-        const Uuid& id = batch.envelopes[request.index].id;
+        const Uuid& id = batch.verdicts[request.index].id;
         if (host.timed_out.size() < kTimeoutsForDown &&
             std::find(host.timed_out.begin(), host.timed_out.end(), id) == host.timed_out.end()) {
           host.timed_out.push_back(id);
@@ -551,7 +556,7 @@ class HttpSink final : public Sink {
       Refused(batch, request, status, *failure, now);
       return;
     }
-    host.backoff = milliseconds{0};
+    host.backoff.Succeeded();
     host.down_until = {};
     if (!failure && host.refused_at && request.started > *host.refused_at) {
       host.accepted_since_refusal = true;
@@ -584,7 +589,7 @@ class HttpSink final : public Sink {
   // work, so this refusal is about this message (e.g. a 403 on one path while the others are
   // accepted): kRejected, an attempt spent. Either way the refusal is remembered, so that a host
   // that refuses everything from now on (rotated credentials) is blamed from its next refusal.
-  void Refused(Batch& batch, const Request& request, long status, Failure failure,
+  void Refused(Plan& batch, const Request& request, long status, Failure failure,
                SteadyClock::time_point now) {
     HostState& host = *request.host;
     if (host.refused_at && now - *host.refused_at > kRefusalMemory) {
@@ -607,7 +612,7 @@ class HttpSink final : public Sink {
   }
 
   // Collects every request libcurl has finished. True when any had.
-  bool CollectFinished(Batch& batch) {
+  bool CollectFinished(Plan& batch) {
     bool any = false;
     int queued = 0;
     while (CURLMsg* message = curl_multi_info_read(multi_.get(), &queued)) {
@@ -617,7 +622,7 @@ class HttpSink final : public Sink {
       Request* request = nullptr;
       curl_easy_getinfo(easy, CURLINFO_PRIVATE, &request);
       curl_multi_remove_handle(multi_.get(), easy);
-      Finish(batch, *request, code);
+      Conclude(batch, *request, code);
       idle_.push_back(std::move(request->easy));
       std::erase_if(running_, [request](const auto& held) { return held.get() == request; });
       any = true;
@@ -626,7 +631,7 @@ class HttpSink final : public Sink {
   }
 
   // The deadline passed: what is in flight is given up on, what waits is told so.
-  void GiveUp(Batch& batch) {
+  void GiveUp(Plan& batch) {
     for (auto& request : running_) {
       curl_multi_remove_handle(multi_.get(), request->easy.get());
       --request->host->in_flight;
@@ -657,22 +662,18 @@ class HttpSink final : public Sink {
   std::vector<EasyPtr> idle_;
   std::vector<std::unique_ptr<Request>> running_;
   std::map<std::string, HostState, std::less<>> hosts_;
+  std::optional<Plan> plan_;  // of the Publish call in progress
 };
 
-std::vector<PublishOutcome> HttpSink::Publish(std::span<const Envelope> batch_envelopes,
-                                              Deadline deadline) {
-  Batch batch;
-  batch.envelopes = batch_envelopes;
-  const std::size_t size = batch_envelopes.size();
-  batch.outcomes.resize(size);
-  batch.urls.resize(size);
-  batch.hosts.resize(size, nullptr);
+// Plans the batch: what cannot be sent is permanent at once; each host gets a queue of what may go
+// now (messages without a stream, and the first of each stream).
+void HttpSink::Send(Batch& verdicts, Deadline deadline) {
+  Plan& batch = plan_.emplace(verdicts);
   HostState* fixed = fixed_host_ ? &Host(*fixed_host_) : nullptr;
-
-  for (std::size_t i = 0; i < size; ++i) {
-    const Envelope& envelope = batch_envelopes[i];
+  for (std::size_t i = 0; i < verdicts.size(); ++i) {
+    const Envelope& envelope = verdicts[i];
     if (std::string problem = Problem(envelope); !problem.empty()) {
-      batch.outcomes[i] = PublishOutcome{envelope.id, Failure{FailureKind::kPermanent, problem}};
+      verdicts.Fail(i, FailureKind::kPermanent, problem);
     } else {
       batch.urls[i] = url_.Expand(envelope, &EncodePlaceholder);
       if (fixed != nullptr) {
@@ -682,9 +683,8 @@ std::vector<PublishOutcome> HttpSink::Publish(std::span<const Envelope> batch_en
         if (check.host) {
           batch.hosts[i] = &Host(check.host->key);
         } else {
-          batch.outcomes[i] = PublishOutcome{
-              envelope.id, Failure{FailureKind::kPermanent,
-                                   "url " + MaskUrl(batch.urls[i]) + " " + check.problem}};
+          verdicts.Fail(i, FailureKind::kPermanent,
+                        "url " + MaskUrl(batch.urls[i]) + " " + check.problem);
         }
       }
       if (batch.hosts[i] != nullptr && std::find(batch.active.begin(), batch.active.end(),
@@ -693,49 +693,42 @@ std::vector<PublishOutcome> HttpSink::Publish(std::span<const Envelope> batch_en
       }
     }
     if (!envelope.stream_key) {
-      if (!batch.outcomes[i]) batch.hosts[i]->ready.push_back(i);
+      if (!verdicts.settled(i)) batch.hosts[i]->ready.push_back(i);
       continue;
     }
     StreamState& stream = batch.streams[*envelope.stream_key];
     stream.rest.push_back(i);
     if (!stream.busy) Advance(batch, stream);
   }
+  StartReady(batch, deadline);
+}
 
-  if (SteadyClock::now() >= deadline) {
-    GiveUp(batch);
-  } else {
-    StartReady(batch, deadline);
-    while (!running_.empty()) {
-      int still_running = 0;
-      const CURLMcode performed = curl_multi_perform(multi_.get(), &still_running);
-      if (performed != CURLM_OK) {
-        Log(LogLevel::kError, std::string{"libcurl: "} + curl_multi_strerror(performed));
-        break;
-      }
-      if (CollectFinished(batch)) {
-        StartReady(batch, deadline);
-        continue;
-      }
-      const auto now = SteadyClock::now();
-      if (now >= deadline) break;
-      const int wait_ms = static_cast<int>(std::min(Until(deadline, now), kLongestPoll).count());
-      curl_multi_poll(multi_.get(), nullptr, 0, std::max(wait_ms, 1), nullptr);
+// Drives the requests until each is answered or the deadline passes.
+void HttpSink::Await(Batch& /*verdicts*/, Deadline deadline) {
+  Plan& batch = *plan_;
+  while (!running_.empty()) {
+    int still_running = 0;
+    const CURLMcode performed = curl_multi_perform(multi_.get(), &still_running);
+    if (performed != CURLM_OK) {
+      Log(LogLevel::kError, std::string{"libcurl: "} + curl_multi_strerror(performed));
+      break;
     }
-    GiveUp(batch);
+    if (CollectFinished(batch)) {
+      StartReady(batch, deadline);
+      continue;
+    }
+    const auto now = SteadyClock::now();
+    if (now >= deadline) break;
+    const int wait_ms = static_cast<int>(std::min(Until(deadline, now), kLongestPoll).count());
+    curl_multi_poll(multi_.get(), nullptr, 0, std::max(wait_ms, 1), nullptr);
   }
+}
 
-  std::vector<PublishOutcome> outcomes;
-  outcomes.reserve(size);
-  for (std::size_t i = 0; i < size; ++i) {
-    if (batch.outcomes[i]) {
-      outcomes.push_back(std::move(*batch.outcomes[i]));
-    } else {  // cannot happen: every message is decided above
-      outcomes.push_back(PublishOutcome{
-          batch_envelopes[i].id, Failure{FailureKind::kOutcomeUnknown, "no outcome was recorded"}});
-    }
-  }
-  for (HostState* host : batch.active) host->in_flight = 0;
-  return outcomes;
+void HttpSink::Finish(Batch& /*verdicts*/, Deadline /*deadline*/) {
+  if (!plan_) return;
+  GiveUp(*plan_);
+  for (HostState* host : plan_->active) host->in_flight = 0;
+  plan_.reset();
 }
 
 }  // namespace

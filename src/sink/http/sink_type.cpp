@@ -23,9 +23,10 @@ constexpr std::int64_t kMaxInFlight = 10000;
 constexpr std::int64_t kMaxMessageBytes = std::int64_t{64} * 1024 * 1024;
 
 // secrets: one string or an array of strings; the environment (space-separated) wins.
-void ReadSecrets(const config::Section& sink, std::string_view name, const config::GetenvFn& getenv,
-                 SinkOptions& options) {
+config::ValueSource ReadSecrets(const config::Section& sink, std::string_view name,
+                                const config::GetenvFn& getenv, SinkOptions& options) {
   const config::TomlValue* value = sink.Find("secrets");
+  config::ValueSource source{.key = sink.Key("secrets"), .env = {}, .value = value};
   if (value != nullptr) {
     if (value->is_string()) {
       options.secrets.push_back(value->as_string().str);
@@ -44,6 +45,7 @@ void ReadSecrets(const config::Section& sink, std::string_view name, const confi
   }
   const std::string env = SinkSecretEnv(name, "secrets");
   if (auto from_env = config::Env(getenv, env)) {
+    source = {.key = sink.Key("secrets"), .env = env, .value = nullptr};
     options.secrets.clear();
     std::istringstream words{*from_env};
     for (std::string secret; words >> secret;) options.secrets.push_back(secret);
@@ -54,6 +56,7 @@ void ReadSecrets(const config::Section& sink, std::string_view name, const confi
                                     "file's secrets)");
     }
   }
+  return source;
 }
 
 // headers: an inline table (or a sub-table) of strings, in the order written.
@@ -118,19 +121,11 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
   SinkOptions options;
 
   // url: required; the environment wins (it may hold a password).
-  const std::string url_env = SinkSecretEnv(name, "url");
-  sink.Read("url", options.url);
-  const config::TomlValue* url_value = sink.Find("url");
-  std::string url_origin;
-  if (auto url = config::Env(getenv, url_env)) {
-    options.url = std::move(*url);
-    url_origin = " (from " + url_env + ")";
-    url_value = nullptr;
-  }
-  if (options.url.empty()) Fail(sink.Key("url"), "is required (or set " + url_env + ")", url_value);
+  const config::ValueSource url =
+      sink.ReadSecret("url", SinkSecretEnv(name, "url"), getenv, options.url, /*required=*/true);
 
   sink.ReadChoice("method", {"POST", "PUT"}, options.method);
-  ReadSecrets(sink, name, getenv, options);
+  const config::ValueSource secrets = ReadSecrets(sink, name, getenv, options);
   ReadHeaders(sink, options);
   sink.ReadInteger("max_in_flight", 1, kMaxInFlight, options.max_in_flight);
   sink.ReadDuration("connect_timeout", milliseconds{1}, std::chrono::minutes{10},
@@ -154,17 +149,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
 
   // The rest (the URL and its template, header names, secrets, files), named by key; the
   // messages never quote a secret or a header's value.
-  try {
-    ValidateOptions(options);
-  } catch (const ConfigError& error) {
-    const std::string& key = error.key();
-    const std::string message = std::string{error.what()}.substr(key.size() + 2);
-    const config::TomlValue* where = key == "url" ? url_value : sink.Find(key);
-    if (key == "secrets" && config::Env(getenv, SinkSecretEnv(name, "secrets"))) {
-      Fail(sink.Key(key), message + " (from " + SinkSecretEnv(name, "secrets") + ")");
-    }
-    Fail(sink.Key(key), message + (key == "url" ? url_origin : std::string{}), where);
-  }
+  sink.Check([&] { ValidateOptions(options); }, {&url, &secrets});
   return std::make_unique<const SinkSettings>(std::move(options));
 }
 

@@ -30,10 +30,12 @@
 
 #include "classify.h"
 #include "handles.h"
+#include "outbox/core/ascii.h"
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/kafka.h"
 #include "outbox/sink/name_template.h"
+#include "outbox/sink/sink_base.h"
 
 namespace outbox::kafka {
 namespace {
@@ -47,6 +49,7 @@ constexpr milliseconds kSocketTimeout{30000};
 constexpr milliseconds kQueueFullWait{50};
 constexpr milliseconds kFlushSlice{1000};  // how often a long wait looks for a fatal error
 constexpr std::size_t kMaxCachedTopics = 1024;
+constexpr std::size_t kMaxTopicBytes = 249;  // Kafka's limit on a topic name
 
 // Properties the sink sets itself, with the aliases librdkafka knows them by.
 constexpr std::array<std::string_view, 19> kReservedProperties = {
@@ -91,8 +94,13 @@ void Set(rd_kafka_conf_t* conf, const std::string& key, const std::string& name,
 // checks the whole configuration without connecting anywhere.
 ConfPtr BuildConf(const SinkOptions& options, bool probe = false) {
   if (!ParseBrokers(options.brokers)) {
-    throw ConfigError("brokers",
-                      "expected host:port[,host:port...], got " + Quote(options.brokers));
+    // (Not quoted: a caller that knows how to mask it may; the type's parser does.)
+    throw ConfigError("brokers", "expected host:port[,host:port...]");
+  }
+  // The template as written; each expanded topic is checked again when a message is prepared.
+  if (options.topic.empty() || options.topic.size() > kMaxTopicBytes ||
+      HasControlCharacter(options.topic)) {
+    throw ConfigError("topic", "must be 1 to 249 bytes without control characters");
   }
   NameTemplate::Parse(options.topic, "topic");
   if (std::find(kCompressions.begin(), kCompressions.end(), options.compression) ==
@@ -160,10 +168,14 @@ struct Record {
   HeadersPtr headers;
 };
 
-class KafkaSink final : public Sink {
+// The producer is made by the first Publish, and again after a fatal error; a failure to make it
+// is tried again on the next call (no backoff: it connects nothing).
+class KafkaSink final : public SinkBase {
  public:
   explicit KafkaSink(SinkOptions options)
-      : options_(std::move(options)), topic_(NameTemplate::Parse(options_.topic, "topic")) {
+      : SinkBase(Backoff{milliseconds{0}, milliseconds{0}}),
+        options_(std::move(options)),
+        topic_(NameTemplate::Parse(options_.topic, "topic")) {
     // What only rd_kafka_new checks (combinations of properties), without connecting: the
     // producer itself is made by the first Publish, so that opening (and --check-config) sends
     // nothing.
@@ -180,8 +192,6 @@ class KafkaSink final : public Sink {
 
   [[nodiscard]] std::string_view Name() const override { return kSinkName; }
 
-  std::vector<PublishOutcome> Publish(std::span<const Envelope> batch, Deadline deadline) override;
-
   void Close() override {
     if (!producer_) return;
     rd_kafka_flush(producer_.get(), static_cast<int>(kCloseFlush.count()));
@@ -197,18 +207,10 @@ class KafkaSink final : public Sink {
   }
 
  private:
-  // The verdicts of one Publish call.
+  // What one Publish call keeps besides its verdicts (a produced message is marked sent).
   struct BatchState {
-    BatchState(std::size_t size, std::uint64_t first) : first_token(first), verdicts(size) {
-      settled.assign(size, false);
-      produced.assign(size, false);
-    }
-    std::uint64_t first_token;
-    std::vector<std::optional<Failure>> verdicts;
-    std::vector<bool> settled;
-    std::vector<bool> produced;
+    std::uint64_t first_token = 0;
     std::size_t waiting = 0;  // produced, no report yet
-    std::string stop_reason;  // why the rest of the batch was not produced
     std::string cut_off;      // why every broker connection was lost during the batch, if it was
   };
 
@@ -225,8 +227,8 @@ class KafkaSink final : public Sink {
     } else if (log_level_ >= 3) {
       std::fprintf(stderr, "%%3|ERROR|%s| %s\n", rd_kafka_name(handle), text.c_str());
     }
-    if (error != RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN || !batch_) return;
-    batch_->cut_off = text;
+    if (error != RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN || !state_) return;
+    state_->cut_off = text;
     rd_kafka_yield(handle);
   }
 
@@ -236,17 +238,15 @@ class KafkaSink final : public Sink {
   }
 
   void OnDelivery(rd_kafka_t* handle, const rd_kafka_message_t& message) {
-    if (!batch_) return;
-    BatchState* const state = &*batch_;
+    if (!state_ || batch() == nullptr) return;
+    BatchState* const state = &*state_;
     const auto token = reinterpret_cast<std::uintptr_t>(message._private);
-    if (token < state->first_token || token - state->first_token >= state->settled.size()) return;
+    if (token < state->first_token || token - state->first_token >= batch()->size()) return;
     const std::size_t index = token - state->first_token;
-    if (state->settled[index]) return;
+    if (batch()->settled(index)) return;
     std::string fatal;
     if (message.err != RD_KAFKA_RESP_ERR_NO_ERROR) fatal = FatalError();
-    state->verdicts[index] =
-        ClassifyDelivery(message.err, rd_kafka_message_status(&message), fatal);
-    state->settled[index] = true;
+    batch()->Settle(index, ClassifyDelivery(message.err, rd_kafka_message_status(&message), fatal));
     if (--state->waiting == 0) rd_kafka_yield(handle);
   }
 
@@ -300,9 +300,12 @@ class KafkaSink final : public Sink {
     return topics_.emplace(name, std::move(topic)).first->second.get();
   }
 
+  bool Connected(Deadline deadline) override;
+  std::optional<std::string> Connect(Deadline deadline) override;
+  void Send(Batch& batch, Deadline deadline) override;
+  void Await(Batch& batch, Deadline deadline) override;
+  void Finish(Batch& batch, Deadline deadline) override;
   std::optional<Failure> Prepare(const Envelope& envelope, Record& out) const;
-  void ProduceAll(std::span<const Envelope> batch, Deadline deadline);
-  void AwaitReports(Deadline deadline);
   void PurgeQueued();
 
   SinkOptions options_;
@@ -311,7 +314,7 @@ class KafkaSink final : public Sink {
   std::map<std::string, TopicPtr, std::less<>> topics_;
   std::uint64_t next_token_ = 1;
   int log_level_ = 6;                // librdkafka's log_level property
-  std::optional<BatchState> batch_;  // the Publish call in progress
+  std::optional<BatchState> state_;  // the Publish call in progress
 };
 
 void LogCallback(const rd_kafka_t* handle, int level, const char* facility, const char* text) {
@@ -319,53 +322,33 @@ void LogCallback(const rd_kafka_t* handle, int level, const char* facility, cons
   if (sink != nullptr) sink->Log(level, std::string{"librdkafka "} + facility + ": " + text);
 }
 
-std::vector<PublishOutcome> KafkaSink::Publish(std::span<const Envelope> batch, Deadline deadline) {
-  if (producer_ && !batch.empty() && !FatalError().empty()) DestroyProducer();
+bool KafkaSink::Connected(Deadline /*deadline*/) {
+  if (producer_ && !FatalError().empty()) DestroyProducer();
   // Errors raised between batches (brokers down while idle) are not this batch's.
-  if (producer_ && !batch.empty()) rd_kafka_poll(producer_.get(), 0);
-  BatchState& state = batch_.emplace(batch.size(), next_token_);
-  next_token_ += batch.size();
-  if (!batch.empty()) {
-    std::string error;
-    if (!producer_ && !CreateProducer(error)) {
-      state.stop_reason = "cannot create the producer: " + error;
-    } else if (SteadyClock::now() >= deadline) {
-      state.stop_reason = "the deadline had already passed";
-    } else {
-      ProduceAll(batch, deadline);
-      AwaitReports(deadline);
-      if (state.waiting > 0) PurgeQueued();
-    }
-  }
-  const std::string fatal = FatalError();
+  if (producer_) rd_kafka_poll(producer_.get(), 0);
+  return producer_ != nullptr;
+}
 
-  std::vector<PublishOutcome> outcomes;
-  outcomes.reserve(batch.size());
+std::optional<std::string> KafkaSink::Connect(Deadline /*deadline*/) {
+  std::string error;
+  if (!CreateProducer(error)) return "cannot create the producer: " + error;
+  return std::nullopt;
+}
+
+void KafkaSink::Finish(Batch& batch, Deadline /*deadline*/) {
+  const std::string fatal = FatalError();
   for (std::size_t i = 0; i < batch.size(); ++i) {
-    std::optional<Failure> failure = std::move(state.verdicts[i]);
-    if (!state.settled[i]) {
-      if (state.produced[i]) {
-        failure = Failure{
-            .kind = FailureKind::kOutcomeUnknown,
-            .reason = !fatal.empty() ? "sent, but the producer had a fatal error: " + fatal
-                      : !state.cut_off.empty()
-                          ? "sent, but every broker connection was lost before its delivery "
-                            "report (" +
-                                state.cut_off + ")"
-                          : "sent, but no delivery report by the deadline"};
-      } else {
-        failure =
-            Failure{.kind = FailureKind::kUnavailable,
-                    .reason = "not sent: " + (state.stop_reason.empty() ? std::string{"stopped"}
-                                                                        : state.stop_reason)};
-      }
-    }
-    outcomes.push_back({.id = batch[i].id, .failure = std::move(failure)});
+    if (!batch.sent(i)) continue;  // produced, no report
+    batch.Fail(i, FailureKind::kOutcomeUnknown,
+               !fatal.empty() ? "sent, but the producer had a fatal error: " + fatal
+               : state_ && !state_->cut_off.empty()
+                   ? "sent, but every broker connection was lost before its delivery report (" +
+                         state_->cut_off + ")"
+                   : "sent, but no delivery report by the deadline");
   }
-  batch_.reset();
+  state_.reset();
   // A fatal producer can do nothing more: make the next batch start with a new one.
   if (!fatal.empty()) DestroyProducer();
-  return outcomes;
 }
 
 std::optional<Failure> KafkaSink::Prepare(const Envelope& envelope, Record& out) const {
@@ -424,29 +407,27 @@ std::optional<Failure> KafkaSink::Prepare(const Envelope& envelope, Record& out)
   return std::nullopt;
 }
 
-void KafkaSink::ProduceAll(std::span<const Envelope> batch, Deadline deadline) {
-  BatchState& state = *batch_;
+void KafkaSink::Send(Batch& batch, Deadline deadline) {
+  BatchState& state = state_.emplace(BatchState{.first_token = next_token_});
+  next_token_ += batch.size();
   Record record;
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const Envelope& envelope = batch[i];
     if (SteadyClock::now() >= deadline) {
-      state.stop_reason = "the deadline passed before its turn";
+      batch.Stop("the deadline passed before its turn");
       return;
     }
     if (!state.cut_off.empty()) {  // every broker connection is lost: end the batch now
-      state.stop_reason = "every broker connection was lost (" + state.cut_off + ")";
+      batch.Stop("every broker connection was lost (" + state.cut_off + ")");
       return;
     }
     if (auto failure = Prepare(envelope, record)) {
-      state.verdicts[i] = std::move(failure);
-      state.settled[i] = true;
+      batch.Settle(i, std::move(failure));
       continue;
     }
     rd_kafka_topic_t* topic = Topic(record.topic);
     if (topic == nullptr) {
-      state.verdicts[i] =
-          ClassifyProduceError(rd_kafka_last_error(), "topic " + Quote(record.topic));
-      state.settled[i] = true;
+      batch.Settle(i, ClassifyProduceError(rd_kafka_last_error(), "topic " + Quote(record.topic)));
       continue;
     }
     std::array<rd_kafka_vu_t, 7> values{};
@@ -475,7 +456,7 @@ void KafkaSink::ProduceAll(std::span<const Envelope> batch, Deadline deadline) {
       ErrorPtr error{rd_kafka_produceva(producer_.get(), values.data(), count)};
       if (!error) {
         record.headers.release();  // librdkafka owns them now
-        state.produced[i] = true;
+        batch.MarkSent(i);
         ++state.waiting;
         break;
       }
@@ -484,11 +465,11 @@ void KafkaSink::ProduceAll(std::span<const Envelope> batch, Deadline deadline) {
         // Serve reports (which frees room) until the deadline.
         const auto remaining = deadline - SteadyClock::now();
         if (remaining <= SteadyClock::duration::zero()) {
-          state.stop_reason = "the client's queue stayed full until the deadline";
+          batch.Stop("the client's queue stayed full until the deadline");
           return;
         }
         if (!state.cut_off.empty()) {
-          state.stop_reason = "every broker connection was lost (" + state.cut_off + ")";
+          batch.Stop("every broker connection was lost (" + state.cut_off + ")");
           return;
         }
         rd_kafka_poll(
@@ -497,10 +478,9 @@ void KafkaSink::ProduceAll(std::span<const Envelope> batch, Deadline deadline) {
                 std::min(kQueueFullWait, std::chrono::ceil<milliseconds>(remaining)).count()));
         continue;
       }
-      state.verdicts[i] = ClassifyProduceError(code, rd_kafka_error_string(error.get()));
-      state.settled[i] = true;
+      batch.Settle(i, ClassifyProduceError(code, rd_kafka_error_string(error.get())));
       if (code == RD_KAFKA_RESP_ERR__FATAL) {
-        state.stop_reason = "the producer had a fatal error: " + FatalError();
+        batch.Stop("the producer had a fatal error: " + FatalError());
         return;
       }
       break;
@@ -508,27 +488,28 @@ void KafkaSink::ProduceAll(std::span<const Envelope> batch, Deadline deadline) {
   }
 }
 
-void KafkaSink::AwaitReports(Deadline deadline) {
-  BatchState& state = *batch_;
+void KafkaSink::Await(Batch& /*batch*/, Deadline deadline) {
+  BatchState& state = *state_;
   while (state.waiting > 0) {
     const auto remaining = std::chrono::ceil<milliseconds>(deadline - SteadyClock::now());
-    if (remaining <= milliseconds::zero()) return;
+    if (remaining <= milliseconds::zero()) break;
     // Sends what linger.ms would still hold, serves reports, and returns when the callback
     // yields (the batch is complete), everything is delivered, or the slice is over.
     const rd_kafka_resp_err_t result =
         rd_kafka_flush(producer_.get(), static_cast<int>(std::min(remaining, kFlushSlice).count()));
-    if (!FatalError().empty() || !state.cut_off.empty()) return;
+    if (!FatalError().empty() || !state.cut_off.empty()) break;
     if (result == RD_KAFKA_RESP_ERR_NO_ERROR && state.waiting > 0) {
       rd_kafka_poll(producer_.get(), 0);  // nothing left in the client: collect the last reports
-      if (state.waiting > 0) return;
+      if (state.waiting > 0) break;
     }
   }
+  if (state.waiting > 0) PurgeQueued();
 }
 
 void KafkaSink::PurgeQueued() {
   // Blocking: when it returns, the purged messages' reports are queued for the poll below.
   rd_kafka_purge(producer_.get(), RD_KAFKA_PURGE_F_QUEUE);
-  while (batch_->waiting > 0 && rd_kafka_poll(producer_.get(), 0) > 0) {
+  while (state_->waiting > 0 && rd_kafka_poll(producer_.get(), 0) > 0) {
   }
 }
 

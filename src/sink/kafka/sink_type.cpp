@@ -59,29 +59,13 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
   } else {
     sink.Read("brokers", options.brokers);
   }
-  std::string origin;
+  config::ValueSource brokers{.key = sink.Key("brokers"), .env = {}, .value = brokers_value};
   if (auto from_env = config::Env(getenv, brokers_env)) {
     options.brokers = std::move(*from_env);
-    origin = " (from " + brokers_env + ")";
-    brokers_value = nullptr;
+    brokers = {.key = sink.Key("brokers"), .env = brokers_env, .value = nullptr};
   }
-  if (options.brokers.empty()) {
-    Fail(sink.Key("brokers"), "is required (or set " + brokers_env + ")", brokers_value);
-  }
-  if (!ParseBrokers(options.brokers)) {
-    Fail(sink.Key("brokers"),
-         "expected host:port[,host:port...], got " + Quoted(config::MaskPassword(options.brokers)) +
-             origin,
-         brokers_value);
-  }
-
-  if (sink.Read("topic", options.topic)) {
-    if (options.topic.empty() || options.topic.size() > 249 ||
-        config::HasControlCharacter(options.topic)) {
-      Fail(sink.Key("topic"), "must be 1 to 249 bytes without control characters",
-           sink.Find("topic"));
-    }
-  }
+  if (options.brokers.empty()) brokers.Fail("is required (or set " + brokers_env + ")");
+  sink.Read("topic", options.topic);
   sink.ReadChoice("compression", {"none", "gzip", "snappy", "lz4", "zstd"}, options.compression);
   sink.ReadDuration("linger", milliseconds{0}, std::chrono::minutes{15}, options.linger);
   sink.ReadInteger("max_in_flight", 1, 5, options.max_in_flight);
@@ -102,19 +86,10 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
     }
   }
 
-  // What the sink or librdkafka refuses (a property the sink sets itself, an unknown property, a
-  // bad value), named by key.
-  try {
-    ValidateOptions(options);
-  } catch (const ConfigError& error) {
-    const std::string& key = error.key();
-    const std::string message = std::string{error.what()}.substr(key.size() + 2);
-    if (key.starts_with("librdkafka.")) {
-      const std::string property = key.substr(std::string_view{"librdkafka."}.size());
-      Fail(properties.Key(property), message, properties.Find(property));
-    }
-    Fail(sink.Key(key), message, sink.Find(key));
-  }
+  // The values themselves (the brokers, the topic template, a property the sink sets itself, an
+  // unknown property, a bad value), checked where the sink and librdkafka check them, once.
+  brokers.shown = config::MaskPassword(options.brokers);
+  sink.Check([&] { ValidateOptions(options); }, {&brokers});
   return std::make_unique<const SinkSettings>(std::string{name}, std::move(options));
 }
 

@@ -57,6 +57,7 @@
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/nats.h"
+#include "outbox/sink/sink_base.h"
 
 namespace outbox::nats {
 namespace {
@@ -64,8 +65,6 @@ namespace {
 using std::chrono::milliseconds;
 using SteadyClock = std::chrono::steady_clock;
 
-constexpr milliseconds kMinBackoff{100};
-constexpr milliseconds kMaxBackoff{5000};
 // How long the liveness PING at the start of a Publish may wait for its PONG.
 constexpr milliseconds kProbeWait{100};
 // PINGs without a PONG at which libnats gives a connection up (ping_interval in sink/nats.h).
@@ -87,16 +86,7 @@ constexpr milliseconds kMinTimeForCheck{20};
 constexpr std::size_t kMaxPending = 100000;
 constexpr std::size_t kMaxMessageBytes =
     std::size_t{64} * 1024 * 1024;  // NATS' hard limit on max_payload
-constexpr std::size_t kNoIndex = std::numeric_limits<std::size_t>::max();
-
-Failure MakeFailure(FailureKind kind, std::string reason) {
-  return Failure{.kind = kind, .reason = std::move(reason)};
-}
-
-std::string Shorten(std::string_view text, std::size_t max = 64) {
-  if (text.size() <= max) return std::string{text};
-  return std::string{text.substr(0, max)} + "...";
-}
+constexpr std::size_t kNoIndex = SinkBase::kNoIndex;
 
 std::string Seconds(std::chrono::nanoseconds duration) {
   const auto ms = std::chrono::duration_cast<milliseconds>(duration).count();
@@ -295,7 +285,7 @@ void OnAsyncError(natsConnection* connection, natsSubscription* /*subscription*/
 
 // ---- The sink ----
 
-class NatsSink final : public Sink {
+class NatsSink final : public SinkBase {
  public:
   explicit NatsSink(SinkOptions options)
       : options_(std::move(options)),
@@ -313,26 +303,12 @@ class NatsSink final : public Sink {
 
   [[nodiscard]] std::string_view Name() const override { return kSinkName; }
 
-  std::vector<PublishOutcome> Publish(std::span<const Envelope> batch, Deadline deadline) override;
-
   void Close() override {
     pending_.clear();
     Disconnect();
   }
 
  private:
-  // The verdicts of one Publish call.
-  struct BatchState {
-    explicit BatchState(std::size_t size) : verdicts(size), settled(size, false) {}
-    std::vector<std::optional<Failure>> verdicts;
-    std::vector<bool> settled;
-    std::size_t in_flight = 0;  // published by this call, no ack applied yet
-    std::string stop_reason;    // why the rest of the batch was not sent
-    // Answered "no responders": a server shutting down stops JetStream before it closes its
-    // connections, and meanwhile answers so for every subject.
-    std::vector<std::size_t> no_responders;
-  };
-
   // One connection and what belongs to it.
   struct Link {
     std::shared_ptr<Mailbox> mailbox;
@@ -346,13 +322,9 @@ class NatsSink final : public Sink {
   };
 
   void Settle(std::size_t index, std::optional<Failure> failure) {
-    if (index == kNoIndex || batch_->settled[index]) return;
-    batch_->settled[index] = true;
-    batch_->verdicts[index] = std::move(failure);
+    batch()->Settle(index, std::move(failure));
   }
-  void Stop(std::string reason) {
-    if (batch_->stop_reason.empty()) batch_->stop_reason = std::move(reason);
-  }
+  void Stop(std::string reason) { batch()->Stop(std::move(reason)); }
   [[nodiscard]] std::string Mask(std::string text) const {
     return MaskSecrets(std::move(text), secrets_);
   }
@@ -360,11 +332,13 @@ class NatsSink final : public Sink {
     if (options_.log) options_.log(level, message);
   }
 
-  bool Ready(Deadline deadline);
-  bool Connect(Deadline deadline);
+  bool Connected(Deadline deadline) override;
+  std::optional<std::string> Connect(Deadline deadline) override;
+  void Send(Batch& batch, Deadline deadline) override;
+  void Await(Batch& batch, Deadline deadline) override;
+  void Finish(Batch& batch, Deadline deadline) override;
   OptionsPtr MakeOptions(milliseconds timeout, void* closure, std::string& error) const;
   std::optional<Failure> Prepare(const Envelope& envelope, MsgPtr& out, std::string& subject) const;
-  void PublishAll(std::span<const Envelope> batch, Deadline deadline);
   bool WaitForAcks(Deadline deadline);
   void ApplyAcks();
   void LoseConnection(const std::string& reason);
@@ -381,38 +355,25 @@ class NatsSink final : public Sink {
   std::map<std::uint64_t, std::size_t> pending_;  // token -> batch index (kNoIndex: answered)
   std::vector<std::string> subjects_;             // by batch index, for the reasons of rejects
 
-  // Reconnect backoff: after a failed connect, no new attempt before next_connect_at_.
-  milliseconds backoff_{0};
-  SteadyClock::time_point next_connect_at_{};
-  std::string last_connect_error_;
+  // Of the Publish call in progress: published, no ack applied yet; answered "no responders" (a
+  // server shutting down stops JetStream before it closes its connections, and meanwhile answers
+  // so for every subject).
+  std::size_t in_flight_ = 0;
+  std::vector<std::size_t> no_responders_;
 
   // Streams whose duplicate window is still to be compared with the lease, and those done.
   std::set<std::string> due_checks_;
   std::set<std::string> checked_;
   std::map<std::string, int> check_tries_;
-
-  BatchState* batch_ = nullptr;  // the Publish call in progress
 };
 
-std::vector<PublishOutcome> NatsSink::Publish(std::span<const Envelope> batch, Deadline deadline) {
-  BatchState state(batch.size());
-  batch_ = &state;
-  struct Detach {
-    BatchState*& batch;
-    ~Detach() { batch = nullptr; }
-  } detach{batch_};
-  subjects_.assign(batch.size(), std::string{});
-  if (!batch.empty()) {
-    if (SteadyClock::now() >= deadline) {
-      Stop("the deadline had already passed");
-    } else if (Ready(deadline)) {
-      PublishAll(batch, deadline);
-      while (state.in_flight > 0 && link_) {
-        if (!WaitForAcks(deadline) && SteadyClock::now() >= deadline) break;
-      }
-    }
+void NatsSink::Await(Batch& /*batch*/, Deadline deadline) {
+  while (in_flight_ > 0 && link_) {
+    if (!WaitForAcks(deadline) && SteadyClock::now() >= deadline) break;
   }
+}
 
+void NatsSink::Finish(Batch& /*batch*/, Deadline deadline) {
   // Whatever still awaits its ack has no verdict by the deadline; its late ack will be ignored.
   for (auto& [token, index] : pending_) {
     if (index == kNoIndex) continue;
@@ -420,21 +381,12 @@ std::vector<PublishOutcome> NatsSink::Publish(std::span<const Envelope> batch, D
                               "sent, but no ack from JetStream by the deadline"));
     index = kNoIndex;
   }
-  std::vector<PublishOutcome> outcomes;
-  outcomes.reserve(batch.size());
-  for (std::size_t i = 0; i < batch.size(); ++i) {
-    if (!state.settled[i]) {
-      state.verdicts[i] = MakeFailure(
-          FailureKind::kUnavailable,
-          "not sent: " + (state.stop_reason.empty() ? std::string{"stopped"} : state.stop_reason));
-    }
-    outcomes.push_back({.id = batch[i].id, .failure = std::move(state.verdicts[i])});
-  }
+  in_flight_ = 0;
+  no_responders_.clear();
   CheckDuplicateWindows(deadline);
-  return outcomes;
 }
 
-bool NatsSink::Ready(Deadline deadline) {
+bool NatsSink::Connected(Deadline deadline) {
   if (link_) {
     bool closed = false;
     std::string reason;
@@ -462,11 +414,9 @@ bool NatsSink::Ready(Deadline deadline) {
     if (closed) {
       ApplyAcks();  // those that came before the end
       LoseConnection(reason);
-      batch_->stop_reason.clear();  // a connection lost and made anew below is no reason to stop
     }
   }
-  if (!link_ && !Connect(deadline)) return false;
-  return true;
+  return link_.has_value();
 }
 
 OptionsPtr NatsSink::MakeOptions(milliseconds timeout, void* closure, std::string& error) const {
@@ -545,13 +495,8 @@ OptionsPtr NatsSink::MakeOptions(milliseconds timeout, void* closure, std::strin
   return options;
 }
 
-bool NatsSink::Connect(Deadline deadline) {
+std::optional<std::string> NatsSink::Connect(Deadline deadline) {
   const auto now = SteadyClock::now();
-  if (now < next_connect_at_) {
-    Stop(last_connect_error_ + " (next attempt in " +
-         std::to_string(std::chrono::ceil<milliseconds>(next_connect_at_ - now).count()) + " ms)");
-    return false;
-  }
   // Per server: libnats tries them in turn, each with this timeout.
   const auto remaining = std::chrono::duration_cast<milliseconds>(deadline - now) /
                          static_cast<int>(servers_.addresses.size());
@@ -589,16 +534,11 @@ bool NatsSink::Connect(Deadline deadline) {
     Mailboxes().Remove(closure);
     link.js.reset();
     link.connection.reset();
-    backoff_ = backoff_ == milliseconds::zero() ? kMinBackoff : std::min(backoff_ * 2, kMaxBackoff);
-    next_connect_at_ = SteadyClock::now() + backoff_;
-    last_connect_error_ = error;
-    Stop(error);
-    return false;
+    return error;
   }
   link.max_payload = natsConnection_GetMaxPayload(link.connection.get());
   link_.emplace(std::move(link));
-  backoff_ = milliseconds::zero();
-  return true;
+  return std::nullopt;
 }
 
 std::optional<Failure> NatsSink::Prepare(const Envelope& envelope, MsgPtr& out,
@@ -687,7 +627,10 @@ std::optional<Failure> NatsSink::Prepare(const Envelope& envelope, MsgPtr& out,
   return std::nullopt;
 }
 
-void NatsSink::PublishAll(std::span<const Envelope> batch, Deadline deadline) {
+void NatsSink::Send(Batch& batch, Deadline deadline) {
+  subjects_.assign(batch.size(), std::string{});
+  in_flight_ = 0;
+  no_responders_.clear();
   MsgPtr message;
   std::size_t since_applied = 0;
   jsPubOptions publish_options;
@@ -734,7 +677,7 @@ void NatsSink::PublishAll(std::span<const Envelope> batch, Deadline deadline) {
     const natsStatus status = js_PublishMsgAsync(link_->js.get(), &raw, &publish_options);
     if (raw == nullptr) {
       static_cast<void>(message.release());  // libnats owns it now; OnAck frees it
-      ++batch_->in_flight;
+      ++in_flight_;
       continue;
     }
     // Refused: libnats kept no trace of it, no ack will come.
@@ -801,12 +744,12 @@ void NatsSink::ApplyAcks() {
     if (ack.status == NATS_OK && !ack.stream.empty() && !checked_.contains(ack.stream)) {
       due_checks_.insert(ack.stream);
     }
-    if (index == kNoIndex || batch_ == nullptr) continue;
-    if (ack.status == NATS_NO_RESPONDERS) batch_->no_responders.push_back(index);
+    if (index == kNoIndex || batch() == nullptr) continue;
+    if (ack.status == NATS_NO_RESPONDERS) no_responders_.push_back(index);
     Settle(index, ClassifyAck(ack.status, ack.code, Mask(std::move(ack.text)), subjects_[index]));
-    --batch_->in_flight;
+    --in_flight_;
   }
-  if (link_->denied.empty() || batch_ == nullptr || (!denied_changed && acks.empty())) return;
+  if (link_->denied.empty() || batch() == nullptr || (!denied_changed && acks.empty())) return;
   // Publishes to a subject the server refuses: their (timed-out) acks will be ignored.
   for (auto it = pending_.begin(); it != pending_.end();) {
     const std::size_t index = it->second;
@@ -818,7 +761,7 @@ void NatsSink::ApplyAcks() {
     Settle(index, MakeFailure(FailureKind::kUnavailable,
                               "not permitted to publish to subject '" + subjects_[index] +
                                   "' (the server's Permissions Violation)"));
-    --batch_->in_flight;
+    --in_flight_;
     it = pending_.erase(it);
   }
 }
@@ -826,22 +769,23 @@ void NatsSink::ApplyAcks() {
 void NatsSink::LoseConnection(const std::string& reason) {
   const std::string what = "connection to " + servers_.Describe() + " lost: " + reason;
   for (auto& [token, index] : pending_) {
-    if (index == kNoIndex || batch_ == nullptr) continue;
+    if (index == kNoIndex || batch() == nullptr) continue;
     Settle(index, MakeFailure(FailureKind::kOutcomeUnknown, "sent, but no ack before the " + what));
-    --batch_->in_flight;
+    --in_flight_;
   }
   pending_.clear();
   Disconnect();
-  if (batch_ == nullptr) return;
+  if (batch() == nullptr) return;
   Stop(what);
   // "No responders" and then the connection lost: the server was shutting down (JetStream first)
   // rather than missing a stream. Not stored either way; retried without spending an attempt.
-  for (const std::size_t index : batch_->no_responders) {
-    batch_->verdicts[index] = MakeFailure(
-        FailureKind::kUnavailable, "not stored: no responders for subject '" + subjects_[index] +
-                                       "' while the server was going away (" + what + ")");
+  for (const std::size_t index : no_responders_) {
+    batch()->Unsettle(index);
+    Settle(index, MakeFailure(FailureKind::kUnavailable,
+                              "not stored: no responders for subject '" + subjects_[index] +
+                                  "' while the server was going away (" + what + ")"));
   }
-  batch_->no_responders.clear();
+  no_responders_.clear();
 }
 
 void NatsSink::Disconnect() {
@@ -909,9 +853,9 @@ void ValidateOptions(const SinkOptions& options) {
   } catch (const std::invalid_argument& error) {
     throw ConfigError("url", std::string{error.what()} + " (got '" + MaskUrl(options.url) + "')");
   }
-  NameTemplate::Parse(options.subject, "subject");
   {
-    // The template's literal parts must make a subject with any field's value.
+    // The template's literal parts must make a subject with any field's value (each expanded
+    // subject is checked again when a message is prepared).
     Envelope sample;
     sample.topic = "topic";
     sample.target = "target";

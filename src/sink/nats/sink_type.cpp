@@ -4,14 +4,12 @@
 
 #include "outbox/core/error.h"
 #include "outbox/core/secrets.h"
-#include "outbox/sink/name_template.h"
 #include "outbox/sink/nats_type.h"
 
 namespace outbox::nats {
 namespace {
 
 using config::Fail;
-using config::Quoted;
 using std::chrono::milliseconds;
 
 constexpr std::int64_t kMaxPending = 100000;
@@ -39,32 +37,9 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
   options.url.clear();
 
   // url: required; the environment wins (it may hold a password or token).
-  const std::string url_env = SinkSecretEnv(name, "url");
-  sink.Read("url", options.url);
-  const config::TomlValue* url_value = sink.Find("url");
-  std::string url_origin;
-  if (auto url = config::Env(getenv, url_env)) {
-    options.url = std::move(*url);
-    url_origin = " (from " + url_env + ")";
-    url_value = nullptr;
-  }
-  if (options.url.empty()) Fail(sink.Key("url"), "is required (or set " + url_env + ")", url_value);
-  try {
-    ParseUrl(options.url);
-  } catch (const std::invalid_argument& error) {
-    Fail(sink.Key("url"),
-         std::string{error.what()} + ", got " + Quoted(MaskUrl(options.url)) + url_origin,
-         url_value);
-  }
-
-  if (sink.Read("subject", options.subject)) {
-    try {
-      NameTemplate::Parse(options.subject, sink.Key("subject"));
-    } catch (const ConfigError& error) {
-      Fail(sink.Key("subject"), std::string{error.what()}.substr(error.key().size() + 2),
-           sink.Find("subject"));
-    }
-  }
+  const config::ValueSource url =
+      sink.ReadSecret("url", SinkSecretEnv(name, "url"), getenv, options.url, /*required=*/true);
+  sink.Read("subject", options.subject);
   sink.Read("expect_stream", options.expect_stream);
   sink.ReadInteger("max_pending", 1, kMaxPending, options.max_pending);
   sink.ReadDuration("connect_timeout", milliseconds{1}, std::chrono::minutes{10},
@@ -73,23 +48,15 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                     options.ping_interval);
   sink.ReadInteger("max_message_bytes", 1, kMaxMessageBytes, options.max_message_bytes);
 
-  const std::string token_env = SinkSecretEnv(name, "token");
-  sink.Read("token", options.token);
-  if (auto token = config::Env(getenv, token_env)) options.token = std::move(*token);
+  sink.ReadSecret("token", SinkSecretEnv(name, "token"), getenv, options.token);
 
   for (const std::string_view key : kFileKeys) sink.Read(key, *FileOption(options, key));
   sink.Read("tls_server_name", options.tls_server_name);
   ReadEnvelopeStyle(sink, options.envelope);
 
-  // The rest (subject syntax, stream name, readable files, combinations), named by key.
-  try {
-    ValidateOptions(options);
-  } catch (const ConfigError& error) {
-    const std::string& key = error.key();
-    const std::string message = std::string{error.what()}.substr(key.size() + 2);
-    Fail(sink.Key(key), message + (key == "url" ? url_origin : std::string{}),
-         key == "url" ? url_value : sink.Find(key));
-  }
+  // The values themselves (the URL, the subject and its template, the stream name, readable files,
+  // combinations), checked where the sink checks them, once.
+  sink.Check([&] { ValidateOptions(options); }, {&url});
   return std::make_unique<const SinkSettings>(std::move(options));
 }
 

@@ -30,16 +30,14 @@ Endpoint ParseUrl(const std::string& url) {
     throw std::invalid_argument("amqps:// (TLS) is not supported yet; use amqp://");
   }
   if (!url.starts_with("amqp://")) {
-    throw std::invalid_argument("not an AMQP URL: expected amqp://user:password@host:port/vhost");
+    throw std::invalid_argument("expected an amqp:// URL");
   }
   std::vector<char> buffer(url.begin(), url.end());
   buffer.push_back('\0');
   amqp_connection_info info{};
   amqp_default_connection_info(&info);
   if (amqp_parse_url(buffer.data(), &info) != AMQP_STATUS_OK) {
-    throw std::invalid_argument(
-        "not a valid AMQP URL: expected amqp://user:password@host:port/vhost (not shown: it "
-        "may hold a password)");
+    throw std::invalid_argument("not a valid AMQP URL (amqp://user:password@host:port/vhost)");
   }
   Endpoint endpoint;
   endpoint.host = info.host != nullptr ? info.host : "";

@@ -38,10 +38,12 @@
 #include <vector>
 
 #include "connection.h"
+#include "outbox/core/ascii.h"
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/rabbitmq.h"
+#include "outbox/sink/sink_base.h"
 
 namespace outbox::rabbitmq {
 namespace {
@@ -50,8 +52,6 @@ using std::chrono::milliseconds;
 using SteadyClock = std::chrono::steady_clock;
 
 constexpr amqp_channel_t kChannel = 1;
-constexpr milliseconds kMinBackoff{100};
-constexpr milliseconds kMaxBackoff{5000};
 constexpr milliseconds kCloseTimeout{2000};
 // AMQP 0-9-1 limits: short strings (exchange, routing key, message properties) and field-table
 // keys.
@@ -71,22 +71,6 @@ constexpr std::size_t kWriteBytes = std::size_t{64} * 1024;
 // An AMQP frame's header (type, channel, size) and end octet.
 constexpr std::size_t kFrameHeaderBytes = 7;
 constexpr std::size_t kFrameEndBytes = 1;
-// A pending publish whose batch has already been answered.
-constexpr std::size_t kNoIndex = std::numeric_limits<std::size_t>::max();
-
-Failure MakeFailure(FailureKind kind, std::string reason) {
-  return Failure{.kind = kind, .reason = std::move(reason)};
-}
-
-std::string Shorten(std::string_view text, std::size_t max = 64) {
-  if (text.size() <= max) return std::string{text};
-  return std::string{text.substr(0, max)} + "...";
-}
-
-std::string Millis(SteadyClock::duration duration) {
-  return std::to_string(std::chrono::duration_cast<milliseconds>(duration).count()) + " ms";
-}
-
 // The text between `prefix` and the next quote in `text`, e.g. the exchange of
 // "NOT_FOUND - no exchange 'orders' in vhost '/'".
 std::optional<std::string> QuotedAfter(std::string_view text, std::string_view prefix) {
@@ -110,45 +94,6 @@ std::optional<std::size_t> NumberAfter(std::string_view text, std::string_view p
     any = true;
   }
   return any ? std::optional<std::size_t>{value} : std::nullopt;
-}
-
-void ValidateOptions(const SinkOptions& options) {
-  try {
-    ParseUrl(options.url);
-  } catch (const std::invalid_argument& error) {
-    throw ConfigError("url", error.what());
-  }
-  if (options.confirm_window == 0) {
-    throw ConfigError("confirm_window", "must be at least 1 (unconfirmed publishes in flight)");
-  }
-  if (options.connect_timeout <= milliseconds::zero()) {
-    throw ConfigError("connect_timeout", "must be positive");
-  }
-  if (options.heartbeat < std::chrono::seconds::zero() ||
-      options.heartbeat.count() > std::numeric_limits<std::uint16_t>::max()) {
-    throw ConfigError("heartbeat", "must be between 0 (off) and 65535 seconds");
-  }
-  if (options.max_message_bytes == 0) {
-    throw ConfigError("max_message_bytes", "must be at least 1");
-  }
-  if (options.exchange.size() > kShortStringMax) {
-    throw ConfigError("exchange", "longer than AMQP's 255 bytes");
-  }
-  if (options.routing_key.size() > kShortStringMax) {
-    throw ConfigError("routing_key", "longer than AMQP's 255 bytes");
-  }
-  const std::string& type = options.declare_exchange_type;
-  if (!type.empty()) {
-    if (type != "direct" && type != "topic" && type != "fanout" && type != "headers") {
-      throw ConfigError("declare_exchange_type", "'" + type +
-                                                     "' is not an exchange type (direct, topic, "
-                                                     "fanout or headers; empty declares nothing)");
-    }
-    if (options.exchange.empty() || options.exchange.find('{') != std::string::npos) {
-      throw ConfigError("declare_exchange_type",
-                        "needs `exchange` to be a plain, non-empty exchange name to declare");
-    }
-  }
 }
 
 // One message in AMQP form. Its properties point into its own members and into the envelope,
@@ -220,7 +165,7 @@ std::size_t HeaderFrameSize(const amqp_basic_properties_t& properties) {
   return size;
 }
 
-class RabbitSink final : public Sink {
+class RabbitSink final : public SinkBase {
  public:
   explicit RabbitSink(SinkOptions options)
       : options_(std::move(options)),
@@ -233,8 +178,6 @@ class RabbitSink final : public Sink {
   ~RabbitSink() override { Close(); }
 
   [[nodiscard]] std::string_view Name() const override { return kSinkName; }
-
-  std::vector<PublishOutcome> Publish(std::span<const Envelope> batch, Deadline deadline) override;
 
   void Close() override {
     if (connection_) {
@@ -259,35 +202,27 @@ class RabbitSink final : public Sink {
     std::optional<std::string> returned;  // why the broker returned it (basic.return)
   };
 
-  // The verdicts of one Publish call, filled in as frames arrive.
-  struct BatchState {
-    explicit BatchState(std::size_t size) : verdicts(size), settled(size, false) {}
-    std::vector<std::optional<Failure>> verdicts;
-    std::vector<bool> settled;
-    std::size_t in_flight = 0;  // sent by this call, not yet settled
-    std::string stop_reason;    // why the rest of the batch was not sent
-  };
-
   void Settle(std::size_t index, std::optional<Failure> failure) {
-    if (batch_ == nullptr || index == kNoIndex || batch_->settled[index]) return;
-    batch_->settled[index] = true;
-    batch_->verdicts[index] = std::move(failure);
+    if (batch() != nullptr) batch()->Settle(index, std::move(failure));
   }
   void SettlePending(const Pending& pending, std::optional<Failure> failure) {
-    if (pending.index == kNoIndex || batch_ == nullptr) return;
+    if (pending.index == kNoIndex || batch() == nullptr) return;
     Settle(pending.index, std::move(failure));
-    --batch_->in_flight;
+    --in_flight_;
   }
   void Stop(std::string reason) {
-    if (batch_ != nullptr && batch_->stop_reason.empty()) batch_->stop_reason = std::move(reason);
+    if (batch() != nullptr) batch()->Stop(std::move(reason));
   }
   [[nodiscard]] bool CanPublish() const { return connection_ && channel_open_ && !blocked_; }
 
-  bool Ready(Deadline deadline);
-  bool Connect(Deadline deadline);
+  bool Connected(Deadline deadline) override;
+  std::optional<std::string> Connect(Deadline deadline) override;
+  bool Ready(Batch& batch, Deadline deadline) override;
+  void Send(Batch& batch, Deadline deadline) override;
+  void Await(Batch& batch, Deadline deadline) override;
+  void Finish(Batch& batch, Deadline deadline) override;
   bool ReopenChannel(Deadline deadline);
   std::optional<Failure> Prepare(const Envelope& envelope, Prepared& out) const;
-  void PublishAll(std::span<const Envelope> batch, Deadline deadline);
   bool AwaitWritable(Deadline deadline);
   std::optional<Failure> Encode(const Prepared& prepared, std::string_view body);
   void AppendFrameStart(std::uint8_t type, std::size_t payload_size);
@@ -315,72 +250,16 @@ class RabbitSink final : public Sink {
   std::string out_;                    // encoded publishes not yet written (whole frames)
   std::vector<std::uint8_t> scratch_;  // one method's or one header's encoding
 
-  // Reconnect backoff: after a failed connect, no new attempt before next_connect_at_.
-  milliseconds backoff_{0};
-  SteadyClock::time_point next_connect_at_{};
-  std::string last_connect_error_;
-
-  BatchState* batch_ = nullptr;  // the Publish call in progress
+  std::size_t in_flight_ = 0;  // sent by the Publish call in progress, not yet settled
 };
 
-std::vector<PublishOutcome> RabbitSink::Publish(std::span<const Envelope> batch,
-                                                Deadline deadline) {
-  BatchState state(batch.size());
-  batch_ = &state;
-  struct Detach {
-    BatchState*& batch;
-    ~Detach() { batch = nullptr; }
-  } detach{batch_};
-  if (!batch.empty()) {
-    if (SteadyClock::now() >= deadline) {
-      Stop("the deadline had already passed");
-    } else if (Ready(deadline)) {
-      PublishAll(batch, deadline);
-      while (state.in_flight > 0 && connection_ && channel_open_) {
-        if (!WaitForFrame(deadline) && SteadyClock::now() >= deadline) break;
-      }
-    }
-  }
-
-  // Whatever is still pending has no verdict by the deadline; its late confirm will be ignored.
-  for (auto& [tag, pending] : pending_) {
-    if (pending.index == kNoIndex) continue;
-    Settle(pending.index, MakeFailure(FailureKind::kOutcomeUnknown,
-                                      "sent, but no confirm from the broker by the deadline"));
-    pending.index = kNoIndex;
-  }
-  std::vector<PublishOutcome> outcomes;
-  outcomes.reserve(batch.size());
-  for (std::size_t i = 0; i < batch.size(); ++i) {
-    if (!state.settled[i]) {
-      state.verdicts[i] = MakeFailure(
-          FailureKind::kUnavailable,
-          "not sent: " + (state.stop_reason.empty() ? std::string{"stopped"} : state.stop_reason));
-    }
-    outcomes.push_back({.id = batch[i].id, .failure = std::move(state.verdicts[i])});
-  }
-  return outcomes;
-}
-
-bool RabbitSink::Ready(Deadline deadline) {
+bool RabbitSink::Connected(Deadline /*deadline*/) {
   if (connection_) DrainReady();  // notices a connection or channel closed since the last call
-  if (!connection_ && !Connect(deadline)) return false;
-  if (!channel_open_ && !ReopenChannel(deadline)) return false;
-  if (blocked_) {
-    Stop("the broker blocked the connection (" + blocked_reason_ + ")");
-    return false;
-  }
-  batch_->stop_reason.clear();  // a connection lost and re-made above is no reason to stop
-  return true;
+  return connection_.has_value();
 }
 
-bool RabbitSink::Connect(Deadline deadline) {
-  const auto now = SteadyClock::now();
-  if (now < next_connect_at_) {
-    Stop(last_connect_error_ + " (next attempt in " + Millis(next_connect_at_ - now) + ")");
-    return false;
-  }
-  const auto remaining = std::chrono::duration_cast<milliseconds>(deadline - now);
+std::optional<std::string> RabbitSink::Connect(Deadline deadline) {
+  const auto remaining = std::chrono::duration_cast<milliseconds>(deadline - SteadyClock::now());
   const milliseconds timeout =
       std::max(milliseconds{1}, std::min(options_.connect_timeout, remaining));
   try {
@@ -395,18 +274,39 @@ bool RabbitSink::Connect(Deadline deadline) {
     frame_max_ = static_cast<std::size_t>(std::max(amqp_get_frame_max(connection.get()), 4096));
     connection_.emplace(std::move(connection));
   } catch (const AmqpError& error) {
-    backoff_ = backoff_ == milliseconds::zero() ? kMinBackoff : std::min(backoff_ * 2, kMaxBackoff);
-    next_connect_at_ = SteadyClock::now() + backoff_;
-    last_connect_error_ = error.what();
-    Stop(last_connect_error_);
-    return false;
+    return error.what();
   }
-  backoff_ = milliseconds::zero();
   channel_open_ = true;
   blocked_ = false;
   next_tag_ = 1;
   pending_.clear();
+  return std::nullopt;
+}
+
+bool RabbitSink::Ready(Batch& /*batch*/, Deadline deadline) {
+  if (!channel_open_ && !ReopenChannel(deadline)) return false;
+  if (blocked_) {
+    Stop("the broker blocked the connection (" + blocked_reason_ + ")");
+    return false;
+  }
   return true;
+}
+
+void RabbitSink::Await(Batch& /*batch*/, Deadline deadline) {
+  while (in_flight_ > 0 && connection_ && channel_open_) {
+    if (!WaitForFrame(deadline) && SteadyClock::now() >= deadline) break;
+  }
+}
+
+// Whatever is still pending has no verdict by the deadline; its late confirm will be ignored.
+void RabbitSink::Finish(Batch& /*batch*/, Deadline /*deadline*/) {
+  for (auto& [tag, pending] : pending_) {
+    if (pending.index == kNoIndex) continue;
+    Settle(pending.index, MakeFailure(FailureKind::kOutcomeUnknown,
+                                      "sent, but no confirm from the broker by the deadline"));
+    pending.index = kNoIndex;
+  }
+  in_flight_ = 0;
 }
 
 bool RabbitSink::ReopenChannel(Deadline deadline) {
@@ -515,7 +415,8 @@ std::optional<Failure> RabbitSink::Prepare(const Envelope& envelope, Prepared& o
   return std::nullopt;
 }
 
-void RabbitSink::PublishAll(std::span<const Envelope> batch, Deadline deadline) {
+void RabbitSink::Send(Batch& batch, Deadline deadline) {
+  in_flight_ = 0;
   Prepared prepared;
   std::size_t unpolled_messages = kPollEveryMessages;  // poll before the first publish
   std::size_t unpolled_bytes = 0;
@@ -560,7 +461,7 @@ void RabbitSink::PublishAll(std::span<const Envelope> batch, Deadline deadline) 
                                           .message_id = prepared.message_id,
                                           .exchange = prepared.exchange,
                                           .body_size = batch[i].payload.size()});
-    ++batch_->in_flight;
+    ++in_flight_;
     if (out_.size() >= kWriteBytes && !Flush(deadline)) break;
   }
   // What is encoded goes out unless the channel or the connection is gone (their publishes were
@@ -888,6 +789,51 @@ void RabbitSink::LoseConnection(const std::string& reason) {
 }
 
 }  // namespace
+
+void ValidateOptions(const SinkOptions& options) {
+  try {
+    ParseUrl(options.url);
+  } catch (const std::invalid_argument& error) {
+    throw ConfigError("url", error.what());
+  }
+  if (options.confirm_window == 0) {
+    throw ConfigError("confirm_window", "must be at least 1 (unconfirmed publishes in flight)");
+  }
+  if (options.connect_timeout <= milliseconds::zero()) {
+    throw ConfigError("connect_timeout", "must be positive");
+  }
+  if (options.heartbeat < std::chrono::seconds::zero() ||
+      options.heartbeat.count() > std::numeric_limits<std::uint16_t>::max()) {
+    throw ConfigError("heartbeat", "must be between 0 (off) and 65535 seconds");
+  }
+  if (options.max_message_bytes == 0) {
+    throw ConfigError("max_message_bytes", "must be at least 1");
+  }
+  // The templates as written; each expanded name is checked again when a message is prepared.
+  for (const auto& [key, text] :
+       {std::pair<std::string, const std::string&>{"exchange", options.exchange},
+        {"routing_key", options.routing_key}}) {
+    if (text.size() > kShortStringMax)
+      throw ConfigError(key, "must be at most 255 bytes (AMQP's limit)");
+    if (HasControlCharacter(text)) throw ConfigError(key, "must not contain control characters");
+    NameTemplate::Parse(text, key);
+  }
+  const std::string& type = options.declare_exchange_type;
+  if (!type.empty()) {
+    if (type != "direct" && type != "topic" && type != "fanout" && type != "headers") {
+      throw ConfigError(
+          "declare_exchange_type",
+          "must be one of \"direct\", \"topic\", \"fanout\" or \"headers\" (or empty: "
+          "declare nothing); got '" +
+              Shorten(type) + "'");
+    }
+    if (options.exchange.empty() || options.exchange.find('{') != std::string::npos) {
+      throw ConfigError("exchange",
+                        "must be a plain, non-empty name when declare_exchange_type is set (it is "
+                        "declared on every connect)");
+    }
+  }
+}
 
 std::unique_ptr<Sink> OpenSink(SinkOptions options) {
   ValidateOptions(options);

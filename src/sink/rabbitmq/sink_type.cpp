@@ -1,7 +1,6 @@
 #include "outbox/core/error.h"
 #include "outbox/core/secrets.h"
 #include "outbox/sink/host_port.h"
-#include "outbox/sink/name_template.h"
 #include "outbox/sink/rabbitmq_type.h"
 #include "url_mask.h"
 
@@ -13,7 +12,6 @@ using config::Quoted;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-constexpr std::size_t kMaxAmqpNameBytes = 255;  // exchange names and routing keys (shortstr)
 constexpr std::int64_t kMaxConfirmWindow = 100000;
 constexpr std::int64_t kMaxMessageBytes = 512 * 1024 * 1024;  // RabbitMQ's hard limit
 
@@ -25,55 +23,24 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                   "max_message_bytes", "envelope"});
   SinkOptions options;
   options.url.clear();
-  const std::string url_key = sink.Key("url");
-  const std::string url_env = SinkSecretEnv(name, "url");
-  sink.Read("url", options.url);
-  std::string url_origin;
-  if (auto url = config::Env(getenv, url_env)) {
-    options.url = std::move(*url);
-    url_origin = " (from " + url_env + ")";
-  }
-  if (options.url.empty()) Fail(url_key, "is required (or set " + url_env + ")", sink.Find("url"));
-  const config::TomlValue* url_value = url_origin.empty() ? sink.Find("url") : nullptr;
-  if (options.url.starts_with("amqps://")) {
-    Fail(url_key, "amqps:// (TLS) is not supported yet" + url_origin, url_value);
-  }
-  if (!options.url.starts_with("amqp://")) {
-    Fail(url_key, "expected an amqp:// URL, got " + Quoted(MaskAmqpUrl(options.url)) + url_origin,
-         url_value);
-  }
-
-  for (const std::string_view key : {"exchange", "routing_key"}) {
-    std::string& text = key == "exchange" ? options.exchange : options.routing_key;
-    if (!sink.Read(key, text)) continue;
-    if (text.size() > kMaxAmqpNameBytes) {
-      Fail(sink.Key(key), "must be at most 255 bytes", sink.Find(key));
-    }
-    if (config::HasControlCharacter(text)) {
-      Fail(sink.Key(key), "must not contain control characters", sink.Find(key));
-    }
-    try {
-      NameTemplate::Parse(text, sink.Key(key));
-    } catch (const ConfigError& error) {
-      Fail(sink.Key(key), error.what(), sink.Find(key));
-    }
-  }
+  config::ValueSource url =
+      sink.ReadSecret("url", SinkSecretEnv(name, "url"), getenv, options.url, /*required=*/true);
+  sink.Read("exchange", options.exchange);
+  sink.Read("routing_key", options.routing_key);
   sink.Read("mandatory", options.mandatory);
   sink.Read("persistent", options.persistent);
   sink.ReadInteger("confirm_window", 1, kMaxConfirmWindow, options.confirm_window);
   sink.ReadDuration("connect_timeout", milliseconds{1}, std::chrono::minutes{10},
                     options.connect_timeout);
   sink.ReadDuration("heartbeat", milliseconds{0}, seconds{65535}, options.heartbeat);
-  sink.ReadChoice("declare_exchange_type", {"", "direct", "topic", "fanout", "headers"},
-                  options.declare_exchange_type);
-  if (!options.declare_exchange_type.empty() &&
-      (options.exchange.empty() || options.exchange.find('{') != std::string::npos)) {
-    Fail(sink.Key("exchange"), "must be a plain, non-empty name when declare_exchange_type is set",
-         sink.Find("exchange") != nullptr ? sink.Find("exchange")
-                                          : sink.Find("declare_exchange_type"));
-  }
+  sink.Read("declare_exchange_type", options.declare_exchange_type);
   sink.ReadInteger("max_message_bytes", 1, kMaxMessageBytes, options.max_message_bytes);
   ReadEnvelopeStyle(sink, options.envelope);
+
+  // The values themselves (the URL, the names and templates, the topology) are checked where the
+  // sink checks them, once; the messages never quote the password.
+  url.shown = MaskAmqpUrl(options.url);
+  sink.Check([&] { ValidateOptions(options); }, {&url});
   return std::make_unique<const SinkSettings>(std::move(options));
 }
 

@@ -21,14 +21,6 @@ constexpr std::array<std::string_view, 10> kServerStateCodes = {
 
 }  // namespace
 
-std::string Shorten(std::string_view text, std::size_t max) {
-  if (text.size() <= max) return std::string{text};
-  std::size_t cut = max;
-  // Back up over UTF-8 continuation bytes (10xxxxxx) so that no sequence is split.
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0U) == 0x80U) --cut;
-  return std::string{text.substr(0, cut)} + "...";
-}
-
 ErrorVerdict ClassifyErrorReply(std::string_view text) {
   ErrorVerdict verdict;
   verdict.code = std::string{text.substr(0, text.find(' '))};

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "outbox/core/failure.h"
+#include "outbox/sink/sink_base.h"
 
 namespace outbox::redis {
 
@@ -26,7 +27,10 @@ struct ErrorVerdict {
 // wrong kind of value"). The failure's reason is the server's text, cut to a few hundred bytes.
 ErrorVerdict ClassifyErrorReply(std::string_view text);
 
-// `text` cut to at most `max` bytes (never inside a UTF-8 sequence), "..." appended when cut.
-std::string Shorten(std::string_view text, std::size_t max = 300);
+// `text` cut to at most `max` bytes (never inside a UTF-8 sequence), "..." appended when cut:
+// the sinks' Shorten, with a longer default for the server's error texts.
+inline std::string Shorten(std::string_view text, std::size_t max = 300) {
+  return outbox::Shorten(text, max);
+}
 
 }  // namespace outbox::redis

@@ -31,10 +31,12 @@
 #include "classify.h"
 #include "connection.h"
 #include "dedup_script.h"
+#include "outbox/core/ascii.h"
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/redis.h"
+#include "outbox/sink/sink_base.h"
 
 namespace outbox::redis {
 namespace {
@@ -42,9 +44,8 @@ namespace {
 using std::chrono::milliseconds;
 using SteadyClock = std::chrono::steady_clock;
 
-constexpr milliseconds kMinBackoff{100};
-constexpr milliseconds kMaxBackoff{5000};
 constexpr std::size_t kMaxPipeline = 100000;
+constexpr std::size_t kMaxNameBytes = 1024;  // the stream template and the dedup prefix
 constexpr std::size_t kMaxMessageBytes =
     std::size_t{512} * 1024 * 1024;  // Redis's proto-max-bulk-len default
 constexpr milliseconds kMinDedupWindow{1000};
@@ -54,15 +55,6 @@ constexpr milliseconds kMaxDedupWindow = std::chrono::hours{24 * 365};
 constexpr std::size_t kMaxUnsentBytes = std::size_t{1024} * 1024;
 // How often one batch may load the script again after NOSCRIPT.
 constexpr int kMaxScriptReloads = 2;
-constexpr std::size_t kNoIndex = std::numeric_limits<std::size_t>::max();
-
-Failure MakeFailure(FailureKind kind, std::string reason) {
-  return Failure{.kind = kind, .reason = std::move(reason)};
-}
-
-std::string Millis(SteadyClock::duration duration) {
-  return std::to_string(std::chrono::duration_cast<milliseconds>(duration).count()) + " ms";
-}
 
 std::string Number(std::int64_t value) {
   char digits[24];
@@ -79,7 +71,7 @@ bool IsOwnField(std::string_view name) {
          name == kTypeField || wire::IsReservedName(name);
 }
 
-class RedisSink final : public Sink {
+class RedisSink final : public SinkBase {
  public:
   explicit RedisSink(SinkOptions options)
       : options_(std::move(options)),
@@ -96,8 +88,6 @@ class RedisSink final : public Sink {
 
   [[nodiscard]] std::string_view Name() const override { return kSinkName; }
 
-  std::vector<PublishOutcome> Publish(std::span<const Envelope> batch, Deadline deadline) override;
-
   // Nothing to flush: every Publish waits for its replies or gives them up.
   void Close() override { connection_.reset(); }
 
@@ -108,16 +98,12 @@ class RedisSink final : public Sink {
     std::uint64_t start = 0;       // Connection::appended() before it
   };
 
-  // The verdicts of one Publish call.
+  // What one Publish call keeps besides its verdicts.
   struct BatchState {
-    explicit BatchState(std::span<const Envelope> envelopes)
-        : batch(envelopes), verdicts(envelopes.size()), settled(envelopes.size(), false) {}
-    std::span<const Envelope> batch;
-    std::vector<std::optional<Failure>> verdicts;
-    std::vector<bool> settled;
+    explicit BatchState(Batch& envelopes) : batch(envelopes) {}
+    Batch& batch;
     std::deque<InFlight> in_flight;
-    std::size_t next = 0;     // the next message to append
-    std::string stop_reason;  // why the rest of the batch is not sent
+    std::size_t next = 0;  // the next message to append
     // NOSCRIPT: the first message that got it, whether a later one was written since, reloads.
     std::optional<std::size_t> noscript_from;
     bool written_after_noscript = false;
@@ -126,20 +112,20 @@ class RedisSink final : public Sink {
   };
 
   void Settle(std::size_t index, std::optional<Failure> failure) {
-    if (index == kNoIndex || state_->settled[index]) return;
-    state_->settled[index] = true;
-    state_->verdicts[index] = std::move(failure);
+    state_->batch.Settle(index, std::move(failure));
   }
   void Stop(std::string reason) {
-    if (state_ != nullptr && state_->stop_reason.empty()) state_->stop_reason = std::move(reason);
+    if (state_) state_->batch.Stop(std::move(reason));
   }
   [[nodiscard]] bool Sending() const {
-    return connection_.has_value() && state_->stop_reason.empty() && !state_->noscript_from;
+    return connection_.has_value() && !state_->batch.stopped() && !state_->noscript_from;
   }
 
-  bool Ready(Deadline deadline);
-  bool Connect(Deadline deadline);
-  bool ConnectFailed(const std::string& reason);
+  bool Connected(Deadline deadline) override;
+  std::optional<std::string> Connect(Deadline deadline) override;
+  void Send(Batch& batch, Deadline deadline) override;
+  void Finish(Batch& batch, Deadline deadline) override;
+  std::string ConnectFailed(const std::string& reason);
   std::optional<Failure> Prepare(const Envelope& envelope);
   void Run(Deadline deadline);
   // Appends, sends and reads until every message is answered or the batch stops; true when the
@@ -163,11 +149,7 @@ class RedisSink final : public Sink {
   std::optional<Connection> connection_;
   std::string script_sha_;  // from SCRIPT LOAD on this connection
 
-  // Reconnect backoff: after a failed connect, no new attempt before next_connect_at_.
-  milliseconds backoff_{0};
-  SteadyClock::time_point next_connect_at_{};
-  std::string last_connect_error_;
-  std::string last_logged_error_;
+  std::string last_logged_error_;  // the last connect failure logged
   bool out_of_memory_logged_ = false;
 
   // The arguments of the command being prepared: views into the envelope and these strings.
@@ -181,52 +163,30 @@ class RedisSink final : public Sink {
   std::string partition_;
   std::string attempts_;
 
-  BatchState* state_ = nullptr;  // the Publish call in progress
+  std::optional<BatchState> state_;  // the Publish call in progress
 };
 
-std::vector<PublishOutcome> RedisSink::Publish(std::span<const Envelope> batch, Deadline deadline) {
-  BatchState state(batch);
-  state_ = &state;
-  struct Detach {
-    BatchState*& state;
-    ~Detach() { state = nullptr; }
-  } detach{state_};
-  if (!batch.empty()) {
-    if (SteadyClock::now() >= deadline) {
-      Stop("the deadline had already passed");
-    } else if (Ready(deadline)) {
-      Run(deadline);
-    }
-  }
-
-  std::vector<PublishOutcome> outcomes;
-  outcomes.reserve(batch.size());
-  for (std::size_t i = 0; i < batch.size(); ++i) {
-    if (!state.settled[i]) {
-      state.verdicts[i] = MakeFailure(
-          FailureKind::kUnavailable,
-          "not sent: " + (state.stop_reason.empty() ? std::string{"stopped"} : state.stop_reason));
-    } else if (!state.verdicts[i]) {
-      out_of_memory_logged_ = false;  // writes go through again
-    }
-    outcomes.push_back({.id = batch[i].id, .failure = std::move(state.verdicts[i])});
-  }
-  return outcomes;
+void RedisSink::Send(Batch& batch, Deadline deadline) {
+  state_.emplace(batch);
+  Run(deadline);
 }
 
-bool RedisSink::Ready(Deadline deadline) {
+void RedisSink::Finish(Batch& batch, Deadline /*deadline*/) {
+  state_.reset();
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    if (batch.published(i)) out_of_memory_logged_ = false;  // writes go through again
+  }
+}
+
+bool RedisSink::Connected(Deadline /*deadline*/) {
   // A connection the server closed meanwhile (restart, idle timeout) is made anew before
   // anything is sent, so that its messages are kUnavailable, not kOutcomeUnknown.
   if (connection_ && !connection_->StillOpen()) connection_.reset();
-  return connection_.has_value() || Connect(deadline);
+  return connection_.has_value();
 }
 
-bool RedisSink::Connect(Deadline deadline) {
+std::optional<std::string> RedisSink::Connect(Deadline deadline) {
   const auto now = SteadyClock::now();
-  if (now < next_connect_at_) {
-    Stop(last_connect_error_ + " (next attempt in " + Millis(next_connect_at_ - now) + ")");
-    return false;
-  }
   const Deadline until = std::min<Deadline>(deadline, now + options_.connect_timeout);
   std::optional<Connection> connection;
   try {
@@ -282,25 +242,20 @@ bool RedisSink::Connect(Deadline deadline) {
     }
   }
   connection_ = std::move(connection);
-  backoff_ = milliseconds::zero();
   if (!last_logged_error_.empty()) {
     Log(LogLevel::kInfo, "connected again");
     last_logged_error_.clear();
   }
-  return true;
+  return std::nullopt;
 }
 
-bool RedisSink::ConnectFailed(const std::string& reason) {
-  backoff_ = backoff_ == milliseconds::zero() ? kMinBackoff : std::min(backoff_ * 2, kMaxBackoff);
-  next_connect_at_ = SteadyClock::now() + backoff_;
-  last_connect_error_ = reason;
-  Stop(reason);
+std::string RedisSink::ConnectFailed(const std::string& reason) {
   // Once per change of reason: a refused AUTH is worth a line, the same refusal every 5 s is not.
   if (reason != last_logged_error_) {
     Log(LogLevel::kWarn, reason);
     last_logged_error_ = reason;
   }
-  return false;
+  return reason;
 }
 
 std::optional<Failure> RedisSink::Prepare(const Envelope& envelope) {
@@ -499,8 +454,7 @@ void RedisSink::HandleError(std::size_t index, std::string_view text) {
 bool RedisSink::ReloadScript() {
   BatchState& state = *state_;
   const std::size_t from = *state.noscript_from;
-  if (state.written_after_noscript || state.reloads >= kMaxScriptReloads ||
-      !state.stop_reason.empty()) {
+  if (state.written_after_noscript || state.reloads >= kMaxScriptReloads || state.batch.stopped()) {
     state.reconnect = true;
     Stop("the server lost the dedup script (NOSCRIPT)");
     state.noscript_from.reset();
@@ -508,8 +462,7 @@ bool RedisSink::ReloadScript() {
   }
   ++state.reloads;
   for (std::size_t i = from; i < state.next; ++i) {
-    state.settled[i] = false;
-    state.verdicts[i].reset();
+    state.batch.Unsettle(i);
   }
   state.next = from;
   state.noscript_from.reset();
@@ -540,14 +493,17 @@ void RedisSink::LoseConnection(const std::string& reason) {
 
 void ValidateOptions(const SinkOptions& options) {
   ParseUrl(options.url);
-  if (options.stream.empty()) throw ConfigError("stream", "must not be empty");
+  // The template as written; each expanded key is checked again when a message is prepared.
+  for (const auto& [key, text] :
+       {std::pair<std::string, const std::string&>{"stream", options.stream},
+        {"dedup_prefix", options.dedup_prefix}}) {
+    if (text.empty() || text.size() > kMaxNameBytes || HasControlCharacter(text)) {
+      throw ConfigError(key, "must be 1 to 1024 bytes without control characters");
+    }
+  }
   NameTemplate::Parse(options.stream, "stream");
   if (options.dedup_window < kMinDedupWindow || options.dedup_window > kMaxDedupWindow) {
     throw ConfigError("dedup_window", "must be between 1 s and 365 days");
-  }
-  if (options.dedup_prefix.empty()) {
-    throw ConfigError("dedup_prefix",
-                      "must not be empty (the dedup keys would be bare message ids)");
   }
   if (options.pipeline == 0 || options.pipeline > kMaxPipeline) {
     throw ConfigError("pipeline", "must be between 1 and 100000 (commands in flight)");

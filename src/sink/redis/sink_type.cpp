@@ -4,7 +4,6 @@
 
 #include "outbox/core/error.h"
 #include "outbox/core/secrets.h"
-#include "outbox/sink/name_template.h"
 #include "outbox/sink/redis_type.h"
 
 namespace outbox::redis {
@@ -13,9 +12,6 @@ namespace {
 using config::Fail;
 using std::chrono::milliseconds;
 
-constexpr std::size_t kMaxStreamTemplateBytes = 1024;
-constexpr std::size_t kMaxDedupPrefixBytes = 1024;
-
 std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   std::string_view name,
                                                   const config::GetenvFn& getenv) {
@@ -23,50 +19,14 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                   "pipeline", "connect_timeout", "max_message_bytes", "envelope"});
   SinkOptions options;
   options.url.clear();
-  const std::string url_env = SinkSecretEnv(name, "url");
-  sink.Read("url", options.url);
-  const config::TomlValue* url_value = sink.Find("url");
-  std::string url_origin;
-  if (auto url = config::Env(getenv, url_env)) {
-    options.url = std::move(*url);
-    url_origin = " (from " + url_env + ")";
-    url_value = nullptr;
-  }
-  if (options.url.empty()) {
-    Fail(sink.Key("url"), "is required (or set " + url_env + ")", sink.Find("url"));
-  }
-  try {
-    ParseUrl(options.url);
-  } catch (const ConfigError& error) {
-    // ParseUrl's messages never contain the password.
-    Fail(sink.Key("url"), std::string{error.what()}.substr(error.key().size() + 2) + url_origin,
-         url_value);
-  }
-
-  if (sink.Read("stream", options.stream)) {
-    if (options.stream.empty() || options.stream.size() > kMaxStreamTemplateBytes ||
-        config::HasControlCharacter(options.stream)) {
-      Fail(sink.Key("stream"), "must be 1 to 1024 bytes without control characters",
-           sink.Find("stream"));
-    }
-    try {
-      NameTemplate::Parse(options.stream, sink.Key("stream"));
-    } catch (const ConfigError& error) {
-      Fail(sink.Key("stream"), std::string{error.what()}.substr(error.key().size() + 2),
-           sink.Find("stream"));
-    }
-  }
+  const config::ValueSource url =
+      sink.ReadSecret("url", SinkSecretEnv(name, "url"), getenv, options.url, /*required=*/true);
+  sink.Read("stream", options.stream);
   sink.ReadInteger("max_len", 0, std::numeric_limits<std::int64_t>::max(), options.max_len);
   sink.Read("dedup", options.dedup);
   sink.ReadDuration("dedup_window", milliseconds{1000}, std::chrono::hours{24 * 365},
                     options.dedup_window);
-  if (sink.Read("dedup_prefix", options.dedup_prefix)) {
-    if (options.dedup_prefix.empty() || options.dedup_prefix.size() > kMaxDedupPrefixBytes ||
-        config::HasControlCharacter(options.dedup_prefix)) {
-      Fail(sink.Key("dedup_prefix"), "must be 1 to 1024 bytes without control characters",
-           sink.Find("dedup_prefix"));
-    }
-  }
+  sink.Read("dedup_prefix", options.dedup_prefix);
   sink.ReadInteger("pipeline", 1, 100000, options.pipeline);
   sink.ReadDuration("connect_timeout", milliseconds{1}, std::chrono::minutes{10},
                     options.connect_timeout);
@@ -74,13 +34,9 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                    options.max_message_bytes);
   ReadEnvelopeStyle(sink, options.envelope);
 
-  // Anything the sink itself refuses, named by key.
-  try {
-    ValidateOptions(options);
-  } catch (const ConfigError& error) {
-    Fail(sink.Key(error.key()), std::string{error.what()}.substr(error.key().size() + 2),
-         sink.Find(error.key()));
-  }
+  // The values themselves (the URL, the stream template, the prefix), checked where the sink
+  // checks them, once; ParseUrl's messages never contain the password.
+  sink.Check([&] { ValidateOptions(options); }, {&url});
   return std::make_unique<const SinkSettings>(std::move(options));
 }
 
