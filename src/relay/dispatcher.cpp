@@ -226,19 +226,24 @@ void Dispatcher::Verdict(const std::string& target, const std::optional<std::str
     return;
   }
   if (found == pauses_.end()) {
-    found = pauses_.emplace(target, Pause{now, now, now, options_.min_backoff, {}}).first;
-  } else {
-    found->second.backoff = std::min(found->second.backoff * 2, options_.max_backoff);
+    found =
+        pauses_
+            .emplace(
+                target,
+                Pause{
+                    now, now, now, outbox::Backoff{options_.min_backoff, options_.max_backoff}, {}})
+            .first;
   }
+  const auto backoff = found->second.backoff.Failed();
   found->second.verdict_at = now;
-  found->second.probe_at = now + found->second.backoff;
+  found->second.probe_at = now + backoff;
   found->second.reason = *reason;
   PausesChanged();
   registry_.RecordError(NameOf(FailureKind::kUnavailable), *reason);
   Log(LogLevel::kWarn, "sink '" + target + "' is unavailable: " + *reason +
                            "; its messages wait (no attempt spent, no lease kept) while other "
                            "targets flow; probing it again in " +
-                           std::to_string(found->second.backoff.count()) + " ms");
+                           std::to_string(backoff.count()) + " ms");
 }
 
 std::vector<std::string> Dispatcher::Held(SteadyClock::time_point now) const {

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "adaptive_linger.h"
+#include "outbox/core/backoff.h"
 #include "outbox/core/error.h"
 #include "outbox/core/message.h"
 #include "outbox/core/uuid.h"
@@ -49,7 +50,7 @@ class Relay::Engine {
         // leases of its dead predecessor for its own (see Store::Claim).
         owner_(options_.instance + "/" + NewUuidV7().ToString().substr(24)),
         settler_(*store_, owner_, options_.max_attempts, report_),
-        backoff_(options_.min_backoff) {
+        backoff_(options_.min_backoff, options_.max_backoff) {
     if (options_.hand_off != nullptr) {
       options_.hand_off->SetListener([wakeup = wakeup_.get()] { wakeup->Interrupt(); });
     }
@@ -145,7 +146,7 @@ class Relay::Engine {
       });
       settler_.Release(parked);
       settler_.HoldBack(next, broken_streams);
-      backoff_ = options_.min_backoff;
+      backoff_.Succeeded();
       current = std::move(next);
     }
     if (membership_) membership_->Join();  // it ends on Stop
@@ -179,10 +180,10 @@ class Relay::Engine {
 
   // Sleeps (interruptibly) after an outage, doubling the pause each time up to max_backoff.
   void Backoff(const std::string& reason) {
-    Log(LogLevel::kWarn, reason + "; retrying in " + std::to_string(backoff_.count()) + " ms");
+    const auto pause = backoff_.Failed();
+    Log(LogLevel::kWarn, reason + "; retrying in " + std::to_string(pause.count()) + " ms");
     std::unique_lock lock(stop_mutex_);
-    stop_changed_.wait_for(lock, backoff_, [this] { return stop_; });
-    backoff_ = std::min(backoff_ * 2, options_.max_backoff);
+    stop_changed_.wait_for(lock, pause, [this] { return stop_; });
   }
 
   // Claims the next batch; `in_flight` are the messages claimed earlier and not yet settled.
@@ -451,7 +452,7 @@ class Relay::Engine {
   relay::TableSettler settler_;
   std::unique_ptr<PartitionMembership> membership_;  // when options_.partition_leases is set
   int pause_listener_ = 0;                           // on dispatcher_
-  std::chrono::milliseconds backoff_;
+  outbox::Backoff backoff_;                          // after a database outage
   bool claim_failed_ = false;    // the last Claim failed (and backed off): claim again, not idle
   bool idle_announced_ = false;  // this relay's idle mark stands (see Wakeup)
   SteadyClock::time_point last_claim_at_{};  // when the last claim was sent (see Linger)

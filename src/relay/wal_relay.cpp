@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "outbox/core/backoff.h"
 #include "outbox/core/error.h"
 #include "outbox/core/uuid.h"
 #include "wal_batch.h"
@@ -56,7 +57,7 @@ class WalRelay::Engine {
         log_(std::move(log)),
         counters_(counters),
         owner_(options_.instance + "/" + NewUuidV7().ToString().substr(24)),
-        backoff_(options_.min_backoff),
+        backoff_(options_.min_backoff, options_.max_backoff),
         settler_(options_.retry, *dispatcher_, log_) {}
 
   void Run() {
@@ -233,16 +234,16 @@ class WalRelay::Engine {
     ++counters_.errors;
     metrics_.errors.Increment();
     metrics_.registry.RecordError("wal", what);
+    const milliseconds pause = backoff_.Failed();
     Log(LogLevel::kWarn, what + "; reading the slot again from the committed position in " +
-                             std::to_string(backoff_.count()) + " ms");
+                             std::to_string(pause.count()) + " ms");
     DropPipeline();
     streaming_ = false;
     numbers_.Forget();
     // Not read during the pause, the stream would hold its walsender: a server shutting down
     // waits for every walsender to send all WAL (up to wal_sender_timeout, 60 s).
     source_->Close();
-    Sleep(backoff_);
-    backoff_ = std::min(backoff_ * 2, options_.max_backoff);
+    Sleep(pause);
   }
 
   milliseconds UntilRenewal() const {
@@ -315,7 +316,7 @@ class WalRelay::Engine {
     metrics_.parked.Increment(batch->commit.parked.size());
     metrics_.batch_seconds.Observe(
         std::chrono::duration<double>(SteadyClock::now() - batch->started).count());
-    backoff_ = options_.min_backoff;
+    backoff_.Succeeded();
     last_error_.clear();
     return true;
   }
@@ -486,7 +487,7 @@ class WalRelay::Engine {
   LogFn log_;
   WalRelayCounters& counters_;
   const std::string owner_;
-  milliseconds backoff_;
+  outbox::Backoff backoff_;  // after an outage
   relay::WalSettler settler_;
 
   std::optional<std::int64_t> epoch_;  // set while the lease is held

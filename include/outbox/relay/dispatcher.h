@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "outbox/core/backoff.h"
 #include "outbox/core/log.h"
 #include "outbox/observe/metrics.h"
 #include "outbox/sink/sink.h"
@@ -98,7 +99,7 @@ class Dispatcher {
     SteadyClock::time_point since;
     SteadyClock::time_point verdict_at;  // of the batch that paused it or extended the pause
     SteadyClock::time_point probe_at;
-    std::chrono::milliseconds backoff;
+    outbox::Backoff backoff;  // its probes
     std::string reason;
   };
 
