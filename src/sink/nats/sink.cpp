@@ -86,7 +86,6 @@ constexpr milliseconds kMinTimeForCheck{20};
 constexpr std::size_t kMaxPending = 100000;
 constexpr std::size_t kMaxMessageBytes =
     std::size_t{64} * 1024 * 1024;  // NATS' hard limit on max_payload
-constexpr std::size_t kNoIndex = SinkBase::kNoIndex;
 
 std::string Seconds(std::chrono::nanoseconds duration) {
   const auto ms = std::chrono::duration_cast<milliseconds>(duration).count();
