@@ -99,13 +99,15 @@ class PostgresStore final : public Store {
     }
     const std::string complete_id_array = UuidArray(complete_ids);
     const std::string complete_epoch_array = NumberArray(complete_epochs);
+    // Named: a Param only views its text, which must outlive the statement below.
+    const std::string paused_array = TextArray(request.paused_targets);
     const std::vector<Param> params{Param{limit},
                                     held.partitions,
                                     Param{request.owner},
                                     Param{lease},
                                     held.epochs,
                                     Param{cursor},
-                                    Param{TextArray(request.paused_targets)},
+                                    Param{paused_array},
                                     Param{complete_id_array},
                                     Param{complete_epoch_array}};
     const auto result =
