@@ -20,6 +20,8 @@
 #include "outbox/core/message.h"
 #include "outbox/core/uuid.h"
 #include "partition_membership.h"
+#include "pipeline.h"
+#include "table_housekeeping.h"
 #include "table_report.h"
 #include "table_settler.h"
 
@@ -33,9 +35,17 @@ using relay::StreamOf;
 
 std::string Describe(const std::exception& error) { return error.what(); }
 
+// A claimed batch from its launch to its settling. Destroying it waits for its publish
+// (std::async's future), so that a sink is never used by two threads at once.
+struct TableBatch {
+  std::vector<Envelope> messages;
+  std::future<std::vector<PublishOutcome>> outcomes;
+};
+using TablePipeline = relay::Pipeline<TableBatch, std::set<StreamId>>;
+
 }  // namespace
 
-class Relay::Engine {
+class Relay::Engine : private TablePipeline::Stages {
  public:
   Engine(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr<Wakeup> wakeup,
          std::shared_ptr<Dispatcher> dispatcher, LogFn log, RelayCounters& counters)
@@ -89,68 +99,25 @@ class Relay::Engine {
       }
     } heartbeats{membership_.get()};
     if (membership_) membership_->Start();
-    std::vector<Envelope> current;
     while (!stopping()) {
       // Outcomes not yet recorded come before any claim: a message of a stream left leased here
-      // must be back before the stream's later messages can be claimed behind it. With a batch
-      // ready to publish they are recorded while it is published (below); partitions are handed
-      // back only once they are recorded (the next owner would find them fenced and publish them
-      // again).
+      // must be back before the stream's later messages can be claimed behind it. While a batch
+      // publishes they are recorded by the claim made beside it (TakeAhead); partitions are
+      // handed back only once they are recorded (the next owner would find them fenced and
+      // publish them again).
       if (membership_ && membership_->HandBackPending()) {
         if (const auto error = settler_.RecordUnrecorded()) {
           Backoff("recording outcomes failed: " + *error);
           continue;
         }
       }
-      Housekeeping(current);
-      KeepPartitions(current);
-      if (current.empty()) {
-        // Published ones are settled by the claim itself (ClaimRequest::complete).
-        if (const auto error = settler_.RecordReturned()) {
-          Backoff("recording outcomes failed: " + *error);
-          continue;
-        }
-        Linger();
-        current = Claim();
-        if (current.empty()) {
-          // A claim that failed is tried again after its backoff rather than going idle: the
-          // wake-up connection may be as silent as the store's was, and its deadline would hold
-          // back what is waiting (issue #40).
-          if (!claim_failed_) current = IdleUntilWork();
-          continue;
-        }
-      }
-      // Publish this batch on another thread while the database records the previous batch's
-      // outcomes and claims the next one: the broker never waits for the database. Only a full
-      // batch suggests there is more to claim.
-      auto publishing =
-          std::async(std::launch::async, [this, &current] { return Publish(current); });
-      // Once the batch is on its way: the wake-up connection may be the one that stopped
-      // answering (issue #40), and its deadline must not hold back what was claimed.
-      WithdrawIdle();
-      const auto unrecorded = settler_.RecordReturned();
-      std::vector<Envelope> next;
-      if (!unrecorded && static_cast<int>(current.size()) >= options_.batch_size && !stopping()) {
-        next = Claim(current);
-      }
-      auto broken_streams = settler_.Settle(current, publishing.get());
-      // Claimed while this batch was in flight, for a target paused since: back, with no lease
-      // kept; the later messages of their streams wait for them.
-      const auto held = dispatcher_->Held(SteadyClock::now());
-      std::vector<Envelope> parked;
-      std::erase_if(next, [&](Envelope& envelope) {
-        if (std::find(held.begin(), held.end(), envelope.target) == held.end()) return false;
-        if (envelope.stream_key) broken_streams.insert(StreamOf(envelope));
-        parked.push_back(std::move(envelope));
-        return true;
-      });
-      settler_.Release(parked);
-      settler_.HoldBack(next, broken_streams);
-      backoff_.Succeeded();
-      current = std::move(next);
+      const TableBatch* publishing = pipeline_.publishing();
+      Housekeeping(publishing != nullptr ? publishing->messages : std::vector<Envelope>{});
+      pipeline_.Turn(/*take_ahead=*/true);
     }
+    // The batch launched last is settled (Launch published nothing after the stop).
+    if (pipeline_.publishing() != nullptr) pipeline_.Turn(/*take_ahead=*/false);
     if (membership_) membership_->Join();  // it ends on Stop
-    settler_.Release(current);
     settler_.RecordUnrecorded();  // a last try; what is left comes back when its lease expires
     if (membership_) membership_->Leave();
     Log(LogLevel::kInfo,
@@ -177,6 +144,86 @@ class Relay::Engine {
   }
 
   void Log(LogLevel level, const std::string& message) const { report_.Log(level, message); }
+
+  // The pipeline's stages (pipeline.h).
+
+  // Nothing publishing: what the last claim left to record first, then the next claim, after
+  // the linger; none found, the relay idles until there is work.
+  std::unique_ptr<TableBatch> Take() override {
+    std::vector<Envelope> none;
+    KeepPartitions(none);  // hands surplus partitions over while idle too
+    // Published ones are settled by the claim itself (ClaimRequest::complete).
+    if (const auto error = settler_.RecordReturned()) {
+      Backoff("recording outcomes failed: " + *error);
+      return nullptr;
+    }
+    Linger();
+    auto messages = Claim();
+    // A claim that failed is tried again after its backoff rather than going idle: the wake-up
+    // connection may be as silent as the store's was, and its deadline would hold back what is
+    // waiting (issue #40).
+    if (messages.empty() && !claim_failed_) messages = IdleUntilWork();
+    if (messages.empty()) return nullptr;
+    auto batch = std::make_unique<TableBatch>();
+    batch->messages = std::move(messages);
+    return batch;
+  }
+
+  // While `publishing` publishes, the database records the outcomes before it and claims the
+  // next batch: only a full batch suggests there is more to claim.
+  std::unique_ptr<TableBatch> TakeAhead(TableBatch& publishing) override {
+    // Once a batch is on its way: the wake-up connection may be the one that stopped answering
+    // (issue #40), and its deadline must not hold back what was claimed.
+    WithdrawIdle();
+    if (settler_.RecordReturned()) return nullptr;
+    if (static_cast<int>(publishing.messages.size()) < options_.batch_size || stopping()) {
+      return nullptr;
+    }
+    auto messages = Claim(publishing.messages);
+    if (messages.empty()) return nullptr;
+    auto batch = std::make_unique<TableBatch>();
+    batch->messages = std::move(messages);
+    return batch;
+  }
+
+  // Claimed while the batch before was in flight: messages of a target paused since go back with
+  // no lease kept, and messages behind a failure of their stream wait for it (both unpublished,
+  // no attempt spent); partitions found lost or surplus are let go. After a stop nothing starts.
+  void Launch(TableBatch& batch, const std::set<StreamId>& broken_before) override {
+    if (stopping()) {
+      settler_.Release(batch.messages);
+      batch.messages.clear();
+    }
+    std::set<StreamId> broken = broken_before;
+    const auto held = dispatcher_->Held(SteadyClock::now());
+    std::vector<Envelope> parked;
+    std::erase_if(batch.messages, [&](Envelope& envelope) {
+      if (std::find(held.begin(), held.end(), envelope.target) == held.end()) return false;
+      if (envelope.stream_key) broken.insert(StreamOf(envelope));
+      parked.push_back(std::move(envelope));
+      return true;
+    });
+    settler_.Release(parked);
+    settler_.HoldBack(batch.messages, broken);
+    KeepPartitions(batch.messages);
+    if (batch.messages.empty()) {
+      std::promise<std::vector<PublishOutcome>> none;
+      none.set_value({});
+      batch.outcomes = none.get_future();
+      return;
+    }
+    batch.outcomes =
+        std::async(std::launch::async, [this, &batch] { return Publish(batch.messages); });
+  }
+
+  // The outcomes are settled; the streams that had a failure are returned.
+  std::optional<std::set<StreamId>> Decide(TableBatch& batch) override {
+    return settler_.Settle(batch.messages, batch.outcomes.get());
+  }
+
+  // The published ones ride on the next claim (ClaimRequest::complete); what failed is recorded
+  // before it (RecordReturned).
+  void Record(TableBatch& /*batch*/) override { backoff_.Succeeded(); }
 
   // Sleeps (interruptibly) after an outage, doubling the pause each time up to max_backoff.
   void Backoff(const std::string& reason) {
@@ -318,9 +365,10 @@ class Relay::Engine {
     // A paused target's probe is due at its pause's end, a retry at its backoff's end, the
     // housekeeping at its interval: wake for the first (what is already due was in the claim
     // just made).
-    const auto until = std::min({SteadyClock::now() + options_.sweep_interval,
-                                 next_probe.value_or(SteadyClock::time_point::max()),
-                                 next_due_.value_or(SteadyClock::time_point::max()), next_sweep_});
+    const auto until =
+        std::min({SteadyClock::now() + options_.sweep_interval,
+                  next_probe.value_or(SteadyClock::time_point::max()),
+                  next_due_.value_or(SteadyClock::time_point::max()), housekeeping_.next_sweep()});
     const auto reason = wakeup_->Wait(until);
     if (reason == WakeReason::kNotified || reason == WakeReason::kReconnected) {
       idle_announced_ = false;  // the mark was used up, or may have been missed
@@ -344,8 +392,8 @@ class Relay::Engine {
     }
   }
 
-  // With partition leases, at the top of the loop (`current` is the one batch claimed and not
-  // yet published; everything claimed before it is settled): drops the messages of partitions
+  // With partition leases, before a batch is launched (`current`; everything claimed before it is
+  // settled) or taken: drops the messages of partitions
   // found taken over (their leases are void; the new owner publishes them) and, when the
   // heartbeat found surplus partitions, gives their messages in `current` back and asks the
   // heartbeat thread to hand them over once every outcome is recorded. Claims made after the
@@ -374,40 +422,8 @@ class Relay::Engine {
   }
 
   void Housekeeping(const std::vector<Envelope>& in_flight) {
-    const auto now = SteadyClock::now();
-    if (now < next_sweep_) return;
-    // Expired leases matter on the scale of the lease, not of the sweep.
-    next_sweep_ =
-        now + std::max(options_.sweep_interval,
-                       std::chrono::duration_cast<std::chrono::milliseconds>(options_.lease / 4));
-    try {
-      const auto started = SteadyClock::now();
-      const std::int64_t reclaimed =
-          store_->ReclaimExpired(Reclaim(in_flight, /*own_unexpired=*/false));
-      // Finding expired leases walks every index entry of a leased row, which an old snapshot
-      // keeps even after the row is gone (0.6 s and growing in the held-snapshot benchmark): the
-      // relay then looks less often, at most 5 % of its time, and still once per lease.
-      const auto took = SteadyClock::now() - started;
-      next_sweep_ = std::max(next_sweep_,
-                             started + std::min<SteadyClock::duration>(20 * took, options_.lease));
-      if (reclaimed > 0) {
-        Log(LogLevel::kWarn, std::to_string(reclaimed) +
-                                 " messages had expired leases (a relay stopped or stalled, or "
-                                 "a claim's reply was lost); they will be published again");
-      }
-      if (now >= next_purge_) {
-        next_purge_ = now + options_.purge_interval;
-        std::int64_t purged = 0;
-        for (std::int64_t chunk = 1; chunk > 0 && !stopping();) {
-          chunk = store_->Purge(options_.retention, 1000);
-          purged += chunk;
-        }
-        if (purged > 0) Log(LogLevel::kInfo, "purged " + std::to_string(purged) + " messages");
-      }
-    } catch (const StoreError& error) {
-      report_.StoreFailed(error);
-      Log(LogLevel::kWarn, "housekeeping failed: " + Describe(error));
-    }
+    if (!housekeeping_.Due(SteadyClock::now())) return;
+    housekeeping_.Sweep(Reclaim(in_flight, /*own_unexpired=*/false), [this] { return stopping(); });
   }
 
   // The batch through the dispatcher's lanes (dispatcher.h): one outcome per message.
@@ -461,11 +477,16 @@ class Relay::Engine {
   // When the last claim found nothing: when the first retry it saw waiting is due.
   std::optional<SteadyClock::time_point> next_due_;
   bool reconcile_leases_ = false;  // a claim failed: leases may exist that this relay lost
-  SteadyClock::time_point next_sweep_{};
-  SteadyClock::time_point next_purge_{};
+  relay::TableHousekeeping housekeeping_{*store_,
+                                         {.sweep_interval = options_.sweep_interval,
+                                          .lease = options_.lease,
+                                          .purge_interval = options_.purge_interval,
+                                          .retention = options_.retention},
+                                         report_};
   mutable std::mutex stop_mutex_;
   std::condition_variable stop_changed_;
-  bool stop_ = false;  // guarded by stop_mutex_
+  bool stop_ = false;              // guarded by stop_mutex_
+  TablePipeline pipeline_{*this};  // last: what publishes is waited for before the rest goes
 };
 
 void Relay::CheckOptions(const RelayOptions& options) {

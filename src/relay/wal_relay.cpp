@@ -12,6 +12,7 @@
 #include "outbox/core/backoff.h"
 #include "outbox/core/error.h"
 #include "outbox/core/uuid.h"
+#include "pipeline.h"
 #include "wal_batch.h"
 #include "wal_gather.h"
 #include "wal_metrics.h"
@@ -41,9 +42,11 @@ constexpr milliseconds kTrustClearTable{1000};
 
 std::string Describe(const std::exception& error) { return error.what(); }
 
+using WalPipeline = relay::Pipeline<Batch, std::set<WalStream>>;
+
 }  // namespace
 
-class WalRelay::Engine {
+class WalRelay::Engine : private WalPipeline::Stages {
  public:
   Engine(WalRelayOptions options, std::unique_ptr<WalSource> source,
          std::unique_ptr<WalLedger> ledger, std::shared_ptr<Dispatcher> dispatcher, LogFn log,
@@ -71,7 +74,7 @@ class WalRelay::Engine {
         }
         if (!streaming_) StartStreaming();
         Purge();
-        Step(true);
+        pipeline_.Turn(/*take_ahead=*/true);
       } catch (const StoreError& error) {
         if (error.kind() == FailureKind::kPermanent && !streaming_) {
           if (!slot_.IsGone()) throw;
@@ -83,9 +86,9 @@ class WalRelay::Engine {
     }
     // A batch published while the last one was committed: settled, so that a restart does not
     // publish it again.
-    if (in_flight_ && epoch_) {
+    if (pipeline_.publishing() != nullptr && epoch_) {
       try {
-        Step(false);
+        pipeline_.Turn(/*take_ahead=*/false);
       } catch (const StoreError& error) {
         Log(LogLevel::kWarn,
             "settling the last WAL batch at stop failed (it is read and "
@@ -93,7 +96,7 @@ class WalRelay::Engine {
                 Describe(error));
       }
     }
-    in_flight_.reset();
+    pipeline_.Drop();
     source_->Close();  // before the lease goes, so that the next reader finds the slot free
     if (epoch_) {
       try {
@@ -260,41 +263,53 @@ class WalRelay::Engine {
     metrics_.lag_seconds.Set(0);
   }
 
-  // One step: read a batch unless one is publishing; read the next while it publishes (when
-  // `read_ahead`); settle it, start the next one's publish, commit it.
-  void Step(bool read_ahead) {
-    if (!in_flight_) {
-      auto transactions = gatherer_.Gather(UntilRenewal());
-      if (transactions.empty()) {
-        Idle();
-        return;
-      }
-      in_flight_ = Prepare(std::move(transactions));
-      Launch(*in_flight_, {});
+  // The pipeline's stages (pipeline.h).
+
+  // Nothing publishing: the next transactions, waited for until the lease is due for renewal.
+  std::unique_ptr<Batch> Take() override {
+    auto transactions = gatherer_.Gather(UntilRenewal());
+    if (transactions.empty()) {
+      Idle();
+      return nullptr;
     }
-    std::unique_ptr<Batch> next;
-    if (read_ahead) {
-      if (auto transactions = gatherer_.ReadAhead(in_flight_->outcomes); !transactions.empty()) {
-        next = Prepare(std::move(transactions));
-      }
-    }
-    std::unique_ptr<Batch> batch = std::move(in_flight_);
-    if (const auto outage = settler_.Decide(*batch, batch->outcomes.get())) {
-      Outage(*outage);
-      return;
-    }
-    // The next batch goes now, without what this one leaves broken: a stream this batch parks or
-    // abandons a message of waits for the table, and the next batch's read of the table predates
-    // this commit.
-    if (next) {
-      Launch(*next, batch->broken);
-      in_flight_ = std::move(next);
-    }
-    Record(*batch);
+    return Prepare(std::move(transactions));
   }
 
+  // While `publishing` publishes: the next batch if a whole one is there (a backlog).
+  std::unique_ptr<Batch> TakeAhead(Batch& publishing) override {
+    auto transactions = gatherer_.ReadAhead(publishing.outcomes);
+    if (transactions.empty()) return nullptr;
+    return Prepare(std::move(transactions));
+  }
+
+  // The next batch goes without what the batch before left broken: a stream that batch parks
+  // or abandons a message of waits for the table, and this batch's read of the table predates
+  // that batch's commit.
+  void Launch(Batch& batch, const std::set<WalStream>& broken_before) override {
+    batch.broken.insert(broken_before.begin(), broken_before.end());
+    for (std::size_t i = 0; i < batch.items.size(); ++i) {
+      const auto stream = WalStreamOf(batch.items[i].envelope);
+      if (stream && batch.broken.contains(*stream)) continue;
+      batch.to_publish.push_back(i);
+    }
+    batch.outcomes = std::async(std::launch::async,
+                                [this, &batch] { return Publish(batch.items, batch.to_publish); });
+  }
+
+  // An outage (a sink's answer that leaves nothing decidable) drops the pipeline; nothing of the
+  // batch is committed and the slot is read again.
+  std::optional<std::set<WalStream>> Decide(Batch& batch) override {
+    if (const auto outage = settler_.Decide(batch, batch.outcomes.get())) {
+      Outage(*outage);
+      return std::nullopt;
+    }
+    return batch.broken;
+  }
+
+  void Record(Batch& batch) override { Commit(batch); }
+
   // Makes a decided batch durable (position, numbers, parks); false when the lease was lost.
-  bool Record(Batch& batch_ref) {
+  bool Commit(Batch& batch_ref) {
     Batch* batch = &batch_ref;
     const WalCommitted written = ledger_->Commit(owner_, *epoch_, batch->commit);
     if (!written) {
@@ -350,11 +365,7 @@ class WalRelay::Engine {
       chunk.clear();
       in_chunk = 0;
       Launch(*batch, {});
-      if (const auto outage = settler_.Decide(*batch, batch->outcomes.get())) {
-        Outage(*outage);
-        return false;
-      }
-      return Record(*batch);
+      return Decide(*batch) && Commit(*batch);
     };
     for (WalTransaction& transaction : recovery.transactions) {
       in_chunk += transaction.messages.size();
@@ -382,7 +393,7 @@ class WalRelay::Engine {
   // After an outage or a lost lease: what is publishing is waited for and dropped with what was
   // read ahead; the slot is read again from the ledger's position.
   void DropPipeline() {
-    in_flight_.reset();
+    pipeline_.Drop();
     gatherer_.Clear();
     table_clear_until_ = {};
   }
@@ -427,19 +438,6 @@ class WalRelay::Engine {
     // back (what later batches parked is carried in memory: Launch): one round trip fewer.
     if (SteadyClock::now() >= table_clear_until_) batch->broken = ReadStreamStates(batch->items);
     return batch;
-  }
-
-  // Starts publishing what of `batch` is not parked at once (its streams wait in the table, or
-  // in `broken_before`).
-  void Launch(Batch& batch, const std::set<WalStream>& broken_before) {
-    batch.broken.insert(broken_before.begin(), broken_before.end());
-    for (std::size_t i = 0; i < batch.items.size(); ++i) {
-      const auto stream = WalStreamOf(batch.items[i].envelope);
-      if (stream && batch.broken.contains(*stream)) continue;
-      batch.to_publish.push_back(i);
-    }
-    batch.outcomes = std::async(std::launch::async,
-                                [this, &batch] { return Publish(batch.items, batch.to_publish); });
   }
 
   // The streams of the batch that wait in the table (their messages here are parked behind);
@@ -495,7 +493,7 @@ class WalRelay::Engine {
   bool streaming_ = false;
   relay::WalGatherer gatherer_{*source_, options_.batch_size, options_.linger};
   relay::WalSlotWatch slot_{*ledger_, metrics_, log_};  // declared after ledger_ and metrics_
-  std::unique_ptr<Batch> in_flight_;                    // publishing; its outcomes not yet taken
+  WalPipeline pipeline_{*this};  // what publishes; destroyed (waited for) before what it uses
   // Until when the table is taken as clear (WalCommitted::table_clear): StreamStates is skipped.
   SteadyClock::time_point table_clear_until_{};
   bool recovery_idle_ = false;  // the last read of the WAL files found nothing left
