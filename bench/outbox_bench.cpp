@@ -569,8 +569,8 @@ struct DrainResult {
 };
 
 // `fresh`: the table has never been analyzed (see Preinsert).
-// Lines added to outboxd's [relay] and [sinks.default] tables (drain --relay-setting,
-// --sink-setting): what a case changes from outboxd's defaults.
+// Lines added to outboxd's [relay] and [sinks.default] tables (drain and steady --relay-setting,
+// drain --sink-setting): what a case changes from outboxd's defaults.
 struct DrainSettings {
   std::vector<std::string> relay;
   std::vector<std::string> sink;
@@ -1434,7 +1434,8 @@ SteadyResult Steady(Env& env, const SteadyOptions& o) {
   }
   Receiver receiver(queue.name(), static_cast<std::size_t>(messages));
   StatementCounter statements(env);
-  Outboxd relay(env, schema.name(), {}, {}, o.wal ? "mode = \"wal\"\n" : "");
+  drain_settings.Print();
+  Outboxd relay(env, schema.name(), {}, drain_settings.Relay(), o.wal ? "mode = \"wal\"\n" : "");
   std::this_thread::sleep_for(std::chrono::seconds{2});  // connected and idle
   statements.Reset();
   const auto before = relay.Sample();
@@ -2097,6 +2098,10 @@ int main(int argc, char** argv) {
   steady->add_option("--writers", steady_options.writers)->check(CLI::Range(1, 64));
   steady->add_option("--per-transaction", steady_options.per_transaction)
       ->check(CLI::Range(1, 10000));
+  steady
+      ->add_option("--relay-setting", drain_settings.relay,
+                   "a line added to outboxd's [relay], e.g. 'linger = \"20ms\"'")
+      ->take_all();
   steady->add_option("--report-every", steady_options.report_every, "seconds per table row")
       ->check(CLI::Range(0, 3600));
   steady->add_flag("--wal", steady_options.wal, "in WAL mode (issue #20)");
