@@ -80,6 +80,12 @@ std::optional<Delivery> FromAmqp(const amqp_basic_properties_t_& properties, std
         } else {
           malformed(key, "is not a string");
         }
+      } else if (key == wire::kTargetHeader) {
+        if (entry.value.kind == AMQP_FIELD_KIND_UTF8 || entry.value.kind == AMQP_FIELD_KIND_BYTES) {
+          delivery.target = std::string{View(entry.value.value.bytes)};
+        } else {
+          malformed(key, "is not a string");
+        }
       } else if (key == wire::kStreamSeqHeader) {
         delivery.stream_seq = IntegerOf(entry.value);
         if (!delivery.stream_seq) malformed(key, "is not an integer");

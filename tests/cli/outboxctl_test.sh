@@ -23,8 +23,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-expect 0 "migrated from version 0 to 14" --db "$db" --schema "$schema" migrate
-expect 0 "is up to date \(version 14\)" --db "$db" --schema "$schema" migrate
+expect 0 "migrated from version 0 to 15" --db "$db" --schema "$schema" migrate
+expect 0 "is up to date \(version 15\)" --db "$db" --schema "$schema" migrate
 # WAL mode's slot: made once, then found (the cleanup above drops it).
 for _ in 1 2; do
   expect 0 "WAL slot outbox_$schema ready \(set $schema\.settings\.delivery = 'wal' to use it\)" \
@@ -51,7 +51,7 @@ expect 1 "cannot connect to PostgreSQL \(host=127.0.0.1 port=1" \
   --db "postgresql://u:pw@127.0.0.1:1/x" status
 expect 2 "A subcommand is required"
 expect 2 "The following argument was not expected: --frobnicate" --frobnicate status
-expect 0 "^outboxctl 0\.[0-9]+\.[0-9]+ \(PostgreSQL schema version 14\)$" --version
+expect 0 "^outboxctl 0\.[0-9]+\.[0-9]+ \(PostgreSQL schema version 15\)$" --version
 OUTBOX_DATABASE_URL=$db OUTBOX_SCHEMA=$schema expect 0 "pending     3" status
 # Through outboxd's file (--config): its [database] table, read by the store registry; the counts
 # and WAL mode's state come through the store's contracts (Store::Stats, Admin::Wal).
@@ -61,7 +61,7 @@ expect 0 "pending     3.*delivery    table.*WAL slot    outbox_$schema: NOT bein
   --config "$sql_dir/outbox.toml" status
 expect 0 '"pending":3,.*"delivery":"table","wal_topics":0,"wal_slot":\{"name":"outbox_'"$schema"'","exists":true' \
   --config "$sql_dir/outbox.toml" status --json
-expect 0 "schema $schema is up to date \(version 14\)" --config "$sql_dir/outbox.toml" migrate
+expect 0 "schema $schema is up to date \(version 15\)" --config "$sql_dir/outbox.toml" migrate
 # The environment's url wins over the file's, as in outboxd.
 OUTBOX_DATABASE_URL="postgresql://u:pw@127.0.0.1:1/x" expect 1 "cannot connect to PostgreSQL \(host=127.0.0.1 port=1" \
   --config "$sql_dir/outbox.toml" status
@@ -194,38 +194,38 @@ dump() {
     grep -Ev '^--|^\\(un)?restrict '
 }
 ref=${schema}_ref
-expect 0 "migrated from version 0 to 14" --db "$db" --schema "$ref" migrate
+expect 0 "migrated from version 0 to 15" --db "$db" --schema "$ref" migrate
 "$ctl" --schema "${schema}_sql" migrate --print-sql >"$sql_dir/full.sql"
 same "--print-sql needs no database" "$?" "0"
 out=$(apply "$sql_dir/full.sql")
 same "the full script applied by psql" "$?:$out" "0:"
-expect 0 "is up to date \(version 14\)" --db "$db" --schema "${schema}_sql" migrate
+expect 0 "is up to date \(version 15\)" --db "$db" --schema "${schema}_sql" migrate
 same "pg_dump shows the tables" "$(dump "$ref" | grep -c 'CREATE TABLE SCHEMA\.')" "$(q "SELECT count(*) FROM pg_tables WHERE schemaname = '$ref'")"
 same "the script's schema equals migrate's" "$(diff <(dump "$ref") <(dump "${schema}_sql") | head -20)" ""
 before=$(q "SELECT count(*) FROM ${schema}_sql.schema_version")
 out=$(apply "$sql_dir/full.sql")
 same "the script refuses a second run" "$?" "3"
-[[ $out =~ "schema ${schema}_sql is at version 14, this script upgrades version 0" &&
-  $out =~ "outboxctl migrate --print-sql --from 14" ]] ||
+[[ $out =~ "schema ${schema}_sql is at version 15, this script upgrades version 0" &&
+  $out =~ "outboxctl migrate --print-sql --from 15" ]] ||
   { echo "FAIL: the guard's message: $out"; failures=$((failures + 1)); }
 same "a refused run changes nothing" "$(q "SELECT count(*) FROM ${schema}_sql.schema_version")" "$before"
-# An upgrade: version 13 from the full script cut before version 14, then --from 13.
-"$ctl" --schema "${schema}_up" migrate --print-sql | sed '/^-- version 14:/,$d' >"$sql_dir/to13.sql"
-out=$(apply "$sql_dir/to13.sql")
-same "the script cut at version 13" "$?:$(q "SELECT max(version) FROM ${schema}_up.schema_version")" "0:13"
-"$ctl" --schema "${schema}_up" migrate --print-sql --from 13 >"$sql_dir/from13.sql"
-grep -q '^-- version 14: delivery_switch$' "$sql_dir/from13.sql" && ! grep -q '^-- version 13:' "$sql_dir/from13.sql" ||
-  { echo "FAIL: --from 13 should hold version 14 only"; failures=$((failures + 1)); }
-out=$(apply "$sql_dir/from13.sql")
-same "--from 13 applied to version 13" "$?:$out" "0:"
+# An upgrade: version 14 from the full script cut before version 15, then --from 14.
+"$ctl" --schema "${schema}_up" migrate --print-sql | sed '/^-- version 15:/,$d' >"$sql_dir/to14.sql"
+out=$(apply "$sql_dir/to14.sql")
+same "the script cut at version 14" "$?:$(q "SELECT max(version) FROM ${schema}_up.schema_version")" "0:14"
+"$ctl" --schema "${schema}_up" migrate --print-sql --from 14 >"$sql_dir/from14.sql"
+grep -q '^-- version 15: inbox_functions$' "$sql_dir/from14.sql" && ! grep -q '^-- version 14:' "$sql_dir/from14.sql" ||
+  { echo "FAIL: --from 14 should hold version 15 only"; failures=$((failures + 1)); }
+out=$(apply "$sql_dir/from14.sql")
+same "--from 14 applied to version 14" "$?:$out" "0:"
 same "the upgraded schema equals migrate's" "$(diff <(dump "$ref") <(dump "${schema}_up") | head -20)" ""
 "$ctl" --schema "${schema}_empty" migrate --print-sql --from 10 >"$sql_dir/empty.sql"
 out=$(apply "$sql_dir/empty.sql")
 [[ $out =~ "schema ${schema}_empty is at version 0, this script upgrades version 10" ]] ||
   { echo "FAIL: --from 10 on a new database: $out"; failures=$((failures + 1)); }
 same "a refused script leaves nothing" "$(q "SELECT count(*) FROM pg_namespace WHERE nspname = '${schema}_empty'")" "0"
-expect 2 "--from must be between 0 \(an empty database\) and 14, got 15" migrate --print-sql --from 15
-expect 2 "--from must be between 0 \(an empty database\) and 14, got -1" migrate --print-sql --from -1
+expect 2 "--from must be between 0 \(an empty database\) and 15, got 16" migrate --print-sql --from 16
+expect 2 "--from must be between 0 \(an empty database\) and 15, got -1" migrate --print-sql --from -1
 expect 2 "Could not convert: --from = x" migrate --print-sql --from x
 expect 2 "migrate: --from is for --print-sql" "${c[@]}" migrate --from 9
 expect 2 "not a plain lower-case identifier" --schema "Bad" migrate --print-sql

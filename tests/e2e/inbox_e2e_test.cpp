@@ -1,6 +1,9 @@
-// Writers -> outboxd -> RabbitMQ -> a consumer with the inbox (examples/rabbitmq_inbox_consumer),
-// while the broker restarts and both outboxd and the consumer are killed with SIGKILL: the
-// consumer's table must hold every committed message exactly once, and nothing rolled back.
+// Writers -> outboxd -> RabbitMQ -> a consumer with the inbox, while the broker restarts and both
+// outboxd and the consumer are killed with SIGKILL: the consumer's table must hold every committed
+// message exactly once, and nothing rolled back. The exactly-once tests run with each consumer:
+// the C++ example (examples/rabbitmq_inbox_consumer.cpp, outbox::inbox::Inbox) and its Python twin
+// (examples/python/rabbitmq_inbox_consumer.py: psycopg, pika and the SQL inbox,
+// outbox.inbox_begin).
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -28,7 +31,29 @@ using std::chrono::seconds;
 // The example consumer's start-up line, written once its signal handlers are in place.
 Ready ConsumerReady() { return Ready::LogLine("rabbitmq_inbox_consumer: consuming queue"); }
 
-TEST(InboxE2eTest, TheConsumersTableEqualsTheCommittedSetThroughRestartsAndKills) {
+// A consumer: the command that starts it, before its options.
+struct ConsumerProgram {
+  std::string name;
+  std::vector<std::string> command;
+};
+
+class InboxConsumerE2eTest : public ::testing::TestWithParam<ConsumerProgram> {
+ protected:
+  // The consumer's command line: the program, then the example's options.
+  static std::vector<std::string> Command(std::vector<std::string> options) {
+    std::vector<std::string> args = GetParam().command;
+    args.insert(args.end(), options.begin(), options.end());
+    return args;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    Consumers, InboxConsumerE2eTest,
+    ::testing::Values(ConsumerProgram{"Cpp", {CONSUMER_PATH}},
+                      ConsumerProgram{"Python", {"/usr/bin/python3", PYTHON_CONSUMER_PATH}}),
+    [](const auto& test) { return test.param.name; });
+
+TEST_P(InboxConsumerE2eTest, TheConsumersTableEqualsTheCommittedSetThroughRestartsAndKills) {
   TestSchema schema;
   const std::string queue = "inbox_e2e_" + schema.name();
   const std::string table = schema.name() + ".applied";
@@ -45,9 +70,9 @@ TEST(InboxE2eTest, TheConsumersTableEqualsTheCommittedSetThroughRestartsAndKills
         << "[http]\nlisten = \"\"\n";
   }
   const std::vector<std::string> relay_args{OUTBOXD_PATH, "--config", config};
-  const std::vector<std::string> consumer_args{CONSUMER_PATH, "--amqp",  AmqpUrl(), "--queue",
-                                               queue,         "--db",    PgUrl(),   "--schema",
-                                               schema.name(), "--table", table};
+  const std::vector<std::string> consumer_args =
+      Command({"--amqp", AmqpUrl(), "--queue", queue, "--db", PgUrl(), "--schema", schema.name(),
+               "--table", table});
   std::set<std::string> committed;
   std::mutex mutex;
   std::thread writers([&] {
@@ -131,7 +156,7 @@ TEST(InboxE2eTest, TheConsumersTableEqualsTheCommittedSetThroughRestartsAndKills
 // the head of stream b before the relay starts. The rest of each stream reaches the consumer with
 // outbox-stream-prev-seq and is applied once, in order, instead of being requeued forever; when
 // the operator replays b's head, it is applied once too.
-TEST(InboxE2eTest, AStreamWhoseHeadIsAbandonedFlowsAndAReplayIsAppliedOnce) {
+TEST_P(InboxConsumerE2eTest, AStreamWhoseHeadIsAbandonedFlowsAndAReplayIsAppliedOnce) {
   TestSchema schema;
   const std::string queue = "inbox_e2e_abandoned_" + schema.name();
   const std::string table = schema.name() + ".applied";
@@ -164,8 +189,8 @@ TEST(InboxE2eTest, AStreamWhoseHeadIsAbandonedFlowsAndAReplayIsAppliedOnce) {
   ASSERT_EQ(admin->Abandon(b_head_only, "e2e: the head of b", /*dry_run=*/false).count, 1);
 
   ChildProcess relay({OUTBOXD_PATH, "--config", config}, log, Ready::Notify());
-  ChildProcess consumer({CONSUMER_PATH, "--amqp", AmqpUrl(), "--queue", queue, "--db", PgUrl(),
-                         "--schema", schema.name(), "--table", table},
+  ChildProcess consumer(Command({"--amqp", AmqpUrl(), "--queue", queue, "--db", PgUrl(), "--schema",
+                                 schema.name(), "--table", table}),
                         log, ConsumerReady());
   const auto applied = [&] { return Scalar(schema.conn(), "SELECT count(*) FROM " + table); };
   for (int i = 0; i < 600 && applied() != "18"; ++i) std::this_thread::sleep_for(milliseconds{100});

@@ -13,6 +13,7 @@
 
 #include "outbox/core/wire_names.h"
 #include "outbox/inbox/rabbitmq.h"
+#include "outbox/store/postgres.h"
 #include "support/pg_test_support.h"
 
 namespace outbox::testing {
@@ -401,6 +402,162 @@ TEST_F(InboxTest, InvalidSequenceNumbersAreRefusedWithoutARecord) {
   EXPECT_EQ(Effects(), "2");
 }
 
+// One consumer fed copies of a stream by two targets: stream_seq counts per (target, stream), so
+// each target's copies have their own mark and each copy's effect is applied once.
+TEST_F(InboxTest, CopiesOfAStreamFromTwoTargetsAreEachAppliedOnce) {
+  auto conn = Connect();
+  const Inbox inbox = MakeInbox("both");
+  std::vector<Delivery> deliveries;
+  for (const char* target : {"primary", "partner"}) {
+    for (std::int64_t seq = 1; seq <= 3; ++seq) {
+      deliveries.push_back({.id = NewUuidV7(),
+                            .stream_key = "order-7",
+                            .stream_seq = seq,
+                            .target = std::string{target}});
+    }
+  }
+  for (const Delivery& delivery : deliveries) {
+    EXPECT_EQ(ProcessOnce(conn.get(), inbox, delivery), Result::kProcessed);
+  }
+  for (const Delivery& delivery : deliveries) {
+    EXPECT_EQ(ProcessOnce(conn.get(), inbox, delivery), Result::kDuplicate);
+  }
+  EXPECT_EQ(Effects(), "6");
+  EXPECT_EQ(Scalar(schema_.conn(),
+                   "SELECT string_agg(target || '=' || last_seq, ',' ORDER BY "
+                   "target) FROM " +
+                       schema_.name() + ".inbox_streams"),
+            "partner=3,primary=3");
+  // The origin (the database a relay names) keeps marks apart too.
+  Delivery other{.id = NewUuidV7(),
+                 .stream_key = "order-7",
+                 .stream_seq = 1,
+                 .target = "primary",
+                 .origin = "tenant-2"};
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, other), Result::kProcessed);
+}
+
+// A mark made before the marks were kept per target (schema 14 and older: target '') is adopted by
+// the first delivery that names a target, with its skipped seqs: nothing is applied again.
+TEST_F(InboxTest, AnOldMarkIsAdoptedByTheFirstTargetThatComes) {
+  auto conn = Connect();
+  const Inbox inbox = MakeInbox("upgraded");
+  const Delivery old_style{.id = NewUuidV7(), .stream_key = "s", .stream_seq = 1};
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, old_style), Result::kProcessed);
+  Delivery gap{.id = NewUuidV7(), .stream_key = "s", .stream_seq = 5, .stream_prev_seq = 1};
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, gap), Result::kProcessed);  // 2-4 skipped
+  EXPECT_EQ(Skipped(), "2-4");
+  const auto with_target = [](Delivery delivery) {
+    delivery.target = "default";
+    return delivery;
+  };
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, with_target(gap)), Result::kDuplicate);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, with_target({NewUuidV7(), "s", 3})),
+            Result::kProcessed);  // a replay of a skipped seq, once
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, with_target({NewUuidV7(), "s", 3})), Result::kDuplicate);
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, with_target({NewUuidV7(), "s", 6})), Result::kProcessed);
+  EXPECT_EQ(Scalar(schema_.conn(), "SELECT string_agg(target || ':' || last_seq, ',') FROM " +
+                                       schema_.name() + ".inbox_streams"),
+            "default:6");
+  EXPECT_EQ(Scalar(schema_.conn(),
+                   "SELECT string_agg(target || ':' || first_seq || '-' || "
+                   "last_seq, ',' ORDER BY first_seq) FROM " +
+                       schema_.name() + ".inbox_skipped"),
+            "default:2-2,default:4-4");
+  // A second target starts a mark of its own.
+  Delivery partner{.id = NewUuidV7(), .stream_key = "s", .stream_seq = 1, .target = "partner"};
+  EXPECT_EQ(ProcessOnce(conn.get(), inbox, partner), Result::kProcessed);
+  EXPECT_EQ(Effects(), "5");
+}
+
+// The upgrade itself: marks and skipped seqs written by schema 14 survive migration 15 and are
+// honoured (none processed again), through the script a DBA would apply.
+TEST(InboxUpgradeTest, MarksOfSchema14SurviveTheMigration) {
+  auto conn = Connect();
+  const std::string schema = "t_upgrade_" + std::to_string(std::random_device{}() % 1000000);
+  struct Drop {
+    PGconn* conn;
+    std::string schema;
+    ~Drop() {
+      PgResult dropped{PQexec(conn, ("DROP SCHEMA IF EXISTS " + schema + " CASCADE").c_str())};
+    }
+  } drop{conn.get(), schema};
+  std::string script = postgres::MigrationScript(schema, 0);
+  script.erase(script.find("-- version 15:"));
+  Sql(conn.get(), "BEGIN");
+  Sql(conn.get(), script);
+  Sql(conn.get(), "COMMIT");
+  ASSERT_EQ(Scalar(conn.get(), "SELECT max(version) FROM " + schema + ".schema_version"), "14");
+  Sql(conn.get(), "INSERT INTO " + schema +
+                      ".inbox_streams (consumer, stream_key, last_seq) VALUES ('c', 's', 9)");
+  Sql(conn.get(), "INSERT INTO " + schema +
+                      ".inbox_skipped (consumer, stream_key, first_seq, last_seq) VALUES ('c', "
+                      "'s', 3, 4)");
+  Sql(conn.get(), "BEGIN");
+  Sql(conn.get(), postgres::MigrationScript(schema, 14));
+  Sql(conn.get(), "COMMIT");
+  const Inbox inbox({.consumer = "c", .schema = schema});
+  const auto process = [&](std::int64_t seq) {
+    Sql(conn.get(), "BEGIN");
+    const Result result = inbox.Process(
+        conn.get(), {.id = NewUuidV7(), .stream_key = "s", .stream_seq = seq, .target = "default"},
+        [](pg_conn*) {});
+    Sql(conn.get(), "COMMIT");
+    return result;
+  };
+  EXPECT_EQ(process(9), Result::kDuplicate);
+  EXPECT_EQ(process(2), Result::kDuplicate);
+  EXPECT_EQ(process(3), Result::kProcessed);  // skipped before the upgrade, replayed after
+  EXPECT_EQ(process(3), Result::kDuplicate);
+  EXPECT_EQ(process(10), Result::kProcessed);
+  EXPECT_EQ(process(12), Result::kOutOfOrder);
+}
+
+// outbox.inbox_begin from SQL, as a consumer in another language calls it: its answers, and a
+// clear error (SQLSTATE 22023 naming the argument) for what the caller got wrong.
+TEST_F(InboxTest, TheSqlFunctionAnswersAndRefusesBadArguments) {
+  auto conn = Connect();
+  const std::string fn = schema_.name() + ".inbox_begin";
+  const auto begin = [&](const std::string& args) {
+    return Scalar(conn.get(), "SELECT " + fn + "(" + args + ")");
+  };
+  const std::string id = "'" + NewUuidV7().ToString() + "'";
+  EXPECT_EQ(begin("'py', " + id), "process");
+  EXPECT_EQ(begin("'py', " + id), "duplicate");
+  EXPECT_EQ(begin("consumer => 'py', message_id => gen_random_uuid(), stream_key => 'k', "
+                  "stream_seq => 1, target => 'default'"),
+            "process");
+  EXPECT_EQ(begin("consumer => 'py', message_id => gen_random_uuid(), stream_key => 'k', "
+                  "stream_seq => 3, target => 'default'"),
+            "gap");
+  EXPECT_EQ(begin("consumer => 'py', message_id => gen_random_uuid(), stream_key => 'k', "
+                  "stream_seq => 3, target => 'default', gap_policy => 'process'"),
+            "process");
+  EXPECT_EQ(begin("'py', gen_random_uuid(), 'k', 0"), "invalid");
+  EXPECT_EQ(begin("'py', gen_random_uuid(), 'k', 5, 5"), "invalid");
+  EXPECT_EQ(begin("'py', gen_random_uuid(), NULL, NULL, 1"), "invalid");
+  const auto refused = [&](const std::string& sql) {
+    PgResult result{PQexec(conn.get(), sql.c_str())};
+    const char* state = PQresultErrorField(result.get(), PG_DIAG_SQLSTATE);
+    return std::string{state != nullptr ? state : "ok"} + ": " +
+           PQresultErrorField(result.get(), PG_DIAG_MESSAGE_PRIMARY);
+  };
+  EXPECT_EQ(refused("SELECT " + fn + "(NULL, gen_random_uuid())"),
+            "22023: outbox.inbox_begin: consumer must not be empty");
+  EXPECT_EQ(refused("SELECT " + fn + "('', gen_random_uuid())"),
+            "22023: outbox.inbox_begin: consumer must not be empty");
+  EXPECT_EQ(refused("SELECT " + fn + "('py', NULL)"),
+            "22023: outbox.inbox_begin: message_id must not be null");
+  EXPECT_EQ(refused("SELECT " + fn + "('py', gen_random_uuid(), gap_policy => 'skip')"),
+            "22023: outbox.inbox_begin: gap_policy must be 'refuse' or 'process', got 'skip'");
+  const std::string cleanup = "SELECT " + schema_.name() + ".inbox_cleanup";
+  EXPECT_EQ(refused(cleanup + "('py', interval '-1 s', 10)"),
+            "22023: outbox.inbox_cleanup: retention must not be negative, got -00:00:01");
+  EXPECT_EQ(refused(cleanup + "('py', interval '1 h', 0)"),
+            "22023: outbox.inbox_cleanup: max_rows must be at least 1, got 0");
+  EXPECT_EQ(Scalar(conn.get(), cleanup + "('py', interval '0 s', 10)"), "1");
+}
+
 TEST(InboxAmqpTest, ReadsTheDeliveryAndRejectsForeignMessages) {
   amqp_basic_properties_t properties{};
   std::string error;
@@ -428,6 +585,7 @@ TEST(InboxAmqpTest, ReadsTheDeliveryAndRejectsForeignMessages) {
   EXPECT_EQ(delivery->stream_seq, 7);
   EXPECT_EQ(delivery->malformed, "");
   EXPECT_FALSE(delivery->stream_prev_seq.has_value());
+  EXPECT_FALSE(delivery->target.has_value());
   // Any integer type, or a decimal string.
   entries[1].value.kind = AMQP_FIELD_KIND_I32;
   entries[1].value.value.i32 = -1;
@@ -464,6 +622,12 @@ TEST(InboxAmqpTest, ReadsTheDeliveryAndRejectsForeignMessages) {
   with_prev[2].value.value.bytes = amqp_cstring_bytes("four");
   EXPECT_EQ(inbox::FromAmqp(properties)->malformed,
             "header outbox-stream-prev-seq is not an integer");
+  // outbox-target: the marks are kept per target.
+  with_prev[2].key = Bytes(wire::kTargetHeader);
+  with_prev[2].value.value.bytes = amqp_cstring_bytes("partner");
+  EXPECT_EQ(inbox::FromAmqp(properties)->target, "partner");
+  with_prev[2].value.kind = AMQP_FIELD_KIND_I32;
+  EXPECT_EQ(inbox::FromAmqp(properties)->malformed, "header outbox-target is not a string");
   properties.headers = {2, entries};
   entries[0].value.kind = AMQP_FIELD_KIND_I64;
   entries[0].value.value.i64 = 42;

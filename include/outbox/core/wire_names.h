@@ -16,6 +16,8 @@
 //                                   stream that was not (0 if none); see Envelope
 //   outbox-partition        int     its partition
 //   outbox-attempts         int     attempts spent before this one
+//   outbox-target           string  the target (sink name) that sent this copy: stream_seq counts
+//                                   per (target, stream), so an inbox keeps its marks per target
 
 #include <string_view>
 
@@ -42,5 +44,6 @@ inline constexpr std::string_view kStreamSeqHeader = "outbox-stream-seq";
 inline constexpr std::string_view kStreamPrevSeqHeader = "outbox-stream-prev-seq";
 inline constexpr std::string_view kPartitionHeader = "outbox-partition";
 inline constexpr std::string_view kAttemptsHeader = "outbox-attempts";
+inline constexpr std::string_view kTargetHeader = "outbox-target";
 
 }  // namespace outbox::wire

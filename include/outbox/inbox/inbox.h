@@ -42,8 +42,10 @@
 // exactly one runs the handler, the other gets kDuplicate once the first commits (or runs it, if
 // the first rolls back).
 //
-// The inbox tables come with the outbox schema (migrations 2 and 8); run postgres::Migrate or
-// `outboxctl migrate` on the consumer's database.
+// The rules live in the schema: Process calls outbox.inbox_begin (migration 15), which any other
+// language calls the same way in its own transaction (README, "Consuming exactly once"). The
+// inbox tables and functions come with the outbox schema (migrations 2, 8 and 15); run
+// postgres::Migrate or `outboxctl migrate` on the consumer's database.
 
 #include <chrono>
 #include <cstdint>
@@ -70,6 +72,11 @@ struct Delivery {
   // Only when the messages just before this one were abandoned: the seq of the latest earlier
   // message of its stream that was not (0 if none); see Gaps above. 0 .. stream_seq - 1.
   std::optional<std::int64_t> stream_prev_seq;
+  // The target that sent this copy (header outbox-target) and the database it came from (a relay
+  // serving several names it): stream_seq counts per (target, stream), so the marks are kept per
+  // (origin, target, stream). Unset: the delivery names none ('').
+  std::optional<std::string> target;
+  std::optional<std::string> origin;
   // Not empty when an outbox header of the delivery was present but unreadable (e.g.
   // "header outbox-stream-seq is not an integer"): Process returns kInvalid.
   std::string malformed;
@@ -129,17 +136,8 @@ class Inbox {
 
  private:
   Options options_;
-  std::string record_id_sql_;
-  std::string lock_stream_sql_;
-  std::string advance_stream_sql_;
-  std::string find_skipped_sql_;
-  std::string add_skipped_sql_;
-  std::string shorten_skipped_sql_;
-  std::string drop_skipped_sql_;
+  std::string begin_sql_;
   std::string cleanup_sql_;
-
-  // If `seq` of `stream_key` is one the mark skipped, forgets it and returns true.
-  bool TakeSkipped(pg_conn* conn, const std::string& stream_key, std::int64_t seq) const;
 };
 
 }  // namespace outbox::inbox

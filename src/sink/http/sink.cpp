@@ -285,6 +285,7 @@ class HttpSink final : public SinkBase {
       }
       add(HeaderLine(wire::kPartitionHeader, std::to_string(envelope.partition)));
       add(HeaderLine(wire::kAttemptsHeader, std::to_string(envelope.attempts)));
+      add(HeaderLine(wire::kTargetHeader, envelope.target));
     }
     add("Expect:");  // no 100-continue round trip before large bodies
     for (const std::string& line : static_headers_) add(line);

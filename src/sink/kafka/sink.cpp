@@ -404,6 +404,7 @@ std::optional<Failure> KafkaSink::Prepare(const Envelope& envelope, Record& out)
   add(wire::kPartitionHeader, out.numbers[2]);
   out.numbers[3] = std::to_string(envelope.attempts);
   add(wire::kAttemptsHeader, out.numbers[3]);
+  add(wire::kTargetHeader, envelope.target);
   return std::nullopt;
 }
 

@@ -558,7 +558,7 @@ std::optional<Failure> NatsSink::Prepare(const Envelope& envelope, MsgPtr& out,
   const bool has_type = envelope.type && !envelope.type->empty();
   const bool has_content_type = !envelope.content_type.empty();
   std::vector<std::pair<std::string_view, std::string>> headers;
-  headers.reserve(envelope.headers.size() + 10);
+  headers.reserve(envelope.headers.size() + 11);
   for (const auto& [name, value] : envelope.headers) {
     // The store refuses the reserved names; skip them anyway, the names set below, and Nats-*
     // (JetStream acts on those).
@@ -584,6 +584,7 @@ std::optional<Failure> NatsSink::Prepare(const Envelope& envelope, MsgPtr& out,
     }
     headers.emplace_back(wire::kPartitionHeader, std::to_string(envelope.partition));
     headers.emplace_back(wire::kAttemptsHeader, std::to_string(envelope.attempts));
+    headers.emplace_back(wire::kTargetHeader, envelope.target);
   }
 
   // "NATS/1.0\r\n", a "name: value\r\n" line each, "\r\n": as the server counts them against

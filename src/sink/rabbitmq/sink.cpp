@@ -370,6 +370,7 @@ std::optional<Failure> RabbitSink::Prepare(const Envelope& envelope, Prepared& o
       out.headers.push_back(Int64Entry(wire::kStreamPrevSeqHeader, *envelope.stream_prev_seq));
     out.headers.push_back(Int32Entry(wire::kPartitionHeader, envelope.partition));
     out.headers.push_back(Int32Entry(wire::kAttemptsHeader, envelope.attempts));
+    out.headers.push_back(StringEntry(wire::kTargetHeader, envelope.target));
   }
 
   amqp_basic_properties_t& p = out.properties;

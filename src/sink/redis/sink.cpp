@@ -301,6 +301,7 @@ std::optional<Failure> RedisSink::Prepare(const Envelope& envelope) {
     field(wire::kPartitionHeader, partition_);
     attempts_ = Number(envelope.attempts);
     field(wire::kAttemptsHeader, attempts_);
+    field(wire::kTargetHeader, envelope.target);
   }
   for (const auto& [name, value] : envelope.headers) {
     if (!IsOwnField(name)) field(name, value);
