@@ -27,6 +27,7 @@
 
 #include "../sink/sink_contract.h"
 #include "http_test_support.h"
+#include "outbox/inbox/headers.h"
 #include "outbox/sink/http.h"
 #include "support/tcp_proxy.h"
 
@@ -49,10 +50,17 @@ std::vector<ArrivedMessage> DestinationOrder(const std::vector<ReceivedRequest>&
   std::vector<std::vector<ArrivedMessage>> queues;
   std::map<std::string, std::size_t> queue_of_stream;
   for (const ReceivedRequest& request : accepted) {
-    ArrivedMessage message{.id = request.id.value_or(""),
-                           .stream_key = request.stream_key,
-                           .stream_seq = request.stream_seq,
-                           .payload = request.payload};
+    // As an inbox consumer reads it (ArrivedThroughInbox); the receiver keeps the names in
+    // lower case, as HTTP's are case-insensitive.
+    ArrivedMessage message = ArrivedThroughInbox(
+        [&](const std::string& name) -> std::optional<std::string> {
+          const auto found = request.headers.find(name);
+          if (found == request.headers.end()) return std::nullopt;
+          return found->second;
+        },
+        inbox::kWebhookIdHeader, request.payload);
+    EXPECT_EQ(message.stream_key, request.stream_key) << message.id;
+    EXPECT_EQ(message.stream_seq, request.stream_seq) << message.id;
     if (request.stream_key) {
       const auto [it, added] = queue_of_stream.emplace(*request.stream_key, queues.size());
       if (added) queues.emplace_back();

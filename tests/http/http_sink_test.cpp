@@ -343,17 +343,29 @@ TEST(HttpSinkTest, EveryDocumentedHeaderWithItsValue) {
   EXPECT_EQ(got->Header("user-agent").value_or("").rfind("outbox/", 0), 0U);
 
   // Nothing else: no reserved header of the envelope's, nothing the sink does not document.
-  const std::set<std::string> allowed = {"content-type",      "webhook-id",
-                                         "webhook-timestamp", "webhook-signature",
-                                         "event_id",          "outbox-topic",
-                                         "outbox-type",       "outbox-stream-key",
-                                         "outbox-stream-seq", "outbox-stream-prev-seq",
-                                         "outbox-partition",  "outbox-attempts",
-                                         "authorization",     "x-static",
-                                         "traceparent",       "correlation_id",
-                                         "x-custom",          "x-empty",
-                                         "content-length",    "host",
-                                         "user-agent",        "accept"};
+  const std::set<std::string> allowed = {"content-type",
+                                         "webhook-id",
+                                         "webhook-timestamp",
+                                         "webhook-signature",
+                                         "event_id",
+                                         "outbox-topic",
+                                         "outbox-type",
+                                         "outbox-stream-key",
+                                         "outbox-stream-seq",
+                                         "outbox-stream-prev-seq",
+                                         "outbox-partition",
+                                         "outbox-attempts",
+                                         "outbox-target",
+                                         "authorization",
+                                         "x-static",
+                                         "traceparent",
+                                         "correlation_id",
+                                         "x-custom",
+                                         "x-empty",
+                                         "content-length",
+                                         "host",
+                                         "user-agent",
+                                         "accept"};
   for (const std::string& name : got->header_names) {
     EXPECT_TRUE(allowed.contains(name))
         << "unexpected header " << name << ": " << got->Header(name).value_or("");
@@ -370,7 +382,8 @@ TEST(HttpSinkTest, EveryDocumentedHeaderWithItsValue) {
                                           "outbox-type",       "outbox-stream-key",
                                           "outbox-stream-seq", "outbox-stream-prev-seq",
                                           "outbox-partition",  "outbox-attempts",
-                                          "authorization",     "x-static"};
+                                          "outbox-target",     "authorization",
+                                          "x-static"};
   for (std::size_t i = 1; i < order.size(); ++i) {
     EXPECT_LT(position(order[i - 1]), position(order[i])) << order[i - 1] << " / " << order[i];
   }

@@ -19,6 +19,7 @@
 #include "kafka_proxy.h"
 #include "kafka_test_support.h"
 #include "outbox/core/wire_names.h"
+#include "outbox/inbox/headers.h"
 #include "outbox/sink/kafka.h"
 
 namespace outbox::testing {
@@ -92,16 +93,13 @@ class KafkaTestBed final : public SinkTestBed {
 
   // Where the Kafka sink documents them (sink/kafka.h): the id in the message_id header, the
   // stream key as the record key (and in outbox-stream-key), the seq in outbox-stream-seq.
+  // Read as an inbox consumer reads it (ArrivedThroughInbox).
   static ArrivedMessage Arrived(const Record& record) {
-    ArrivedMessage message{.id = record.Header(std::string{wire::kMessageId}).value_or(""),
-                           .stream_key = record.key,
-                           .payload = record.value};
-    EXPECT_FALSE(message.id.empty()) << "a record without a message_id header";
-    EXPECT_EQ(record.Header(std::string{wire::kStreamKeyHeader}), record.key)
+    ArrivedMessage message =
+        ArrivedThroughInbox([&](const std::string& name) { return record.Header(name); },
+                            inbox::kKafkaIdHeader, record.value);
+    EXPECT_EQ(message.stream_key, record.key)
         << message.id << ": the record key and outbox-stream-key differ";
-    if (const auto seq = record.Header(std::string{wire::kStreamSeqHeader})) {
-      message.stream_seq = std::stoll(*seq);
-    }
     return message;
   }
 

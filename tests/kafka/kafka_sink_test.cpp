@@ -258,7 +258,8 @@ TEST(KafkaSinkTest, ConfirmedBatchIsInTheTopicWithKeyValueTimestampAndHeaders) {
       {"outbox-stream-seq", "4"},
       {"outbox-stream-prev-seq", "2"},
       {"outbox-partition", "11"},
-      {"outbox-attempts", "2"}};
+      {"outbox-attempts", "2"},
+      {"outbox-target", "default"}};
   EXPECT_EQ(first.headers, expected_headers);
 
   const Record& second = by_id.at(batch[1].id.ToString());

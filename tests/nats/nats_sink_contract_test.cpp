@@ -18,6 +18,7 @@
 #include "../sink/sink_contract.h"
 #include "nats_test_support.h"
 #include "outbox/core/wire_names.h"
+#include "outbox/inbox/headers.h"
 #include "outbox/sink/nats.h"
 #include "support/tcp_proxy.h"
 
@@ -66,13 +67,9 @@ class NatsTestBed final : public SinkTestBed {
     admin_.WaitForCount(stream_, expected, limit);
     std::vector<ArrivedMessage> arrived;
     for (const StoredMessage& stored : admin_.ReadAll(stream_, limit)) {
-      ArrivedMessage message{.id = stored.Header(std::string{wire::kMessageId}).value_or(""),
-                             .payload = stored.payload};
-      message.stream_key = stored.Header(std::string{wire::kStreamKeyHeader});
-      if (const auto seq = stored.Header(std::string{wire::kStreamSeqHeader})) {
-        message.stream_seq = std::stoll(*seq);
-      }
-      arrived.push_back(std::move(message));
+      arrived.push_back(
+          ArrivedThroughInbox([&](const std::string& name) { return stored.Header(name); },
+                              inbox::kNatsIdHeader, stored.payload));
     }
     return arrived;
   }

@@ -203,7 +203,8 @@ TEST(NatsSinkTest, ConsumersReceiveTheDocumentedSubjectAndHeaders) {
       {"outbox-stream-seq", "7"},
       {"outbox-stream-prev-seq", "5"},
       {"outbox-partition", "3"},
-      {"outbox-attempts", "2"}};
+      {"outbox-attempts", "2"},
+      {"outbox-target", "default"}};
   EXPECT_EQ(stored[0].headers, expected);
 
   EXPECT_EQ(stored[1].subject, stream.subject() + ".Bare");
@@ -215,7 +216,8 @@ TEST(NatsSinkTest, ConsumersReceiveTheDocumentedSubjectAndHeaders) {
                                                             {"type", "Bare"},
                                                             {"outbox-topic", "orders"},
                                                             {"outbox-partition", "0"},
-                                                            {"outbox-attempts", "0"}};
+                                                            {"outbox-attempts", "0"},
+                                                            {"outbox-target", "default"}};
   EXPECT_EQ(stored[1].headers, expected_bare);
 }
 

@@ -603,8 +603,8 @@ TEST(RabbitSinkTest, HeadersAtTheDefaultLimitsAreCarriedAndOneMoreIsRefusedAtEnq
     if (!wire::IsReservedName(name)) user_headers.emplace(name, value);
   }
   EXPECT_EQ(user_headers, message.headers);
-  // The outbox's own: event id, topic, stream key, stream seq, partition, attempts.
-  EXPECT_EQ(received[0].headers.size(), message.headers.size() + 6);
+  // The outbox's own: event id, topic, stream key, stream seq, partition, attempts, target.
+  EXPECT_EQ(received[0].headers.size(), message.headers.size() + 7);
 
   NewMessage more = message;
   more.headers["x-one-more"] = "";

@@ -21,6 +21,7 @@
 
 #include "../sink/sink_contract.h"
 #include "outbox/core/wire_names.h"
+#include "outbox/inbox/headers.h"
 #include "outbox/sink/redis.h"
 #include "redis_test_support.h"
 #include "support/tcp_proxy.h"
@@ -103,12 +104,8 @@ class RedisTestBed final : public SinkTestBed {
     if (!id || !payload) {
       throw std::runtime_error("stream entry " + entry.entry_id + " without id or payload");
     }
-    ArrivedMessage message{.id = *id, .payload = *payload};
-    message.stream_key = entry.Field(std::string{wire::kStreamKeyHeader});
-    if (const auto seq = entry.Field(std::string{wire::kStreamSeqHeader})) {
-      message.stream_seq = std::stoll(*seq);
-    }
-    return message;
+    return ArrivedThroughInbox([&](const std::string& name) { return entry.Field(name); },
+                               inbox::kRedisIdField, *payload);
   }
 
   void StartProxy(int port) {

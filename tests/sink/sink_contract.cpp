@@ -1,6 +1,7 @@
 #include "sink_contract.h"
 
 #include <algorithm>
+#include <deque>
 #include <initializer_list>
 #include <map>
 #include <random>
@@ -8,7 +9,33 @@
 #include <stdexcept>
 #include <thread>
 
+#include "outbox/inbox/headers.h"
+
 namespace outbox::testing {
+
+ArrivedMessage ArrivedThroughInbox(
+    const std::function<std::optional<std::string>(const std::string& name)>& header,
+    std::string_view id_name, std::string payload) {
+  std::deque<std::string> values;  // what the views handed to FromHeaders point into
+  std::string error;
+  const auto delivery = inbox::FromHeaders(
+      [&](std::string_view name) -> std::optional<std::string_view> {
+        auto value = header(std::string{name});
+        if (!value) return std::nullopt;
+        return values.emplace_back(std::move(*value));
+      },
+      id_name, &error);
+  ArrivedMessage message{.payload = std::move(payload)};
+  if (!delivery) {
+    ADD_FAILURE() << "the inbox cannot read a message the sink sent: " << error;
+    return message;
+  }
+  EXPECT_EQ(delivery->malformed, "") << delivery->id.ToString();
+  message.id = delivery->id.ToString();
+  message.stream_key = delivery->stream_key;
+  message.stream_seq = delivery->stream_seq;
+  return message;
+}
 
 void SinkTestBed::ServerDown() { throw std::logic_error("this test bed cannot stop its server"); }
 void SinkTestBed::ServerUp() { throw std::logic_error("this test bed cannot stop its server"); }

@@ -55,6 +55,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -97,6 +98,14 @@ struct ArrivedMessage {
   std::optional<std::int64_t> stream_seq;
   std::string payload;  // the bytes (see above for JSON payloads)
 };
+
+// The message as an inbox consumer reads it from text headers (inbox::FromHeaders: Kafka, NATS,
+// Redis, webhooks), so that every message a contract test reads back also checks the inbox's
+// adapter against what the sink really sent; one the inbox cannot read is a test failure.
+// `header` returns a header's (or field's) value, nullopt when there is none.
+ArrivedMessage ArrivedThroughInbox(
+    const std::function<std::optional<std::string>(const std::string& name)>& header,
+    std::string_view id_name, std::string payload);
 
 // One test's destination, sinks and faults. Destroying it removes what it made on the server.
 // The fault methods are called only when the harness does not lack the fault; their default

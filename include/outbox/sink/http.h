@@ -30,6 +30,7 @@
 //     outbox-stream-prev-seq  e.stream_prev_seq, when set (see Envelope)
 //     outbox-partition        e.partition (the outbox's)
 //     outbox-attempts         e.attempts
+//     outbox-target           e.target (the sink's target name)
 //   then the configured `headers` (the same on every request), then the envelope's own headers
 //   (traceparent, correlation_id, ...). An envelope header the sink sets itself or that HTTP
 //   reserves is left out: content-type, content-length, host, transfer-encoding, connection,

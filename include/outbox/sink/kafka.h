@@ -22,6 +22,7 @@
 //                outbox-stream-prev-seq  e.stream_prev_seq, when set (see Envelope)
 //                outbox-partition        e.partition (the outbox's, not Kafka's partition)
 //                outbox-attempts         e.attempts
+//                outbox-target           e.target (the sink's target name)
 //              with header_style kDebezium also `id` = e.id, as Debezium's outbox event router
 //              writes it (its record key is the aggregate id: e.stream_key, as above), in either
 //              envelope style. A user header with one of the names the sink sets for this

@@ -25,6 +25,7 @@
 //                outbox-stream-prev-seq  e.stream_prev_seq, when set (see Envelope)
 //                outbox-partition        e.partition (the outbox's)
 //                outbox-attempts         e.attempts
+//                outbox-target           e.target (the sink's target name)
 //              A user header named like one the sink sets for this message, message_id or
 //              event_id (any case), or starting with "outbox-" or "Nats-" (any case: JetStream
 //              acts on Nats-* headers, e.g. Nats-Rollup) is left out.

@@ -13,7 +13,8 @@
 //               message), and with `envelope` kFull (the default) also outbox-topic (string),
 //               outbox-stream-key (string, when set), outbox-stream-seq (int64, when set),
 //               outbox-stream-prev-seq (int64, when set), outbox-partition (int32),
-//               outbox-attempts (int32). With kExternal no outbox-* header is sent.
+//               outbox-attempts (int32), outbox-target (string). With kExternal no outbox-*
+//               header is sent.
 //
 // How outcomes are classified (outbox/core/failure.h):
 //   kUnavailable     not sent: cannot connect (the sink then waits 100 ms before the next

@@ -20,6 +20,7 @@
 //   outbox-stream-prev-seq  e.stream_prev_seq, when set (see Envelope)
 //   outbox-partition        e.partition (the outbox's)
 //   outbox-attempts         e.attempts
+//   outbox-target           e.target (the sink's target name)
 // and in both styles:
 //   <name>                  every user header (traceparent, correlation_id, ...), after the
 //                           above. A user header named id, payload, content_type or type (the
