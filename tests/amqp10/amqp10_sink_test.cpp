@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -137,6 +138,52 @@ TEST(Amqp10SinkTest, RefusedCredentialsAreUnavailable) {
   EXPECT_EQ(outcomes[0].failure->kind, FailureKind::kUnavailable)
       << outcomes[0].failure->Describe();
   EXPECT_EQ(outcomes[0].failure->reason.find("wrong-password"), std::string::npos);
+}
+
+// Issue #40: an exchange the relay's user may not write to is a state of the destination. The
+// plugin refuses the link (amqp:unauthorized-access): unavailable, no attempt spent, while the
+// messages to an exchange it may write (another link, another session) are published. A user of
+// the test's own (scripts/services rabbitmqctl), deleted at the end.
+TEST(Amqp10SinkTest, UnauthorizedAccessIsUnavailableAndOtherAddressesFlow) {
+  Admin admin;
+  const std::string denied = UniqueName("amqp10-denied");
+  const std::string allowed = UniqueName("amqp10-allowed");
+  const std::string queue = UniqueName("amqp10-allowed-q");
+  admin.DeclareExchange(denied, "fanout");
+  admin.DeclareExchange(allowed, "fanout");
+  admin.DeclareQueue(queue);
+  admin.Bind(queue, allowed, "");
+  const std::string user = UniqueName("outbox-amqp10-limited");
+  const std::string ctl = std::string{PROJECT_SOURCE_DIR} + "/scripts/services rabbitmqctl ";
+  ASSERT_EQ(std::system((ctl + "add_user " + user + " limited-Pw-4031 >/dev/null").c_str()), 0);
+  struct DeleteUser {
+    std::string command;
+    ~DeleteUser() { (void)std::system(command.c_str()); }
+  } delete_user{ctl + "delete_user " + user + " >/dev/null"};
+  // Writes to `allowed` only.
+  ASSERT_EQ(std::system(
+                (ctl + "set_permissions -p / " + user + " '^$' '^" + allowed + "$' '.*' >/dev/null")
+                    .c_str()),
+            0);
+  const amqp10::Endpoint endpoint = amqp10::ParseUrl(Amqp10Url());
+  amqp10::SinkOptions options;
+  options.url =
+      "amqp://" + user + ":limited-Pw-4031@" + endpoint.host + ":" + std::to_string(endpoint.port);
+  options.address = "/exchange/{topic}/k";
+  auto sink = amqp10::OpenSink(std::move(options));
+  const std::vector<Envelope> batch{MakeEnvelope(allowed), MakeEnvelope(denied),
+                                    MakeEnvelope(allowed)};
+  const auto outcomes = sink->Publish(batch, In(milliseconds{5000}));
+  ASSERT_EQ(outcomes.size(), 3U);
+  EXPECT_TRUE(outcomes[0].published());
+  ASSERT_FALSE(outcomes[1].published());
+  EXPECT_EQ(outcomes[1].failure->kind, FailureKind::kUnavailable)
+      << outcomes[1].failure->Describe();
+  EXPECT_FALSE(outcomes[1].failure->treatment().spends_attempt);
+  EXPECT_NE(outcomes[1].failure->reason.find("amqp:unauthorized-access"), std::string::npos)
+      << outcomes[1].failure->reason;
+  EXPECT_TRUE(outcomes[2].published());
+  EXPECT_EQ(ReceiveAmqp10(Amqp10Url(), "/amq/queue/" + queue, 2, kLimit, kIdle).size(), 2U);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 #pragma once
 // The AMQP 1.0 sink (Apache Qpid Proton's C++ binding): Azure Service Bus, ActiveMQ Artemis, Qpid,
 // Solace, RabbitMQ 4 (and RabbitMQ 3.x with its rabbitmq_amqp1_0 plugin). One connection, one
-// session, one sender link per target address (`address` expanded), at-least-once (unsettled)
+// session and sender link per target address (`address` expanded), at-least-once (unsettled)
 // deliveries; up to `max_in_flight` of them await the broker's disposition at once, within the
 // link credit the broker grants: never one round trip per message.
 //
@@ -29,8 +29,10 @@
 //                    to 5 s, and answers kUnavailable at once meanwhile), the connection was lost
 //                    before the message's turn, the deadline passed before it was sent. Also a
 //                    refusal that is a state of the destination, not of the message (issue #40,
-//                    "No silent stalls"): a link attach or a disposition with the condition
-//                    amqp:unauthorized-access, amqp:resource-limit-exceeded or
+//                    "No silent stalls"): a refused link attach, a link or session ended (its
+//                    unsettled deliveries included: RabbitMQ 3.x ends the session on the first
+//                    publish to an exchange the user may not write) or a disposition, with the
+//                    condition amqp:unauthorized-access, amqp:resource-limit-exceeded or
 //                    amqp:resource-locked.
 //   kRejected        `rejected` (with the broker's condition and description in the reason);
 //                    `released` and `modified` (the broker did not take it: RabbitMQ 4 releases
@@ -41,8 +43,10 @@
 //                    topic or exchange), for the messages to that address not yet sent.
 //   kPermanent       cannot be sent as it is, never sent: payload over `max_message_bytes`, an
 //                    empty address; `rejected` with amqp:link:message-size-exceeded.
-//   kOutcomeUnknown  sent, no disposition: the deadline passed (a late one is ignored), the link
-//                    or the connection was lost with the delivery unsettled.
+//   kOutcomeUnknown  sent, no disposition: the deadline passed (a late one is ignored), the link,
+//                    its session or the connection was lost with the delivery unsettled.
+// Each address has a session of its own: RabbitMQ 3.x's plugin ends the whole session when it
+// refuses a link or a publish, and nothing of another address may go down with it.
 //
 // A silent peer: the sink asks the broker to send something at least every idle_timeout / 2
 // (AMQP's idle-time-out) and gives a connection up when nothing came for idle_timeout; what

@@ -295,11 +295,17 @@ class Handler final : public proton::messaging_handler {
           ++it;
           continue;
         }
+        // A refusal of the relay (RabbitMQ 3.x: ACCESS_REFUSED on the first publish to an
+        // exchange, ending the session) is the not-authorized rule's unavailable; retried without
+        // an attempt either way, like an unknown outcome.
+        const bool refused = IsDestinationState(condition);
         mailbox_.events.push_back(
             {.token = it->first,
-             .failure = MakeFailure(FailureKind::kOutcomeUnknown,
-                                    "sent, but the broker closed the link to '" + address +
-                                        "' before its disposition (" + why + ")")});
+             .failure =
+                 MakeFailure(refused ? FailureKind::kUnavailable : FailureKind::kOutcomeUnknown,
+                             (refused ? "not taken: the broker closed the link to '"
+                                      : "sent, but the broker closed the link to '") +
+                                 address + "' before its disposition (" + why + ")")});
         it = unsettled_.erase(it);
       }
       if (const auto queued = mailbox_.queued.find(address); queued != mailbox_.queued.end()) {
