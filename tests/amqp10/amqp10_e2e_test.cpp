@@ -25,15 +25,14 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "amqp10_test_support.h"
+#include "e2e/concurrent_writers.h"
 #include "e2e/frozen_relay.h"
 #include "rabbit_test_support.h"
 #include "support/child_process.h"
@@ -156,36 +155,6 @@ listen = ""
         config_ + ".log", Ready::Notify());
   }
 
-  void Write(int total) {
-    std::vector<std::thread> writers;
-    writers.reserve(kWriters);
-    for (int writer = 0; writer < kWriters; ++writer) {
-      writers.emplace_back([this, total, writer] {
-        const PgConn conn = Connect();
-        std::minstd_rand pick(static_cast<unsigned>(writer) + 1);
-        std::vector<std::string> kept;
-        std::vector<std::string> dropped;
-        std::set<std::string> keys;
-        for (int n = writer; n < total; n += kWriters) {
-          const bool roll_back = n % 5 == 4;
-          const std::string stream = "stream-" + std::to_string(pick() % kStreams);
-          Sql(conn.get(), "BEGIN");
-          auto& ids = roll_back ? dropped : kept;
-          if (!roll_back) keys.insert(stream);
-          ids.push_back(Scalar(conn.get(), "SELECT " + schema_.name() + ".enqueue('" + queue_ +
-                                               "', '{\"n\":" + std::to_string(n) +
-                                               "}'::jsonb, stream_key => '" + stream + "')"));
-          Sql(conn.get(), roll_back ? "ROLLBACK" : "COMMIT");
-        }
-        const std::lock_guard lock(mutex_);
-        committed_.insert(kept.begin(), kept.end());
-        rolled_back_.insert(dropped.begin(), dropped.end());
-        committed_keys_.insert(keys.begin(), keys.end());
-      });
-    }
-    for (std::thread& writer : writers) writer.join();
-  }
-
   std::int64_t Rows(const std::string& where = "true") {
     return std::stoll(Scalar(
         schema_.conn(), "SELECT count(*) FROM " + schema_.name() + ".messages WHERE " + where));
@@ -216,16 +185,14 @@ listen = ""
   Admin admin_;
   std::string queue_;
   std::string config_;
-  std::mutex mutex_;
-  std::set<std::string> committed_;
-  std::set<std::string> rolled_back_;
-  std::set<std::string> committed_keys_;
+  Written written_;
 };
 
 TEST_F(Amqp10E2eTest, KillAndBrokerRestartLoseNothingReadByRhea) {
   const int messages = Messages();
   const auto started = SteadyClock::now();
-  std::jthread writers([&] { Write(messages); });
+  std::jthread writers(
+      [&] { written_ = WriteConcurrently(schema_.name(), queue_, messages, kWriters, kStreams); });
 
   auto relay = StartOutboxd();
   const bool publishing = WaitUntil([&] { return Stored() > 0; }, seconds{60});
@@ -254,16 +221,16 @@ TEST_F(Amqp10E2eTest, KillAndBrokerRestartLoseNothingReadByRhea) {
   const double elapsed = std::chrono::duration<double>(SteadyClock::now() - started).count();
   EXPECT_EQ(relay->Stop(), 0) << LogTail();
 
-  const std::vector<Read> reads = ReadWithRhea(queue_, committed_.size());
+  const std::vector<Read> reads = ReadWithRhea(queue_, written_.committed.size());
   std::set<std::string> seen;
   std::map<std::string, std::int64_t> last_seq;  // by key, of first deliveries
   std::size_t duplicates = 0;
   std::size_t phantom = 0;
   std::size_t out_of_order = 0;
   for (const Read& read : reads) {
-    if (!committed_.contains(read.id) && ++phantom <= 5) {
-      ADD_FAILURE() << (rolled_back_.contains(read.id) ? "rolled back, yet in the queue: "
-                                                       : "an id no writer enqueued: ")
+    if (!written_.committed.contains(read.id) && ++phantom <= 5) {
+      ADD_FAILURE() << (written_.rolled_back.contains(read.id) ? "rolled back, yet in the queue: "
+                                                               : "an id no writer enqueued: ")
                     << read.id;
     }
     if (!seen.insert(read.id).second) {
@@ -278,20 +245,20 @@ TEST_F(Amqp10E2eTest, KillAndBrokerRestartLoseNothingReadByRhea) {
     last = read.seq;
   }
   std::size_t lost = 0;
-  for (const std::string& id : committed_) {
+  for (const std::string& id : written_.committed) {
     if (!seen.contains(id) && ++lost <= 5) ADD_FAILURE() << "committed, not in the queue: " << id;
   }
   EXPECT_EQ(lost, 0U) << "lost";
   EXPECT_EQ(phantom, 0U) << "phantom (rolled back or unknown) messages";
   EXPECT_EQ(out_of_order, 0U) << "first deliveries out of stream order";
-  EXPECT_EQ(last_seq.size(), committed_keys_.size());
+  EXPECT_EQ(last_seq.size(), written_.committed_keys.size());
   EXPECT_EQ(Rows("status = 'abandoned'"), 0);
   std::printf(
       "[ e2e ] amqp10 (RabbitMQ %s plugin, read by rhea): %zu committed, %zu rolled back, %zu "
       "read, %zu lost, %zu phantom, %zu duplicates; outboxd killed holding %lld claimed, broker "
       "restarted with %u stored; %.1f s\n",
-      "3.10 AMQP 1.0", committed_.size(), rolled_back_.size(), reads.size(), lost, phantom,
-      duplicates, static_cast<long long>(freeze.claimed), stored_at_restart, elapsed);
+      "3.10 AMQP 1.0", written_.committed.size(), written_.rolled_back.size(), reads.size(), lost,
+      phantom, duplicates, static_cast<long long>(freeze.claimed), stored_at_restart, elapsed);
 }
 
 }  // namespace

@@ -18,7 +18,7 @@
 #include "amqp10_test_support.h"
 #include "outbox/sink/amqp10.h"
 #include "rabbit_test_support.h"
-#include "support/tcp_proxy.h"
+#include "support/proxied_server.h"
 
 namespace outbox::testing {
 namespace {
@@ -40,7 +40,6 @@ class Amqp10TestBed final : public SinkTestBed {
     admin_.DeclareQueue(queue_);
     admin_.DeclareExchange(exchange_, "fanout");
     admin_.Bind(queue_, exchange_, "");
-    StartProxy(0);
   }
 
   [[nodiscard]] std::string Topic() const override { return exchange_; }
@@ -48,7 +47,7 @@ class Amqp10TestBed final : public SinkTestBed {
   std::unique_ptr<Sink> OpenSink() override {
     amqp10::SinkOptions options;
     options.url = "amqp://" + endpoint_.user + ":" + endpoint_.password +
-                  "@127.0.0.1:" + std::to_string(port_);
+                  "@127.0.0.1:" + std::to_string(server_.port());
     options.address = "/exchange/{topic}/k";
     options.max_message_bytes = kMaxMessageBytes;
     options.connect_timeout = milliseconds{2000};
@@ -74,37 +73,24 @@ class Amqp10TestBed final : public SinkTestBed {
     return arrived_;
   }
 
-  void ServerDown() override { proxy_.reset(); }
-  void ServerUp() override { StartProxy(port_); }
+  void ServerDown() override { server_.Down(); }
+  void ServerUp() override { server_.Up(); }
   [[nodiscard]] std::string UnknownTopic() override { return UniqueName("no-such-exchange"); }
   [[nodiscard]] std::size_t TooLargePayloadBytes() override { return kMaxMessageBytes + 1; }
-  void HoldReplies() override { SetHeld(true); }
-  void ReleaseReplies() override { SetHeld(false); }
-  void Freeze() override { proxy_->SetMode(TcpProxy::Mode::kFreeze); }
-  void Thaw() override { SetHeld(held_); }
+  void HoldReplies() override { server_.Hold(true); }
+  void ReleaseReplies() override { server_.Hold(false); }
+  void Freeze() override { server_.Freeze(); }
+  void Thaw() override { server_.Thaw(); }
   // sink/amqp10.h: idle_timeout without a frame from the broker; Proton checks it on its timer,
   // which may fire up to another idle_timeout later.
   [[nodiscard]] milliseconds SilentConnectionBound() override { return 2 * kIdleTimeout; }
 
  private:
-  void StartProxy(int port) {
-    proxy_ = std::make_unique<TcpProxy>(endpoint_.host, endpoint_.port, port);
-    port_ = proxy_->port();
-    if (held_) proxy_->SetMode(TcpProxy::Mode::kHoldReplies);
-  }
-
-  void SetHeld(bool held) {
-    held_ = held;
-    if (proxy_) proxy_->SetMode(held ? TcpProxy::Mode::kHoldReplies : TcpProxy::Mode::kForward);
-  }
-
   amqp10::Endpoint endpoint_;
   Admin admin_;
   std::string exchange_;
   std::string queue_;
-  std::unique_ptr<TcpProxy> proxy_;  // null while the server is down
-  int port_ = 0;
-  bool held_ = false;
+  ProxiedServer server_{endpoint_.host, endpoint_.port};
   std::vector<ArrivedMessage> arrived_;
 };
 

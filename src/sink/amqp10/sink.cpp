@@ -27,8 +27,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -64,6 +62,7 @@
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/amqp10.h"
 #include "outbox/sink/name_template.h"
+#include "outbox/sink/readable_file.h"
 #include "outbox/sink/sink_base.h"
 
 namespace outbox::amqp10 {
@@ -74,6 +73,8 @@ using SteadyClock = std::chrono::steady_clock;
 
 // How long Close() waits for the broker to answer its close before the connection is aborted.
 constexpr milliseconds kCloseWait{1000};
+// How long the liveness probe at the start of a Publish waits for the container thread.
+constexpr milliseconds kProbeWait{100};
 // Messages are queued for the container thread in chunks of this many, so that sending starts
 // while the rest of a large batch is being prepared.
 constexpr std::size_t kQueueChunk = 128;
@@ -128,6 +129,7 @@ struct Mailbox {
   // The open connection's work queue, through which the Publish thread wakes the container
   // thread; null before it opens and once it is lost (the queue dies with the connection).
   proton::work_queue* work = nullptr;
+  std::uint64_t probed = 0;  // the last probe the container thread answered
 };
 
 // The container thread's side: Proton's events. Everything here but the mailbox is touched on
@@ -414,6 +416,19 @@ class Session {
   void Pump() {
     Post([this] { handler_.Pump(); });
   }
+  // Posts a probe; the mailbox's `probed` reaches the number returned once the container thread
+  // has handled what came before it.
+  std::uint64_t Probe() {
+    const std::uint64_t probe = ++probes_;
+    Post([this, probe] {
+      {
+        const std::lock_guard lock(mailbox_.mutex);
+        mailbox_.probed = probe;
+      }
+      mailbox_.changed.notify_all();
+    });
+    return probe;
+  }
   // Asks the broker to close the connection; true once it is closed (or lost) within `wait`.
   bool Close(milliseconds wait) {
     Post([this] { handler_.Close(); });
@@ -433,6 +448,7 @@ class Session {
   Handler handler_;
   proton::container container_;
   std::thread thread_;
+  std::uint64_t probes_ = 0;
 };
 
 class Amqp10Sink final : public SinkBase {
@@ -472,12 +488,19 @@ class Amqp10Sink final : public SinkBase {
   std::size_t awaited_ = 0;        // its messages queued and not yet given a verdict
 };
 
-bool Amqp10Sink::Connected(Deadline /*deadline*/) {
+bool Amqp10Sink::Connected(Deadline deadline) {
   if (!session_) return false;
+  // A round trip through the container thread first: a connection the broker (or the network)
+  // has cut since the last call is then known as lost before anything is sent on it.
+  Mailbox& mailbox = session_->mailbox();
+  const std::uint64_t probe = session_->Probe();
   State state = State::kConnecting;
   {
-    const std::lock_guard lock(session_->mailbox().mutex);
-    state = session_->mailbox().state;
+    std::unique_lock lock(mailbox.mutex);
+    mailbox.changed.wait_until(lock, std::min(deadline, SteadyClock::now() + kProbeWait), [&] {
+      return mailbox.probed >= probe || mailbox.state == State::kLost;
+    });
+    state = mailbox.state;
   }
   if (state == State::kOpen) return true;
   session_.reset();  // lost since the last call (or never opened): nothing is sent on it
@@ -659,12 +682,6 @@ std::optional<Failure> Amqp10Sink::Prepare(const Envelope& envelope, std::string
   return std::nullopt;
 }
 
-// A regular file (or a link to one) this process can open for reading.
-bool Readable(const std::string& path) {
-  std::error_code error;
-  return std::filesystem::is_regular_file(path, error) && std::ifstream(path).good();
-}
-
 }  // namespace
 
 void ValidateOptions(const SinkOptions& options) {
@@ -714,7 +731,7 @@ void ValidateOptions(const SinkOptions& options) {
        {std::pair<const char*, const std::string&>{"tls_ca_file", options.tls_ca_file},
         {"tls_cert_file", options.tls_cert_file},
         {"tls_key_file", options.tls_key_file}}) {
-    if (!path.empty() && !Readable(path)) {
+    if (!path.empty() && !IsReadableFile(path)) {
       throw ConfigError(key, "'" + Shorten(path) + "' is not a readable file");
     }
   }
