@@ -78,6 +78,13 @@ TEST(Amqp10SinkTest, ConsumerReceivesTheDocumentedMessage) {
   EXPECT_EQ(m.property_types.at("outbox-stream-seq"), "long");
   EXPECT_EQ(m.property_types.at("outbox-partition"), "int");
   EXPECT_EQ(m.property_types.at("event_id"), "string");
+  // What the inbox reads from it (inbox/amqp10.h).
+  ASSERT_TRUE(m.delivery) << m.delivery_error;
+  EXPECT_EQ(m.delivery->id, envelope.id);
+  EXPECT_EQ(m.delivery->stream_key, "order-7");
+  EXPECT_EQ(m.delivery->stream_seq, 42);
+  EXPECT_EQ(m.delivery->stream_prev_seq, 40);
+  EXPECT_TRUE(m.delivery->malformed.empty()) << m.delivery->malformed;
 }
 
 TEST(Amqp10SinkTest, ExternalEnvelopeSendsNoOutboxProperties) {

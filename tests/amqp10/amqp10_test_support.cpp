@@ -19,6 +19,7 @@
 #include <proton/work_queue.hpp>
 #include <stdexcept>
 
+#include "outbox/inbox/amqp10.h"
 #include "outbox/sink/amqp10.h"
 
 namespace outbox::testing {
@@ -103,6 +104,7 @@ class Receiver final : public proton::messaging_handler {
     if (message.message_annotations().exists(key)) {
       out.partition_key = proton::get<std::string>(message.message_annotations().get(key));
     }
+    out.delivery = inbox::FromAmqp10(message, &out.delivery_error);
     messages_.push_back(std::move(out));
     last_ = SteadyClock::now();
   }

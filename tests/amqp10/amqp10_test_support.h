@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "outbox/inbox/inbox.h"
+
 namespace outbox::testing {
 
 // amqp://guest:guest@127.0.0.1:5672 unless OUTBOX_TEST_AMQP10_URL says otherwise.
@@ -31,6 +33,9 @@ struct Amqp10Message {
   std::map<std::string, std::string> properties;      // strings as they are, integers in decimal
   std::map<std::string, std::string> property_types;  // "string", "long", "int", ...
   std::optional<std::string> partition_key;           // the x-opt-partition-key annotation
+  // What the inbox reads from it (inbox/amqp10.h), or why it cannot.
+  std::optional<inbox::Delivery> delivery;
+  std::string delivery_error;
 };
 
 // Receives (and accepts) from `address` on the broker of `url` until at least `expected` messages
