@@ -48,6 +48,9 @@
 // Each address has a session of its own: RabbitMQ 3.x's plugin ends the whole session when it
 // refuses a link or a publish, and nothing of another address may go down with it.
 //
+// A connection found dead at the start of a Publish (the sink begins and ends a session first,
+// waiting at most 100 ms for the broker's answer: AMQP 1.0 has no ping; a slow answer is no
+// reason to stop) is made anew before anything is sent.
 // A silent peer: the sink asks the broker to send something at least every idle_timeout / 2
 // (AMQP's idle-time-out) and gives a connection up when nothing came for idle_timeout; what
 // awaited a disposition is then outcome-unknown, and the next Publish connects anew.

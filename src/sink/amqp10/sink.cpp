@@ -73,7 +73,7 @@ using SteadyClock = std::chrono::steady_clock;
 
 // How long Close() waits for the broker to answer its close before the connection is aborted.
 constexpr milliseconds kCloseWait{1000};
-// How long the liveness probe at the start of a Publish waits for the container thread.
+// How long the liveness probe at the start of a Publish waits for the broker's answer.
 constexpr milliseconds kProbeWait{100};
 // Messages are queued for the container thread in chunks of this many, so that sending starts
 // while the rest of a large batch is being prepared.
@@ -184,6 +184,24 @@ class Handler final : public proton::messaging_handler {
   void Close() {
     if (connection_ && !closing_) connection_.close();
     closing_ = true;
+  }
+
+  // A round trip to the broker: a session begun and ended (AMQP 1.0 has no ping). Its answer
+  // sets the mailbox's `probed` to `number`; a connection cut meanwhile is found lost instead.
+  void Probe(std::uint64_t number) {
+    if (!connection_ || closing_) return;
+    probe_ = connection_.open_session();
+    probe_number_ = number;
+  }
+  void on_session_open(proton::session& session) override {
+    if (!probe_ || session != probe_) return;
+    {
+      const std::lock_guard lock(mailbox_.mutex);
+      mailbox_.probed = probe_number_;
+    }
+    mailbox_.changed.notify_all();
+    probe_.close();
+    probe_ = proton::session{};
   }
 
   void on_container_start(proton::container& container) override {
@@ -381,6 +399,8 @@ class Handler final : public proton::messaging_handler {
   Mailbox& mailbox_;
   proton::connection connection_;
   bool closing_ = false;
+  proton::session probe_;  // the probe's session until the broker answers it
+  std::uint64_t probe_number_ = 0;
   std::map<std::string, Link> links_;                         // by address
   std::unordered_map<std::uint64_t, std::string> unsettled_;  // token -> address
 };
@@ -416,17 +436,11 @@ class Session {
   void Pump() {
     Post([this] { handler_.Pump(); });
   }
-  // Posts a probe; the mailbox's `probed` reaches the number returned once the container thread
-  // has handled what came before it.
+  // Posts a probe (Handler::Probe); the mailbox's `probed` reaches the number returned once the
+  // broker has answered it.
   std::uint64_t Probe() {
     const std::uint64_t probe = ++probes_;
-    Post([this, probe] {
-      {
-        const std::lock_guard lock(mailbox_.mutex);
-        mailbox_.probed = probe;
-      }
-      mailbox_.changed.notify_all();
-    });
+    Post([this, probe] { handler_.Probe(probe); });
     return probe;
   }
   // Asks the broker to close the connection; true once it is closed (or lost) within `wait`.
@@ -490,8 +504,9 @@ class Amqp10Sink final : public SinkBase {
 
 bool Amqp10Sink::Connected(Deadline deadline) {
   if (!session_) return false;
-  // A round trip through the container thread first: a connection the broker (or the network)
-  // has cut since the last call is then known as lost before anything is sent on it.
+  // A round trip to the broker first (as the NATS sink PINGs): a connection the broker or the
+  // network cut since the last call is then known as lost before anything is sent on it. A slow
+  // answer is no reason to stop: after kProbeWait the batch goes on the connection as it is.
   Mailbox& mailbox = session_->mailbox();
   const std::uint64_t probe = session_->Probe();
   State state = State::kConnecting;
