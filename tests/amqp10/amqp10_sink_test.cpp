@@ -130,6 +130,27 @@ TEST(Amqp10SinkTest, FullQueueOnRabbitMq310IsOutcomeUnknownForThatMessageOnly) {
   EXPECT_EQ(ReceiveAmqp10(Amqp10Url(), "/amq/queue/" + open, 2, kLimit, kIdle).size(), 2U);
 }
 
+// An address per message, more than the sink keeps links for (256): in the second round, to
+// other addresses, the first round's idle links are closed to make room; everything is
+// published.
+TEST(Amqp10SinkTest, ManyAddressesArePublishedWithIdleLinksClosed) {
+  const std::string stem = UniqueName("amqp10-many");
+  // amq.direct with routing keys nothing is bound to: RabbitMQ 3.10 accepts and drops them.
+  auto sink = Open("/exchange/amq.direct/{topic}");
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Envelope> batch;
+    for (int i = 0; i < 300; ++i) {
+      batch.push_back(MakeEnvelope(stem + "-" + std::to_string(round) + "-" + std::to_string(i)));
+    }
+    const auto outcomes = sink->Publish(batch, In(milliseconds{20000}));
+    ASSERT_EQ(outcomes.size(), batch.size());
+    for (std::size_t i = 0; i < outcomes.size(); ++i) {
+      ASSERT_TRUE(outcomes[i].published())
+          << round << "/" << i << ": " << outcomes[i].failure->Describe();
+    }
+  }
+}
+
 // Credentials the broker refuses: unavailable, with SASL's reason, and nothing sent.
 TEST(Amqp10SinkTest, RefusedCredentialsAreUnavailable) {
   const amqp10::Endpoint endpoint = amqp10::ParseUrl(Amqp10Url());

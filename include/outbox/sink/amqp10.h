@@ -46,7 +46,8 @@
 //   kOutcomeUnknown  sent, no disposition: the deadline passed (a late one is ignored), the link,
 //                    its session or the connection was lost with the delivery unsettled.
 // Each address has a session of its own: RabbitMQ 3.x's plugin ends the whole session when it
-// refuses a link or a publish, and nothing of another address may go down with it.
+// refuses a link or a publish, and nothing of another address may go down with it. Past 256
+// links, the idle ones are closed when a new address needs one.
 //
 // A connection found dead at the start of a Publish (the sink begins and ends a session first,
 // waiting at most 100 ms for the broker's answer: AMQP 1.0 has no ping; a slow answer is no

@@ -50,7 +50,9 @@
 #include <proton/tracker.hpp>
 #include <proton/transport.hpp>
 #include <proton/work_queue.hpp>
+#include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -73,6 +75,8 @@ using SteadyClock = std::chrono::steady_clock;
 
 // How long Close() waits for the broker to answer its close before the connection is aborted.
 constexpr milliseconds kCloseWait{1000};
+// Links (each with its session) kept open at most before the idle ones are closed.
+constexpr std::size_t kMaxLinks = 256;
 // How long the liveness probe at the start of a Publish waits for the broker's answer.
 constexpr milliseconds kProbeWait{100};
 // Messages are queued for the container thread in chunks of this many, so that sending starts
@@ -153,6 +157,7 @@ class Handler final : public proton::messaging_handler {
         }
         auto link = links_.find(address);
         if (link == links_.end()) {
+          if (links_.size() >= kMaxLinks) CloseIdleLinks();
           proton::sender_options sender_options;
           sender_options.delivery_mode(proton::delivery_mode::AT_LEAST_ONCE);
           sender_options.auto_settle(true);
@@ -338,6 +343,24 @@ class Handler final : public proton::messaging_handler {
     }
     mailbox_.changed.notify_all();
     Pump();
+  }
+
+  // Closes the links with nothing unsettled and nothing queued (an address template that yields
+  // many addresses would otherwise keep a session open for each). Called under the mailbox's
+  // mutex.
+  void CloseIdleLinks() {
+    std::set<std::string_view> busy;
+    for (const auto& [token, address] : unsettled_) busy.insert(address);
+    for (auto it = links_.begin(); it != links_.end();) {
+      const auto queued = mailbox_.queued.find(it->first);
+      if (busy.contains(it->first) ||
+          (queued != mailbox_.queued.end() && !queued->second.empty())) {
+        ++it;
+        continue;
+      }
+      it->second.session.close();
+      it = links_.erase(it);
+    }
   }
 
   std::map<std::string, Link>::iterator FindLink(const proton::sender& sender) {
