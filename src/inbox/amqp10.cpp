@@ -1,6 +1,5 @@
 #include "outbox/inbox/amqp10.h"
 
-#include <charconv>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -10,6 +9,7 @@
 #include <proton/types.hpp>
 #include <string_view>
 
+#include "decimal.h"
 #include "outbox/core/wire_names.h"
 
 namespace outbox::inbox {
@@ -36,13 +36,8 @@ std::optional<std::int64_t> IntegerOf(const proton::scalar& value) {
       return proton::get<std::int8_t>(value);
     case proton::UBYTE:
       return proton::get<std::uint8_t>(value);
-    case proton::STRING: {
-      const auto text = proton::get<std::string>(value);
-      std::int64_t parsed = 0;
-      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), parsed);
-      if (error == std::errc{} && end == text.data() + text.size()) return parsed;
-      return std::nullopt;
-    }
+    case proton::STRING:
+      return ParseDecimal(proton::get<std::string>(value));
     default:
       return std::nullopt;
   }

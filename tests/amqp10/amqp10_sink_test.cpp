@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -181,18 +180,10 @@ TEST(Amqp10SinkTest, UnauthorizedAccessIsUnavailableAndOtherAddressesFlow) {
   admin.DeclareExchange(allowed, "fanout");
   admin.DeclareQueue(queue);
   admin.Bind(queue, allowed, "");
-  const std::string user = UniqueName("outbox-amqp10-limited");
-  const std::string ctl = std::string{PROJECT_SOURCE_DIR} + "/scripts/services rabbitmqctl ";
-  ASSERT_EQ(std::system((ctl + "add_user " + user + " limited-Pw-4031 >/dev/null").c_str()), 0);
-  struct DeleteUser {
-    std::string command;
-    ~DeleteUser() { (void)std::system(command.c_str()); }
-  } delete_user{ctl + "delete_user " + user + " >/dev/null"};
   // Writes to `allowed` only.
-  ASSERT_EQ(std::system(
-                (ctl + "set_permissions -p / " + user + " '^$' '^" + allowed + "$' '.*' >/dev/null")
-                    .c_str()),
-            0);
+  const TemporaryUser limited(UniqueName("outbox-amqp10-limited"), "limited-Pw-4031", "^$",
+                              "^" + allowed + "$", ".*");
+  const std::string& user = limited.name();
   const amqp10::Endpoint endpoint = amqp10::ParseUrl(Amqp10Url());
   amqp10::SinkOptions options;
   options.url =
