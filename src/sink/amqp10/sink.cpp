@@ -7,7 +7,8 @@
 //   - Publish prepares each message (a proton::message: a value, made on its thread) and queues
 //     it, per address, in batch order, with a token (a number that grows across batches; batch
 //     index = token - the batch's first), then wakes the container thread (its work queue);
-//   - the container thread (Pump) opens a sender link for each address it has not seen, and
+//   - the container thread (Pump) opens a session and sender link for each address it has not
+//     seen (closing idle ones past kMaxLinks), and
 //     sends the queued messages of each open link while the link has credit and fewer than
 //     `max_in_flight` deliveries await their disposition; the delivery tag is the token. It
 //     posts "sent" for each, and a verdict for each disposition (ClassifyDisposition), for each
@@ -17,7 +18,9 @@
 //     connection is lost or the deadline passes; then it takes back whatever is still queued
 //     (never sent: unavailable). Sending happens under the mailbox's mutex, so that a message is
 //     either taken back or sent, never both.
-// A verdict for a token of an earlier batch (a late disposition) is ignored.
+// A verdict for a token of an earlier batch (a late disposition) is ignored. Before anything is
+// sent, Connected() has the container thread begin and end a session (Handler::Probe): the
+// broker's answer, or the connection's loss, tells whether the connection is still there.
 
 #include <proton/delivery.h>
 #include <proton/disposition.h>
