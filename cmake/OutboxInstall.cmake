@@ -70,6 +70,12 @@ function(_outbox_dependency target find pc flags)
     set(f "pkg|NATS|libnats")
     set(p libnats)
     set(d libnats-dev)
+  elseif(target STREQUAL "ProtonCpp::ProtonCpp")
+    # Found by our own module (installed beside the package); Debian's libqpid-proton-cpp.pc
+    # requires modules it does not ship, so pkg-config users get the linker flags.
+    set(f "cmake|ProtonCpp")
+    set(l "-lqpid-proton-cpp -lqpid-proton")
+    set(d libqpid-proton-cpp12-dev)
   elseif(target STREQUAL "PkgConfig::HIREDIS")
     set(f "pkg|HIREDIS|hiredis")
     set(p hiredis)
@@ -270,4 +276,5 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/outboxConfig.cmake.in
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/outboxConfigVersion.cmake
                                  COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/outboxConfig.cmake ${PROJECT_BINARY_DIR}/outboxConfigVersion.cmake
+        ${PROJECT_SOURCE_DIR}/cmake/FindProtonCpp.cmake
         DESTINATION ${OUTBOX_CMAKE_DIR} COMPONENT Development)

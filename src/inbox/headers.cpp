@@ -1,22 +1,11 @@
 #include "outbox/inbox/headers.h"
 
-#include <charconv>
 #include <cstdint>
 
+#include "decimal.h"
 #include "outbox/core/wire_names.h"
 
 namespace outbox::inbox {
-namespace {
-
-// Decimal text over the whole of int64 and nothing else ("7x", "", "+7", " 7" are not numbers).
-std::optional<std::int64_t> Integer(std::string_view text) {
-  std::int64_t parsed = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), parsed);
-  if (error != std::errc{} || end != text.data() + text.size() || text.empty()) return std::nullopt;
-  return parsed;
-}
-
-}  // namespace
 
 std::optional<Delivery> FromHeaders(const HeaderLookup& header, std::string_view id_name,
                                     std::string* error) {
@@ -36,7 +25,7 @@ std::optional<Delivery> FromHeaders(const HeaderLookup& header, std::string_view
   const auto number = [&](std::string_view name, std::optional<std::int64_t>& into) {
     const auto text = header(name);
     if (!text) return;
-    into = Integer(*text);
+    into = ParseDecimal(*text);
     if (!into && delivery.malformed.empty()) {
       delivery.malformed = "header " + std::string{name} + " is not an integer";
     }

@@ -2,10 +2,10 @@
 
 #include <amqp.h>
 
-#include <charconv>
 #include <limits>
 #include <string_view>
 
+#include "decimal.h"
 #include "outbox/core/wire_names.h"
 
 namespace outbox::inbox {
@@ -37,13 +37,8 @@ std::optional<std::int64_t> IntegerOf(const amqp_field_value_t& value) {
     case AMQP_FIELD_KIND_U8:
       return value.value.u8;
     case AMQP_FIELD_KIND_UTF8:
-    case AMQP_FIELD_KIND_BYTES: {
-      const auto text = View(value.value.bytes);
-      std::int64_t parsed = 0;
-      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), parsed);
-      if (error == std::errc{} && end == text.data() + text.size()) return parsed;
-      return std::nullopt;
-    }
+    case AMQP_FIELD_KIND_BYTES:
+      return ParseDecimal(View(value.value.bytes));
     default:
       return std::nullopt;
   }

@@ -203,4 +203,32 @@ void Admin::DeleteExchange(const std::string& name) {
   std::erase(exchanges_, name);
 }
 
+namespace {
+
+std::string Rabbitmqctl() {
+  return std::string{PROJECT_SOURCE_DIR} + "/scripts/services rabbitmqctl ";
+}
+
+}  // namespace
+
+TemporaryUser::TemporaryUser(std::string name, const std::string& password,
+                             const std::string& configure, const std::string& write,
+                             const std::string& read)
+    : name_(std::move(name)) {
+  if (std::system((Rabbitmqctl() + "add_user " + name_ + " " + password + " >/dev/null").c_str()) !=
+      0) {
+    throw std::runtime_error("rabbitmqctl add_user " + name_ + " failed");
+  }
+  if (std::system((Rabbitmqctl() + "set_permissions -p / " + name_ + " '" + configure + "' '" +
+                   write + "' '" + read + "' >/dev/null")
+                      .c_str()) != 0) {
+    (void)std::system((Rabbitmqctl() + "delete_user " + name_ + " >/dev/null").c_str());
+    throw std::runtime_error("rabbitmqctl set_permissions " + name_ + " failed");
+  }
+}
+
+TemporaryUser::~TemporaryUser() {
+  (void)std::system((Rabbitmqctl() + "delete_user " + name_ + " >/dev/null").c_str());
+}
+
 }  // namespace outbox::testing

@@ -42,6 +42,22 @@ Envelope MakeEnvelope(const std::string& topic, std::string payload = R"({"n":1}
 std::vector<Envelope> MakeEnvelopes(const std::string& topic, std::size_t count);
 Deadline In(std::chrono::milliseconds duration);
 
+// A broker user of the test's own (scripts/services rabbitmqctl add_user and set_permissions on
+// vhost "/", with the regular expressions `configure`, `write` and `read`), deleted when this
+// object dies. Throws when rabbitmqctl fails. The test binary defines PROJECT_SOURCE_DIR.
+class TemporaryUser {
+ public:
+  TemporaryUser(std::string name, const std::string& password, const std::string& configure,
+                const std::string& write, const std::string& read);
+  ~TemporaryUser();
+  TemporaryUser(const TemporaryUser&) = delete;
+  TemporaryUser& operator=(const TemporaryUser&) = delete;
+  [[nodiscard]] const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+};
+
 // An administrative connection on channel 1, for topology and for reading queues back.
 class Admin {
  public:

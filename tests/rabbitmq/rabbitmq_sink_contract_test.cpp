@@ -17,7 +17,7 @@
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/rabbitmq.h"
 #include "rabbit_test_support.h"
-#include "support/tcp_proxy.h"
+#include "support/proxied_server.h"
 
 namespace outbox::testing {
 namespace {
@@ -34,7 +34,6 @@ class RabbitTestBed final : public SinkTestBed {
  public:
   RabbitTestBed() : endpoint_(rabbitmq::ParseUrl(AmqpUrl())), queue_(UniqueName("contract")) {
     admin_.DeclareQueue(queue_);
-    StartProxy(0);
   }
 
   [[nodiscard]] std::string Topic() const override { return queue_; }
@@ -42,7 +41,7 @@ class RabbitTestBed final : public SinkTestBed {
   std::unique_ptr<Sink> OpenSink() override {
     rabbitmq::SinkOptions options;
     options.url = "amqp://" + endpoint_.user + ":" + endpoint_.password +
-                  "@127.0.0.1:" + std::to_string(port_) + "/";
+                  "@127.0.0.1:" + std::to_string(server_.port()) + "/";
     if (endpoint_.vhost != "/") options.url += endpoint_.vhost;
     options.max_message_bytes = kMaxMessageBytes;
     options.connect_timeout = milliseconds{2000};
@@ -61,14 +60,14 @@ class RabbitTestBed final : public SinkTestBed {
     return arrived_;
   }
 
-  void ServerDown() override { proxy_.reset(); }
-  void ServerUp() override { StartProxy(port_); }
+  void ServerDown() override { server_.Down(); }
+  void ServerUp() override { server_.Up(); }
   [[nodiscard]] std::string UnknownTopic() override { return UniqueName("no-such-queue"); }
   [[nodiscard]] std::size_t TooLargePayloadBytes() override { return kMaxMessageBytes + 1; }
-  void HoldReplies() override { SetHeld(true); }
-  void ReleaseReplies() override { SetHeld(false); }
-  void Freeze() override { proxy_->SetMode(TcpProxy::Mode::kFreeze); }
-  void Thaw() override { SetHeld(held_); }
+  void HoldReplies() override { server_.Hold(true); }
+  void ReleaseReplies() override { server_.Hold(false); }
+  void Freeze() override { server_.Freeze(); }
+  void Thaw() override { server_.Thaw(); }
   // sink/rabbitmq.h: two heartbeats without a frame from the broker.
   [[nodiscard]] milliseconds SilentConnectionBound() override { return 2 * kHeartbeat; }
 
@@ -86,23 +85,10 @@ class RabbitTestBed final : public SinkTestBed {
     return message;
   }
 
-  void StartProxy(int port) {
-    proxy_ = std::make_unique<TcpProxy>(endpoint_.host, endpoint_.port, port);
-    port_ = proxy_->port();
-    if (held_) proxy_->SetMode(TcpProxy::Mode::kHoldReplies);
-  }
-
-  void SetHeld(bool held) {
-    held_ = held;
-    if (proxy_) proxy_->SetMode(held ? TcpProxy::Mode::kHoldReplies : TcpProxy::Mode::kForward);
-  }
-
   rabbitmq::Endpoint endpoint_;
   Admin admin_;
   std::string queue_;
-  std::unique_ptr<TcpProxy> proxy_;  // null while the server is down
-  int port_ = 0;
-  bool held_ = false;
+  ProxiedServer server_{endpoint_.host, endpoint_.port};
   std::vector<ArrivedMessage> arrived_;
 };
 

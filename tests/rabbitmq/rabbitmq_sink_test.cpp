@@ -411,18 +411,10 @@ TEST(RabbitSinkTest, AccessRefusedIsUnavailableAndTheChannelIsReopened) {
   admin.DeclareQueue(queue);
   const std::string denied = UniqueName("denied");
   admin.DeclareExchange(denied, "direct");
-  const std::string user = UniqueName("outbox-limited");
-  const std::string ctl = std::string{PROJECT_SOURCE_DIR} + "/scripts/services rabbitmqctl ";
-  ASSERT_EQ(std::system((ctl + "add_user " + user + " limited-Pw-4031 >/dev/null").c_str()), 0);
-  struct DeleteUser {
-    std::string command;
-    ~DeleteUser() { (void)std::system(command.c_str()); }
-  } delete_user{ctl + "delete_user " + user + " >/dev/null"};
   // Writes to the default exchange only.
-  ASSERT_EQ(
-      std::system((ctl + "set_permissions -p / " + user + " '^$' '^amq\\.default$' '.*' >/dev/null")
-                      .c_str()),
-      0);
+  const TemporaryUser limited(UniqueName("outbox-limited"), "limited-Pw-4031", "^$",
+                              "^amq\\.default$", ".*");
+  const std::string& user = limited.name();
   rabbitmq::SinkOptions options = Options();
   const std::string url = AmqpUrl();
   options.url = "amqp://" + user + ":limited-Pw-4031@" + url.substr(url.find('@') + 1);

@@ -37,8 +37,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -57,6 +55,7 @@
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/nats.h"
+#include "outbox/sink/readable_file.h"
 #include "outbox/sink/sink_base.h"
 
 namespace outbox::nats {
@@ -111,12 +110,6 @@ std::string HeaderValueProblem(std::string_view value) {
     return "has CR, LF or NUL, which a NATS header value cannot carry";
   }
   return {};
-}
-
-// A regular file (or a link to one) this process can open for reading.
-bool Readable(const std::string& path) {
-  std::error_code error;
-  return std::filesystem::is_regular_file(path, error) && std::ifstream(path).good();
 }
 
 // What a stream name may not contain (JetStream: no whitespace, '.', '*', '>', path separators).
@@ -907,7 +900,7 @@ void ValidateOptions(const SinkOptions& options) {
         {"tls_ca_file", &options.tls_ca_file},
         {"tls_cert_file", &options.tls_cert_file},
         {"tls_key_file", &options.tls_key_file}}) {
-    if (!path->empty() && !Readable(*path)) {
+    if (!path->empty() && !IsReadableFile(*path)) {
       throw ConfigError(key, "cannot read the file '" + Shorten(*path, 200) + "'");
     }
   }
