@@ -442,7 +442,7 @@ TEST(ConfigTest, DurationsAreStringsWithAUnit) {
 TEST(ConfigTest, SinkTypeIsRequiredAndKnown) {
   ExpectError(WithSink("type = \"pulsar\""), "sinks.default.type",
               "unknown sink type \"pulsar\"; expected \"rabbitmq\", \"file\", \"kafka\", "
-              "\"nats\", \"redis\" or \"http\"");
+              "\"nats\", \"redis\", \"http\" or \"amqp10\"");
   ExpectError(WithSink("path = \"-\""), "sinks.default.type", "is required");
   ExpectError(WithSink("type = 1"), "sinks.default.type", "expected a string, got integer");
   ExpectError("[database]\nurl = \"x\"\n", "sinks", "at least one sink is required");

@@ -94,7 +94,7 @@ for expected in /usr/include/outbox/store/postgres.h /usr/include/outbox/core/ve
   grep -qx "$expected" "$tmp/dev.files" || fail "liboutbox-dev lacks $expected"
 done
 dev_paths="^/usr/include/outbox/|^/usr/share/doc/liboutbox-dev/"
-dev_paths+="|^/usr/lib/$multiarch/(liboutbox_[a-z_]+\.a|cmake/outbox/|pkgconfig/outbox-[a-z-]+\.pc)"
+dev_paths+="|^/usr/lib/$multiarch/(liboutbox_[a-z0-9_]+\.a|cmake/outbox/|pkgconfig/outbox-[a-z0-9-]+\.pc)"
 if grep -Ev "$dev_paths" "$tmp/dev.files"; then
   fail "liboutbox-dev holds the files above, which it should not"
 fi
