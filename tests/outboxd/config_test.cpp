@@ -199,7 +199,7 @@ TEST(ConfigTest, MinimalFileGetsDefaults) {
   EXPECT_EQ(config.relay.lease, milliseconds{30000});
   // PostgreSQL's writers wake the relay: the sweep is a safety net (issue #21).
   EXPECT_EQ(config.relay.sweep_interval, milliseconds{10000});
-  EXPECT_EQ(config.relay.linger, milliseconds{25});
+  EXPECT_EQ(config.relay.linger, milliseconds{22});
   EXPECT_EQ(config.relay.publish_timeout, milliseconds{10000});
   EXPECT_EQ(config.relay.shutdown_timeout, milliseconds{10000});
   EXPECT_EQ(config.retry.max_attempts, defaults.retry.max_attempts);

@@ -30,7 +30,7 @@ struct RelaySection {
   std::chrono::milliseconds lease{30000};
   // Default: the store type's (StoreSettings::DefaultSweepInterval).
   std::chrono::milliseconds sweep_interval{10000};
-  std::chrono::milliseconds linger{25};              // under lease/2; see RelayOptions::linger
+  std::chrono::milliseconds linger{22};              // under lease/2; see RelayOptions::linger
   std::chrono::milliseconds publish_timeout{10000};  // at most lease/2
   std::chrono::milliseconds shutdown_timeout{10000};
   std::chrono::milliseconds min_backoff{100};  // pause after an outage, doubling up to max_backoff
