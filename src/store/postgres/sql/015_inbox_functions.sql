@@ -76,7 +76,7 @@ BEGIN
   END IF;
 
   IF stream_key IS NULL OR stream_seq IS NULL THEN
-    INSERT INTO __SCHEMA__.inbox_messages AS m (consumer, message_id)
+    INSERT INTO __SCHEMA__.inbox_messages (consumer, message_id)
     VALUES (consumer, message_id) ON CONFLICT DO NOTHING;
     IF NOT FOUND THEN
       RETURN 'duplicate';
@@ -127,7 +127,7 @@ BEGIN
         AND k.stream_key = stream_key AND k.first_seq = gap.first_seq;
     END IF;
     IF stream_seq < gap.last_seq THEN
-      INSERT INTO __SCHEMA__.inbox_skipped AS k
+      INSERT INTO __SCHEMA__.inbox_skipped
         (consumer, origin, target, stream_key, first_seq, last_seq)
       VALUES (consumer, the_origin, the_target, stream_key, stream_seq + 1, gap.last_seq);
     END IF;
@@ -146,7 +146,7 @@ BEGIN
     END IF;
   END IF;
   IF skip_from < stream_seq THEN
-    INSERT INTO __SCHEMA__.inbox_skipped AS k
+    INSERT INTO __SCHEMA__.inbox_skipped
       (consumer, origin, target, stream_key, first_seq, last_seq)
     VALUES (consumer, the_origin, the_target, stream_key, skip_from, stream_seq - 1);
   END IF;
