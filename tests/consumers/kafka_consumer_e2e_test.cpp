@@ -28,9 +28,9 @@ TEST_P(KafkaConsumerE2eTest, PythonConsumerAppliesEveryCommittedEventOnceThrough
       .sinks = "[sinks.default]\ntype = \"kafka\"\nbrokers = \"" + cluster.bootstraps() +
                "\"\ntopic = \"" + topic + "\"\nheader_style = \"" + GetParam() + "\"\n",
       .writer = {"/usr/bin/python3", EXAMPLES_DIR "/python/place_orders.py", "--orders", "3000"},
-      .consumer = {"/usr/bin/python3", EXAMPLES_DIR "/python/kafka_inbox_consumer.py",
-                   "--brokers", cluster.bootstraps(), "--topic", topic, "--db", PgUrl(),
-                   "--schema", schema.name(), "--table", AppliedTable(schema.name())},
+      .consumer = {"/usr/bin/python3", EXAMPLES_DIR "/python/kafka_inbox_consumer.py", "--brokers",
+                   cluster.bootstraps(), "--topic", topic, "--db", PgUrl(), "--schema",
+                   schema.name(), "--table", AppliedTable(schema.name())},
       .consumer_ready = "kafka_inbox_consumer: consuming topic",
   });
 }
