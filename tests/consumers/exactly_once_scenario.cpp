@@ -57,13 +57,15 @@ void RunExactlyOnce(const ExactlyOnceRun& run) {
 
   ChildProcess writer(writer_args, log);
   auto relay = start_relay();
-  auto consumer = start_consumer();
-  // Both die mid-run without a chance to clean up (the relay holding leases, the consumer between
-  // a commit and an acknowledgement, or inside a transaction), and come back.
+  // Both die mid-run without a chance to clean up, and come back: the relay holding leases on
+  // what it published, the consumer while it works through a backlog (it starts late), between a
+  // commit and an acknowledgement or inside a transaction.
   std::this_thread::sleep_for(milliseconds{1500});
   EXPECT_EQ(relay->Stop(SIGKILL), 128 + SIGKILL);
   relay = start_relay();
-  std::this_thread::sleep_for(milliseconds{1000});
+  auto consumer = start_consumer();
+  ASSERT_TRUE(consumer->WaitReady()) << ReadFile(log);
+  std::this_thread::sleep_for(milliseconds{300});
   EXPECT_EQ(consumer->Stop(SIGKILL), 128 + SIGKILL);
   consumer = start_consumer();
   ASSERT_EQ(writer.Wait(seconds{180}), 0) << ReadFile(log);
