@@ -1,9 +1,9 @@
 // Writers -> outboxd -> RabbitMQ -> a consumer with the inbox, while the broker restarts and both
 // outboxd and the consumer are killed with SIGKILL: the consumer's table must hold every committed
 // message exactly once, and nothing rolled back. The exactly-once tests run with each consumer:
-// the C++ example (examples/rabbitmq_inbox_consumer.cpp, outbox::inbox::Inbox) and its Python twin
+// the C++ example (examples/rabbitmq_inbox_consumer.cpp, outbox::inbox::Inbox), its Python twin
 // (examples/python/rabbitmq_inbox_consumer.py: psycopg, pika and the SQL inbox,
-// outbox.inbox_begin).
+// outbox.inbox_begin) and its Go twin (examples/go/rabbitmq_inbox_consumer: pgx, amqp091-go).
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -39,6 +39,15 @@ struct ConsumerProgram {
 
 class InboxConsumerE2eTest : public ::testing::TestWithParam<ConsumerProgram> {
  protected:
+  void SetUp() override {
+    ASSERT_EQ(access(GetParam().command.front().c_str(), X_OK), 0)
+        << GetParam().command.front()
+        << " is missing: the Go consumer is built when go is installed (Debian: golang-go "
+           "golang-github-jackc-pgx-v4-dev golang-github-rabbitmq-amqp091-go-dev; "
+           "scripts/install-deps "
+           "tools)";
+  }
+
   // The consumer's command line: the program, then the example's options.
   static std::vector<std::string> Command(std::vector<std::string> options) {
     std::vector<std::string> args = GetParam().command;
@@ -50,7 +59,8 @@ class InboxConsumerE2eTest : public ::testing::TestWithParam<ConsumerProgram> {
 INSTANTIATE_TEST_SUITE_P(
     Consumers, InboxConsumerE2eTest,
     ::testing::Values(ConsumerProgram{"Cpp", {CONSUMER_PATH}},
-                      ConsumerProgram{"Python", {"/usr/bin/python3", PYTHON_CONSUMER_PATH}}),
+                      ConsumerProgram{"Python", {"/usr/bin/python3", PYTHON_CONSUMER_PATH}},
+                      ConsumerProgram{"Go", {GO_CONSUMER_PATH}}),
     [](const auto& test) { return test.param.name; });
 
 TEST_P(InboxConsumerE2eTest, TheConsumersTableEqualsTheCommittedSetThroughRestartsAndKills) {
