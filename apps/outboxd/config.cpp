@@ -68,7 +68,8 @@ void ParseDatabase(const Section& root, const GetenvFn& getenv, Config& config) 
 }
 
 void ParseRelay(const Section& root, Config& config) {
-  config.relay = ReadRelaySection(root.Table("relay"), config.database->DefaultSweepInterval());
+  config.relay = ReadRelaySection(root.Table("relay"), config.database->DefaultSweepInterval(),
+                                  config.database->WalMode() ? kWalLinger : kTableLinger);
 }
 
 void ParseRetry(const Section& root, Config& config) {

@@ -35,7 +35,8 @@ std::string DefaultInstance() {
 
 }  // namespace
 
-RelaySection ReadRelaySection(const config::Section& relay, milliseconds default_sweep) {
+RelaySection ReadRelaySection(const config::Section& relay, milliseconds default_sweep,
+                              milliseconds default_linger) {
   RelaySection out;
   relay.AllowOnly({"instance", "batch_size", "lease", "sweep_interval", "linger", "publish_timeout",
                    "shutdown_timeout", "min_backoff", "max_backoff", "purge_interval"});
@@ -55,7 +56,9 @@ RelaySection ReadRelaySection(const config::Section& relay, milliseconds default
   if (!relay.ReadDuration("sweep_interval", milliseconds{10}, kHour, out.sweep_interval)) {
     out.sweep_interval = default_sweep;
   }
-  relay.ReadDuration("linger", milliseconds{0}, seconds{1}, out.linger);
+  if (!relay.ReadDuration("linger", milliseconds{0}, seconds{1}, out.linger)) {
+    out.linger = default_linger;
+  }
   relay.ReadDuration("publish_timeout", milliseconds{1}, kHour, out.publish_timeout);
   relay.ReadDuration("shutdown_timeout", milliseconds{0}, kHour, out.shutdown_timeout);
   relay.ReadDuration("min_backoff", milliseconds{1}, kHour, out.min_backoff);

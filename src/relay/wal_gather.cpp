@@ -26,28 +26,39 @@ std::optional<WalTransaction> WalGatherer::Read(milliseconds timeout) {
   return transaction;
 }
 
-// One transaction: what was read ahead first, then the slot.
-std::optional<WalTransaction> WalGatherer::NextTransaction(milliseconds timeout) {
-  if (read_ahead_.empty()) return Read(timeout);
-  WalTransaction transaction = std::move(read_ahead_.front());
+// One transaction: what was read ahead first, then the slot. `read_at`: when it was read.
+std::optional<WalTransaction> WalGatherer::NextTransaction(milliseconds timeout,
+                                                           SteadyClock::time_point& read_at) {
+  if (read_ahead_.empty()) {
+    auto transaction = Read(timeout);
+    read_at = SteadyClock::now();
+    return transaction;
+  }
+  WalTransaction transaction = std::move(read_ahead_.front().transaction);
+  read_at = read_ahead_.front().read_at;
   read_ahead_.pop_front();
   return transaction;
 }
 
-// Whole transactions, until batch_size messages or the linger after the first. As the table
-// relay's linger: only as long as the arrival rate makes worth it (adaptive_linger.h); a lone
-// transaction at a low rate goes at once with whatever is already read.
+// Whole transactions, until batch_size messages or the linger after the first was read. As the
+// table relay's linger: only as long as the arrival rate makes worth it (adaptive_linger.h); a
+// lone transaction at a low rate goes at once with whatever is already read. The linger counts
+// from when the first was read, not from now: one read ahead while the last batch published has
+// waited that long already (counting from now added the publish time to every such message's
+// wait: issue #49's WAL p99).
 std::vector<WalTransaction> WalGatherer::Gather(milliseconds first_wait) {
   std::vector<WalTransaction> batch;
-  auto first = NextTransaction(first_wait);
+  SteadyClock::time_point first_read_at;
+  auto first = NextTransaction(first_wait, first_read_at);
   if (!first) return batch;
   std::size_t messages = first->messages.size();
   batch.push_back(std::move(*first));
   const auto now = SteadyClock::now();
-  const auto until = now + linger_.Wait(now);
+  const auto until = first_read_at + linger_.Wait(now);
   while (messages < static_cast<std::size_t>(batch_size_)) {
     const auto left = std::chrono::duration_cast<milliseconds>(until - SteadyClock::now());
-    auto next = NextTransaction(std::max(left, milliseconds{0}));
+    SteadyClock::time_point read_at;
+    auto next = NextTransaction(std::max(left, milliseconds{0}), read_at);
     if (!next) break;
     messages += next->messages.size();
     batch.push_back(std::move(*next));
@@ -61,7 +72,7 @@ std::vector<WalTransaction> WalGatherer::Gather(milliseconds first_wait) {
 std::vector<WalTransaction> WalGatherer::ReadAhead(
     const std::future<std::vector<PublishOutcome>>& publishing) {
   std::size_t messages = 0;
-  for (const WalTransaction& transaction : read_ahead_) messages += transaction.messages.size();
+  for (const ReadTransaction& read : read_ahead_) messages += read.transaction.messages.size();
   const auto wanted = static_cast<std::size_t>(batch_size_);
   while (messages < wanted) {
     const bool published = publishing.wait_for(milliseconds{0}) == std::future_status::ready;
@@ -71,11 +82,12 @@ std::vector<WalTransaction> WalGatherer::ReadAhead(
       continue;
     }
     messages += next->messages.size();
-    read_ahead_.push_back(std::move(*next));
+    read_ahead_.push_back({SteadyClock::now(), std::move(*next)});
   }
   if (messages < wanted) return {};
-  std::vector<WalTransaction> batch(std::make_move_iterator(read_ahead_.begin()),
-                                    std::make_move_iterator(read_ahead_.end()));
+  std::vector<WalTransaction> batch;
+  batch.reserve(read_ahead_.size());
+  for (ReadTransaction& read : read_ahead_) batch.push_back(std::move(read.transaction));
   read_ahead_.clear();
   return batch;
 }

@@ -31,13 +31,19 @@ class WalGatherer {
  private:
   // The slot's next transaction, counted for the linger's arrival rate.
   std::optional<WalTransaction> Read(std::chrono::milliseconds timeout);
-  // One transaction: what was read ahead first, then the slot.
-  std::optional<WalTransaction> NextTransaction(std::chrono::milliseconds timeout);
+  // One transaction: what was read ahead first, then the slot. `read_at`: when it was read.
+  std::optional<WalTransaction> NextTransaction(std::chrono::milliseconds timeout,
+                                                std::chrono::steady_clock::time_point& read_at);
+
+  struct ReadTransaction {
+    std::chrono::steady_clock::time_point read_at;
+    WalTransaction transaction;
+  };
 
   WalSource& source_;
   const int batch_size_;
-  AdaptiveLinger linger_;                  // fed by every transaction read
-  std::deque<WalTransaction> read_ahead_;  // read while a batch published; not yet in a batch
+  AdaptiveLinger linger_;                   // fed by every transaction read
+  std::deque<ReadTransaction> read_ahead_;  // read while a batch published; not yet in a batch
 };
 
 }  // namespace outbox::relay
