@@ -22,7 +22,7 @@ cat >"$good/README.md" <<'EOF'
 
 See [the page](docs/page.md), [a section](docs/page.md#a-section-with-code-and-punctuation),
 [the repeat](docs/page.md#repeated-1), [a folder](src/), [upstream](https://example.org/x) and
-[here](#good). `[not a link](nowhere.md)` is code.
+[here](#good). `[not a link](nowhere.md)` is code. <a href="docs/page.md#repeated">HTML</a>.
 
 ```sh
 cat [not a link either](missing.md)
@@ -76,7 +76,7 @@ if ! out=$("$check_docs" --outboxd "$outboxd" --root "$good" 2>&1); then
   echo "$out" >&2
   fail "a correct tree was refused"
 fi
-grep -q 'check-docs: 2 pages, 7 relative links, TOML examples: 1 whole, 2 fragments with the base, 1 exempt; 0 problem(s)' <<<"$out" ||
+grep -q 'check-docs: 2 pages, 8 relative links, TOML examples: 1 whole, 2 fragments with the base, 1 exempt; 0 problem(s)' <<<"$out" ||
   { echo "$out" >&2; fail "the correct tree's summary is not the expected one"; }
 grep -q 'docs/page.md:.*: toml: exempt: shows a key that does not exist, on purpose' <<<"$out" ||
   { echo "$out" >&2; fail "the exemption's reason is not printed"; }
@@ -89,6 +89,7 @@ cat >"$bad/README.md" <<'EOF'
 
 [gone](docs/missing.md), [no anchor](docs/page.md#no-such-section),
 [outside](../shared/DESIGN.md), [no local anchor](#nowhere).
+<img src="docs/missing.png" alt="a picture that is not there">
 EOF
 cat >"$bad/docs/page.md" <<'EOF'
 # Page
@@ -122,9 +123,10 @@ expect "README.md:3: link 'docs/missing.md': no such file"
 expect "README.md:3: link 'docs/page.md#no-such-section': no heading with the anchor #no-such-section"
 expect "README.md:4: link '../shared/DESIGN.md' leaves the repository"
 expect "README.md:4: link '#nowhere': no heading with the anchor #nowhere"
+expect "README.md:5: link 'docs/missing.png': no such file"
 expect "docs/page.md:3: toml (fragment): outboxd --check-config exit 2:"
 expect 'relay.batch_sise: unknown key (did you mean "relay.batch_size"?)'
 expect "docs/page.md:9: check-config directive 'skip' is neither"
 expect "docs/page.md:14: toml (whole): outboxd --check-config exit 2:"
-expect "7 problem(s)"
-echo "check_docs_test: ok (a correct tree passes; 7 planted problems reported)"
+expect "8 problem(s)"
+echo "check_docs_test: ok (a correct tree passes; 8 planted problems reported)"
