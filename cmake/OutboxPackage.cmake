@@ -53,8 +53,8 @@ foreach(unit outboxd outboxd@)
 endforeach()
 
 # Debian's changelog (native package: changelog.gz), dated like the version's entry in
-# CHANGELOG.md ("## 0.2.0 (2026-11-25)"), else today; man pages. Compressed as Debian wants them
-# (gzip -9n: maximal, no name or time stamp in the header).
+# CHANGELOG.md ("## 0.2.0 (2026-11-25)"), else today. Compressed as Debian wants it (gzip -9n:
+# maximal, no name or time stamp in the header).
 file(STRINGS ${PROJECT_SOURCE_DIR}/CHANGELOG.md release_line
      REGEX "^## ${PROJECT_VERSION} \\([0-9]+-[0-9]+-[0-9]+\\)")
 if(release_line MATCHES "\\(([0-9]+-[0-9]+-[0-9]+)\\)")
@@ -71,8 +71,44 @@ function(_outbox_gzip source output)
   execute_process(COMMAND gzip -9nc ${source} OUTPUT_FILE ${output} COMMAND_ERROR_IS_FATAL ANY)
 endfunction()
 _outbox_gzip(${pkg_out}/changelog ${pkg_out}/changelog.gz)
-_outbox_gzip(${pkg_src}/man/outboxd.8 ${pkg_out}/outboxd.8.gz)
-_outbox_gzip(${pkg_src}/man/outboxctl.1 ${pkg_out}/outboxctl.1.gz)
+
+# Man pages outboxd(8) and outboxctl(1), made by help2man from the programs' own --help and
+# --version (one text for both), with the sections help has no room for (SIGNALS, FILES, ...)
+# from packaging/man/<program>.h2m; dated like the changelog (SOURCE_DATE_EPOCH) and gzip -9n,
+# so the same tree makes the same pages. Built with the programs (target outbox_man_pages, in
+# ALL) when help2man is there (scripts/install-deps tools); without it the packages cannot be
+# made, and cpack says why.
+execute_process(COMMAND date -u -d "${release_date} 12:00" +%s OUTPUT_VARIABLE release_epoch
+                OUTPUT_STRIP_TRAILING_WHITESPACE COMMAND_ERROR_IS_FATAL ANY)
+find_program(OUTBOX_HELP2MAN help2man)
+set(man_pages)
+if(OUTBOX_HELP2MAN)
+  foreach(page "outboxd|8|System Administration|the outbox relay: publishes committed outbox messages to brokers"
+               "outboxctl|1|User Commands|inspect and repair an outbox (PostgreSQL or SQLite)")
+    string(REPLACE "|" ";" page "${page}")
+    list(GET page 0 program)
+    list(GET page 1 section)
+    list(GET page 2 manual)
+    list(GET page 3 name)
+    add_custom_command(
+      OUTPUT ${pkg_out}/${program}.${section}.gz
+      COMMAND ${CMAKE_COMMAND} -E env SOURCE_DATE_EPOCH=${release_epoch} ${OUTBOX_HELP2MAN}
+              --no-info --section=${section} --manual=${manual}
+              --source=outbox --name=${name} --include=${pkg_src}/man/${program}.h2m
+              --output=${pkg_out}/${program}.${section} $<TARGET_FILE:${program}>
+      COMMAND gzip -9nf ${pkg_out}/${program}.${section}
+      DEPENDS ${program} ${pkg_src}/man/${program}.h2m
+      COMMENT "help2man: ${program}(${section})"
+      VERBATIM)
+    list(APPEND man_pages ${pkg_out}/${program}.${section}.gz)
+  endforeach()
+  add_custom_target(outbox_man_pages ALL DEPENDS ${man_pages})
+else()
+  message(STATUS "Debian packages: no man pages without help2man (scripts/install-deps tools)")
+  install(CODE "message(FATAL_ERROR \"outboxd's man pages need help2man: scripts/install-deps \"
+                \"tools, then configure ${PROJECT_BINARY_DIR} again\")"
+          COMPONENT Service EXCLUDE_FROM_ALL)
+endif()
 
 # Absolute destinations for what has a fixed place on a Debian system; the rest under the prefix.
 install(FILES ${pkg_out}/outboxd.service ${pkg_out}/outboxd@.service
@@ -81,10 +117,12 @@ install(FILES ${pkg_out}/outboxd.service ${pkg_out}/outboxd@.service
 # file dpkg unpacks is always the package's default, which holds no secret.
 install(FILES ${pkg_src}/debian/outboxd.toml DESTINATION /etc/outbox
         COMPONENT Service EXCLUDE_FROM_ALL)
-install(FILES ${pkg_out}/outboxd.8.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man8
-        COMPONENT Service EXCLUDE_FROM_ALL)
-install(FILES ${pkg_out}/outboxctl.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1
-        COMPONENT Service EXCLUDE_FROM_ALL)
+if(OUTBOX_HELP2MAN)
+  install(FILES ${pkg_out}/outboxd.8.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man8
+          COMPONENT Service EXCLUDE_FROM_ALL)
+  install(FILES ${pkg_out}/outboxctl.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1
+          COMPONENT Service EXCLUDE_FROM_ALL)
+endif()
 install(FILES ${PROJECT_SOURCE_DIR}/apps/outboxd/outbox.example.toml
         DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/outboxd/examples
         COMPONENT Service EXCLUDE_FROM_ALL)

@@ -496,7 +496,9 @@ int main(int argc, char** argv) {
   CLI::App app{"outboxctl: inspect and repair an outbox", "outboxctl"};
   app.set_version_flag("--version", outbox::apps::VersionLine("outboxctl"));
   app.footer(
-      "Exit codes: 0 success, 1 database failure or refusal, 2 bad command line, 3 not found.");
+      "Exit codes: 0 success, 1 database failure or refusal, 2 bad command line, 3 not found.\n\n"
+      "Documentation: docs/operations.md in the outbox source tree (every command, its output,\n"
+      "the admin API, metrics and alerts); docs/wal-mode.md for migrate --wal-slot.");
   std::string config_path;
   auto* config_option = app.add_option(
       "-c,--config", config_path,

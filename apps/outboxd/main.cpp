@@ -212,6 +212,13 @@ int main(int argc, char** argv) {
   std::string log_level;
   app.add_option("--log-level", log_level, "Override [log] level")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  app.footer(
+      "Exit codes: 0 clean stop, 1 runtime failure, 2 bad command line or configuration,\n"
+      "130 a second SIGTERM or SIGINT.\n\n"
+      "Documentation: docs/outboxd.md in the outbox source tree (the configuration, what the\n"
+      "relay does, signals and failures), docs/operations.md (metrics, the admin API, the\n"
+      "dashboard) and a page per sink in docs/; every key with its default in\n"
+      "outbox.example.toml (/usr/share/doc/outboxd/examples/ in the Debian package).");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

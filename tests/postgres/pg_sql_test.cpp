@@ -497,8 +497,8 @@ TEST_F(PgSqlTest, EnqueueNotifiesOnlyWhileARelaySleeps) {
   EXPECT_TRUE(notifications().empty()) << "no older generation was left asleep";
 }
 
-// The README's promise: writers of different streams never wait for each other, whatever the
-// relay is doing. Before schema v6 the first enqueue after the relay went idle held a row lock
+// The promise of docs/writing-messages.md: writers of different streams never wait for each
+// other, whatever the relay is doing. Before schema v6 the first enqueue after the relay went idle held a row lock
 // that every other writer queued behind until its transaction ended.
 TEST_F(PgSqlTest, AnOpenTransactionDelaysNoWriterOfAnotherStream) {
   auto relay = Connect();

@@ -98,7 +98,7 @@ TEST(MessageTest, RejectsBadHeaders) {
 }
 
 // The PostgreSQL settings have the same defaults (tests/postgres/pg_sql_test.cpp); the reasons
-// are in the README, "Writing messages".
+// are in docs/writing-messages.md.
 TEST(MessageTest, HeaderLimitsDefaultToWhatEverySinkCarries) {
   const MessageLimits limits;
   EXPECT_EQ(limits.max_header_count, 64U);
