@@ -16,7 +16,7 @@ fail() { echo "check_docs_test: FAIL: $*" >&2; exit 1; }
 # --- a correct tree: exit 0 -----------------------------------------------------------------------
 good=$tmp/good
 mkdir -p "$good/docs" "$good/src"
-touch "$good/src/thing.cpp"
+printf 'int main() {\n  return 0;\n}\n' >"$good/src/thing.cpp"
 cat >"$good/README.md" <<'EOF'
 # Good
 
@@ -38,6 +38,14 @@ Back to the [README](../README.md) and [a file](../src/thing.cpp).
 ## Repeated
 
 ## Repeated
+
+An excerpt, indented differently:
+
+<!-- excerpt: src/thing.cpp -->
+```cpp
+    return 0;
+  }
+```
 
 A whole configuration:
 
@@ -76,7 +84,7 @@ if ! out=$("$check_docs" --outboxd "$outboxd" --root "$good" 2>&1); then
   echo "$out" >&2
   fail "a correct tree was refused"
 fi
-grep -q 'check-docs: 2 pages, 8 relative links, TOML examples: 1 whole, 2 fragments with the base, 1 exempt; 0 problem(s)' <<<"$out" ||
+grep -q 'check-docs: 2 pages, 8 relative links, 1 excerpts, TOML examples: 1 whole, 2 fragments with the base, 1 exempt; 0 problem(s)' <<<"$out" ||
   { echo "$out" >&2; fail "the correct tree's summary is not the expected one"; }
 grep -q 'docs/page.md:.*: toml: exempt: shows a key that does not exist, on purpose' <<<"$out" ||
   { echo "$out" >&2; fail "the exemption's reason is not printed"; }
@@ -112,6 +120,17 @@ url = "postgresql://outbox@127.0.0.1/app"
 [sinks.default]
 type = "carrier-pigeon"
 ```
+
+<!-- excerpt: README.md -->
+```
+# Bad
+[gone]
+```
+
+<!-- excerpt: docs/nothing.py -->
+```
+x
+```
 EOF
 status=0
 out=$("$check_docs" --outboxd "$outboxd" --root "$bad" 2>&1) || status=$?
@@ -128,5 +147,7 @@ expect "docs/page.md:3: toml (fragment): outboxd --check-config exit 2:"
 expect 'relay.batch_sise: unknown key (did you mean "relay.batch_size"?)'
 expect "docs/page.md:9: check-config directive 'skip' is neither"
 expect "docs/page.md:14: toml (whole): outboxd --check-config exit 2:"
-expect "8 problem(s)"
-echo "check_docs_test: ok (a correct tree passes; 8 planted problems reported)"
+expect "docs/page.md:23: the block is not an excerpt of 'README.md'"
+expect "docs/page.md:29: excerpt of 'docs/nothing.py': no such file"
+expect "10 problem(s)"
+echo "check_docs_test: ok (a correct tree passes; 10 planted problems reported)"
