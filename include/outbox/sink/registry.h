@@ -89,16 +89,7 @@ inline std::string SinkSecretEnv(std::string_view sink_name, std::string_view ke
   return name;
 }
 
-// Reads the table's `envelope` ("full" or "external"; envelope_style.h) into `style`, which is
-// left as it is when the key is absent. Every sink type takes the key.
-inline void ReadEnvelopeStyle(const config::Section& table, EnvelopeStyle& style) {
-  std::string name;
-  if (table.ReadChoice(kEnvelopeKey, {"full", "external"}, name)) {
-    style = ParseEnvelopeStyle(name).value_or(EnvelopeStyle::kFull);
-  }
-}
-
-// For a sink type that speaks CloudEvents: reads `envelope` ("full", "external" or
+// Reads, for every sink type, `envelope` ("full", "external" or
 // "cloudevents"), and with "cloudevents" `cloudevents_mode` (one of `modes`: "binary", and
 // "structured" where the binding defines it) and `cloudevents_source` (a template,
 // sink/cloudevents.h). Either cloudevents_* key with another envelope is an error. The sink's
