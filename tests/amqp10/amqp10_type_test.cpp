@@ -49,6 +49,13 @@ TEST(Amqp10SinkTypeTest, EnvelopeIsFullOrExternal) {
   });
 }
 
+TEST(Amqp10SinkTypeTest, CloudEventsKeys) {
+  testing::ExpectCloudEventsKeys(
+      Type(), kUrl,
+      [](const outbox::SinkSettings& settings) { return Options(settings).cloudevents; },
+      {"binary", "structured"});
+}
+
 // Service Bus as it is: a SAS key name and key (base64, with '/', '+' and '=') as SASL PLAIN.
 TEST(Amqp10SinkTypeTest, ServiceBusShapeWorksAndItsKeyIsMasked) {
   const std::string key = "Zm9v%2Fbar%2Bbaz%3D";  // "foo/bar+baz=" percent-encoded

@@ -19,5 +19,14 @@ TEST(FileSinkTypeTest, EnvelopeIsFullOrExternal) {
             "path = \"-\"\nfsync = false\nenvelope = \"external\"\n");
 }
 
+TEST(FileSinkTypeTest, CloudEventsKeys) {
+  testing::ExpectCloudEventsKeys(
+      Type(), "path = \"-\"\n",
+      [](const outbox::SinkSettings& settings) {
+        return dynamic_cast<const SinkSettings&>(settings).options().cloudevents;
+      },
+      {"structured"});
+}
+
 }  // namespace
 }  // namespace outbox::file

@@ -256,6 +256,15 @@ TEST(HttpSinkTypeTest, EnvelopeIsFullOrExternal) {
   }
 }
 
+TEST(HttpSinkTypeTest, CloudEventsKeys) {
+  testing::ExpectCloudEventsKeys(
+      Type(), Url(),
+      [](const outbox::SinkSettings& settings) {
+        return dynamic_cast<const SinkSettings&>(settings).options().cloudevents;
+      },
+      {"binary", "structured"});
+}
+
 TEST(HttpSinkTypeTest, EndpointIsTheFixedHostOrNone) {
   auto endpoint = ParseSink("url = \"http://127.0.0.1:8080/hooks/{topic}\"\n")->Endpoint();
   ASSERT_TRUE(endpoint.has_value());

@@ -96,6 +96,15 @@ TEST(KafkaSinkTypeTest, EnvelopeIsFullOrExternal) {
       });
 }
 
+TEST(KafkaSinkTypeTest, CloudEventsKeys) {
+  testing::ExpectCloudEventsKeys(
+      Type(), "brokers = \"k1:9092\"\n",
+      [](const outbox::SinkSettings& settings) {
+        return dynamic_cast<const SinkSettings&>(settings).options().cloudevents;
+      },
+      {"binary", "structured"});
+}
+
 TEST(KafkaSinkTypeTest, BrokersAndSecretsFromTheEnvironment) {
   const auto settings = ParseSink("[sinks.events.librdkafka]\n\"sasl.password\" = \"file\"\n",
                                   {{"OUTBOX_SINK_EVENTS_BROKERS", "env-1:19092"},

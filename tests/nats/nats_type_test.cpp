@@ -151,6 +151,15 @@ TEST(NatsSinkTypeTest, EnvelopeIsFullOrExternal) {
   });
 }
 
+TEST(NatsSinkTypeTest, CloudEventsKeys) {
+  testing::ExpectCloudEventsKeys(
+      Type(), Url(),
+      [](const outbox::SinkSettings& settings) {
+        return dynamic_cast<const SinkSettings&>(settings).options().cloudevents;
+      },
+      {"binary", "structured"});
+}
+
 TEST(NatsSinkTypeTest, SecretsInTheUrlAreMasked) {
   const auto with_password = ParseSink("url = \"nats://relay:hunter2@127.0.0.1:4222\"\n");
   EXPECT_EQ(OptionsOf(with_password).url, "nats://relay:hunter2@127.0.0.1:4222");

@@ -25,5 +25,14 @@ TEST(RabbitSinkTypeTest, EnvelopeIsFullOrExternal) {
       << described;
 }
 
+TEST(RabbitSinkTypeTest, CloudEventsKeys) {
+  testing::ExpectCloudEventsKeys(
+      Type(), kUrl,
+      [](const outbox::SinkSettings& settings) {
+        return dynamic_cast<const SinkSettings&>(settings).options().cloudevents;
+      },
+      {"binary", "structured"});
+}
+
 }  // namespace
 }  // namespace outbox::rabbitmq

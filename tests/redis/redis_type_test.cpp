@@ -112,6 +112,15 @@ TEST(RedisSinkTypeTest, EnvelopeIsFullOrExternal) {
   });
 }
 
+TEST(RedisSinkTypeTest, CloudEventsKeys) {
+  testing::ExpectCloudEventsKeys(
+      Type(), kUrl,
+      [](const outbox::SinkSettings& settings) {
+        return dynamic_cast<const SinkSettings&>(settings).options().cloudevents;
+      },
+      {"binary"});
+}
+
 TEST(RedisSinkTypeTest, UrlFromTheEnvironmentWinsAndIsMasked) {
   const auto settings =
       ParseSink(kUrl, {{"OUTBOX_SINK_EVENTS_URL", "redis://:env-S3cret@10.0.0.5:7000/1"}});

@@ -5,10 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -85,6 +89,53 @@ void ExpectEnvelopeKey(const SinkType& type, const std::string& body, StyleOf st
   EXPECT_EQ(SinkTableError(type, body + "envelope = \"External\"\n").first,
             "sinks.events.envelope");
   EXPECT_EQ(SinkTableError(type, body + "envelope = true\n").first, "sinks.events.envelope");
+}
+
+// envelope = "cloudevents" and its keys (sink/cloudevents.h) for a sink type that speaks it, for a
+// table that is valid with `body`: read and shown by Describe (which reads back the same), the
+// modes `modes` names accepted and others refused, an empty source or a bad placeholder refused
+// naming cloudevents_source, and either key refused with another envelope. `options_of` reads the
+// parsed cloudevents::Options back.
+template <typename OptionsOf>
+void ExpectCloudEventsKeys(const SinkType& type, const std::string& body, OptionsOf options_of,
+                           std::initializer_list<std::string_view> modes) {
+  const std::string ce = body + "envelope = \"cloudevents\"\n";
+  const auto defaults = ParseSinkTable(type, ce);
+  EXPECT_EQ(options_of(*defaults).source, cloudevents::kDefaultSource);
+  const std::string described = DescribeSink(defaults);
+  EXPECT_NE(described.find("\nenvelope = \"cloudevents\"\ncloudevents_mode = \""),
+            std::string::npos)
+      << described;
+  EXPECT_NE(described.find("\ncloudevents_source = \"/outbox/{target}\"\n"), std::string::npos)
+      << described;
+  EXPECT_EQ(DescribeSink(ParseSinkTable(type, described)), described);
+  for (const std::string_view mode : modes) {
+    const auto parsed = ParseSinkTable(type, ce + "cloudevents_mode = \"" + std::string{mode} +
+                                                 "\"\ncloudevents_source = \"/s/{topic}\"\n");
+    EXPECT_EQ(cloudevents::ModeName(options_of(*parsed).mode), mode);
+    EXPECT_EQ(options_of(*parsed).source, "/s/{topic}");
+  }
+  for (const std::string_view mode : {"binary", "structured"}) {
+    if (std::find(modes.begin(), modes.end(), mode) != modes.end()) continue;
+    const auto [key, message] =
+        SinkTableError(type, ce + "cloudevents_mode = \"" + std::string{mode} + "\"\n");
+    EXPECT_EQ(key, "sinks.events.cloudevents_mode") << message;
+  }
+  auto [key, message] = SinkTableError(type, ce + "cloudevents_mode = \"Binary\"\n");
+  EXPECT_EQ(key, "sinks.events.cloudevents_mode") << message;
+  EXPECT_NE(message.find("\"Binary\""), std::string::npos) << message;
+  std::tie(key, message) = SinkTableError(type, ce + "cloudevents_source = \"\"\n");
+  EXPECT_EQ(key, "sinks.events.cloudevents_source") << message;
+  EXPECT_NE(message.find("must not be empty"), std::string::npos) << message;
+  std::tie(key, message) = SinkTableError(type, ce + "cloudevents_source = \"/x/{id}\"\n");
+  EXPECT_EQ(key, "sinks.events.cloudevents_source") << message;
+  std::tie(key, message) = SinkTableError(type, body + "cloudevents_source = \"/x\"\n");
+  EXPECT_EQ(key, "sinks.events.cloudevents_source") << message;
+  EXPECT_NE(message.find("only read with envelope = \"cloudevents\""), std::string::npos)
+      << message;
+  std::tie(key, message) =
+      SinkTableError(type, body + "envelope = \"external\"\ncloudevents_mode = \"binary\"\n");
+  EXPECT_EQ(key, "sinks.events.cloudevents_mode") << message;
 }
 
 }  // namespace outbox::testing

@@ -21,6 +21,13 @@
 //                 set), outbox-stream-seq (long, when set), outbox-stream-prev-seq (long, when
 //                 set), outbox-partition (int), outbox-attempts (int), outbox-target (string)
 //   body          one data section: the payload bytes as stored
+// With `envelope` kCloudEvents (sink/cloudevents.h, docs/cloudevents.md), the AMQP binding of
+// CloudEvents: in binary mode (the default) each attribute as a string application property
+// cloudEvents_<name> (the binding's preferred prefix; none of the properties above) and
+// datacontenttype as content-type, the payload as the data section; in structured mode
+// (cloudevents_mode = "structured") the JSON event as the data section with content-type
+// application/cloudevents+json and no application property. No subject or correlation-id; the
+// other properties and annotations as above.
 //
 // How outcomes are classified (outbox/core/failure.h; the table is classify.h's):
 //   published        the broker's disposition is `accepted`.
@@ -68,6 +75,7 @@
 #include <string_view>
 #include <vector>
 
+#include "outbox/sink/cloudevents.h"
 #include "outbox/sink/envelope_style.h"
 #include "outbox/sink/sink.h"
 
@@ -106,12 +114,18 @@ struct SinkOptions {
   std::string tls_server_name;
   // Which of the outbox's metadata goes with each message (see above and sink/envelope_style.h).
   EnvelopeStyle envelope = EnvelopeStyle::kFull;
+  // With envelope kCloudEvents: binary (cloudEvents_* application properties) or structured mode,
+  // and the source.
+  cloudevents::Options cloudevents;
 };
 
 // The sink's name, as Sink::Name() returns it.
 inline constexpr std::string_view kSinkName = "amqp10";
 // The message annotation Service Bus partitions by.
 inline constexpr std::string_view kPartitionKeyAnnotation = "x-opt-partition-key";
+// The prefix of CloudEvents attributes among the application properties (the AMQP binding's
+// preferred one; "cloudEvents:" is the other it allows).
+inline constexpr std::string_view kCloudEventsPrefix = "cloudEvents_";
 
 // A `url` read.
 struct Endpoint {

@@ -18,7 +18,10 @@
 //   tls_cert_file = ""         # PEM: client certificate (with tls_key_file and tls_ca_file)
 //   tls_key_file = ""          # PEM: its private key
 //   tls_server_name = ""       # name expected in the server's certificate (empty: the host)
-//   envelope = "full"          # or "external": no outbox-* properties (sink/envelope_style.h)
+//   envelope = "full"          # or "external": no outbox-* properties (sink/envelope_style.h),
+//                              # or "cloudevents" (docs/cloudevents.md), then also:
+//   cloudevents_mode = "binary"  # cloudEvents_* application properties, or "structured"
+//   cloudevents_source = "/outbox/{target}"  # placeholders {topic}, {target}, {type}
 //
 // The url's password may come from the environment, which wins over the file, and
 // --check-config shows it as ***.

@@ -16,7 +16,9 @@
 // Absent optional fields (stream_key, stream_seq, type) are null.
 // With `envelope` kExternal the outbox's internal keys are left out (topic, stream_key,
 // stream_seq, stream_prev_seq, partition, target, attempts): id, event_id, type, content_type,
-// headers, created_at and the payload remain.
+// headers, created_at and the payload remain. With `envelope` kCloudEvents each line is instead
+// one structured-mode CloudEvent in the JSON event format (sink/cloudevents.h,
+// docs/cloudevents.md): the attributes, then data or data_base64.
 //
 // Publish writes the whole batch, then fsyncs it when asked, and only then reports the messages
 // published. A message is published once its whole line reached the file (and, with fsync, the
@@ -35,6 +37,7 @@
 #include <memory>
 #include <string>
 
+#include "outbox/sink/cloudevents.h"
 #include "outbox/sink/envelope_style.h"
 #include "outbox/sink/sink.h"
 
@@ -49,7 +52,14 @@ struct SinkOptions {
   bool fsync = false;
   // Which of the outbox's metadata each line carries (see above and sink/envelope_style.h).
   EnvelopeStyle envelope = EnvelopeStyle::kFull;
+  // With envelope kCloudEvents: the source template; the mode must be kStructured (each line is
+  // one structured CloudEvent, the JSON event format: sink/cloudevents.h).
+  cloudevents::Options cloudevents{.mode = cloudevents::Mode::kStructured,
+                                   .source = std::string{cloudevents::kDefaultSource}};
 };
+
+// Throws ConfigError for a CloudEvents mode other than structured or a bad source template.
+void ValidateOptions(const SinkOptions& options);
 
 // Opens the output. Throws ConfigError("path", ...) when it cannot be opened for appending (a
 // directory, a missing parent directory, no permission, a FIFO without a reader, an empty path).

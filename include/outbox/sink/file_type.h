@@ -5,7 +5,11 @@
 //   type = "file"
 //   path = "-"       # "-" is standard output; otherwise a file opened for appending
 //   fsync = false
-//   envelope = "full"  # or "external": no topic, stream, partition, target or attempts keys
+//   envelope = "full"  # or "external": no topic, stream, partition, target or attempts keys,
+//                      # or "cloudevents": one structured CloudEvent per line
+//                      # (docs/cloudevents.md), then also:
+//   cloudevents_mode = "structured"          # the only mode a file has
+//   cloudevents_source = "/outbox/{target}"  # placeholders {topic}, {target}, {type}
 //
 // What the keys mean: outbox::file::SinkOptions (sink/file.h). Nothing is probed for readiness.
 

@@ -36,6 +36,13 @@
 //   reserves is left out: content-type, content-length, host, transfer-encoding, connection,
 //   keep-alive, upgrade, te, trailer, expect, proxy-*, webhook-*, message_id, event_id,
 //   outbox-* (any case), and with kExternal `type` when e.type is set.
+//   with `envelope` kCloudEvents (sink/cloudevents.h, docs/cloudevents.md), the HTTP protocol
+//   binding of CloudEvents instead of event_id, type, outbox-* and the envelope's headers: in
+//   binary mode (the default) each attribute as a header ce-<name> (value percent-encoded as the
+//   binding says) and datacontenttype as content-type, the payload as the body; in structured
+//   mode (cloudevents_mode = "structured") the JSON event as the body with content-type
+//   application/cloudevents+json. webhook-* and the configured `headers` as above (a configured
+//   ce-* header is refused); the signature covers the body sent.
 // A receiver checks the signature (with its own HMAC, e.g. Python's hmac), refuses a timestamp
 // too far from its clock (Standard Webhooks: 5 minutes), and removes duplicates by webhook-id.
 //
@@ -100,6 +107,7 @@
 #include <vector>
 
 #include "outbox/core/log.h"
+#include "outbox/sink/cloudevents.h"
 #include "outbox/sink/envelope_style.h"
 #include "outbox/sink/sink.h"
 
@@ -151,6 +159,8 @@ struct SinkOptions {
   // Which of the outbox's metadata goes with each request (see above and
   // sink/envelope_style.h).
   EnvelopeStyle envelope = EnvelopeStyle::kFull;
+  // With envelope kCloudEvents: binary (ce-* headers) or structured mode, and the source.
+  cloudevents::Options cloudevents;
   // Where the sink logs its warnings (a host that asked to wait, a host unreachable); unset:
   // nothing.
   LogFn log;

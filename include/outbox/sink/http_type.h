@@ -22,7 +22,10 @@
 //   tls_key_file = ""          # PEM: its private key
 //   proxy = ""                 # http://host:port; empty: none (http_proxy is ignored)
 //   envelope = "full"          # or "external": no outbox-* headers, the type as `type`
-//                              # (sink/envelope_style.h)
+//                              # (sink/envelope_style.h), or "cloudevents"
+//                              # (docs/cloudevents.md), then also:
+//   cloudevents_mode = "binary"  # ce-* headers, or "structured"
+//   cloudevents_source = "/outbox/{target}"  # placeholders {topic}, {target}, {type}
 //
 // Files must exist and be readable when the configuration is read. The URL and `secrets` may come
 // from the environment (it wins over the file); the URL's password, every secret and the values of

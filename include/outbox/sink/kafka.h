@@ -28,6 +28,11 @@
 //              envelope style. A user header with one of the names the sink sets for this
 //              message, or named message_id or event_id or starting with "outbox-" (any case), is
 //              left out.
+//   with `envelope` kCloudEvents (sink/cloudevents.h, docs/cloudevents.md), the Kafka protocol
+//   binding of CloudEvents instead of all the headers above: in binary mode (the default) each
+//   attribute as a header ce_<name> and datacontenttype as `content-type`, the payload as the
+//   value; in structured mode (cloudevents_mode = "structured") the JSON event as the value and
+//   `content-type: application/cloudevents+json`. Key and timestamp as above.
 // Keys are hashed like the Java client's (partitioner murmur2_random, unless overridden), so a
 // stream lands in the partition a Java producer would choose.
 //
@@ -78,6 +83,7 @@
 #include <vector>
 
 #include "outbox/core/log.h"
+#include "outbox/sink/cloudevents.h"
 #include "outbox/sink/envelope_style.h"
 #include "outbox/sink/host_port.h"
 #include "outbox/sink/sink.h"
@@ -112,6 +118,8 @@ struct SinkOptions {
   std::vector<std::pair<std::string, std::string>> properties;
   // Which of the outbox's metadata goes with each message (see above and sink/envelope_style.h).
   EnvelopeStyle envelope = EnvelopeStyle::kFull;
+  // With envelope kCloudEvents: binary (ce_* headers) or structured mode, and the source.
+  cloudevents::Options cloudevents;
   // librdkafka's log lines (debug ones left out) go here; unset: librdkafka prints to stderr.
   LogFn log;
 };
@@ -122,6 +130,8 @@ inline constexpr std::string_view kSinkName = "kafka";
 inline constexpr std::string_view kTypeHeader = "type";
 inline constexpr std::string_view kContentTypeHeader = "content_type";
 inline constexpr std::string_view kDebeziumIdHeader = "id";
+// The Kafka binding of CloudEvents: datacontenttype (binary mode) or the event format (structured).
+inline constexpr std::string_view kCloudEventsContentTypeHeader = "content-type";
 
 // The entries of a bootstrap list "host:port,host:port" (spaces around entries allowed; an entry
 // may start with a listener name such as "PLAINTEXT://"; IPv6 in brackets; port 9092 when none is

@@ -11,7 +11,10 @@
 //   max_in_flight = 5             # 1 to 5
 //   header_style = "outbox"       # or "debezium" (adds header `id` = the message id)
 //   max_message_bytes = 1000000   # 1000 to 1000000000
-//   envelope = "full"             # or "external": no outbox-* headers (sink/envelope_style.h)
+//   envelope = "full"             # or "external": no outbox-* headers (sink/envelope_style.h),
+//                                 # or "cloudevents" (docs/cloudevents.md), then also:
+//   cloudevents_mode = "binary"   # ce_* headers, or "structured"
+//   cloudevents_source = "/outbox/{target}"  # placeholders {topic}, {target}, {type}
 //
 //   [sinks.<name>.librdkafka]     # any other librdkafka property, as a string (or a number or
 //   "security.protocol" = "sasl_ssl"  # boolean, written as librdkafka spells it)

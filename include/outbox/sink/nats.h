@@ -29,6 +29,12 @@
 //              A user header named like one the sink sets for this message, message_id or
 //              event_id (any case), or starting with "outbox-" or "Nats-" (any case: JetStream
 //              acts on Nats-* headers, e.g. Nats-Rollup) is left out.
+//              With `envelope` kCloudEvents (sink/cloudevents.h, docs/cloudevents.md), the NATS
+//              binding of CloudEvents instead of every header above but Nats-Msg-Id and
+//              Nats-Expected-Stream: in binary mode (the default) each attribute, datacontenttype
+//              too, as a header ce-<name>, its value percent-encoded as the binding says, the
+//              payload as it is; in structured mode (cloudevents_mode = "structured") the JSON
+//              event as the payload and Content-Type: application/cloudevents+json.
 // JetStream gives each stored message a stream sequence; read the stream with any consumer.
 //
 // Deduplication: JetStream keeps the Nats-Msg-Id of what it stored for the stream's
@@ -100,6 +106,7 @@
 #include <vector>
 
 #include "outbox/core/log.h"
+#include "outbox/sink/cloudevents.h"
 #include "outbox/sink/envelope_style.h"
 #include "outbox/sink/host_port.h"
 #include "outbox/sink/sink.h"
@@ -143,6 +150,8 @@ struct SinkOptions {
   std::string tls_server_name;
   // Which of the outbox's metadata goes with each message (see above and sink/envelope_style.h).
   EnvelopeStyle envelope = EnvelopeStyle::kFull;
+  // With envelope kCloudEvents: binary (ce-* headers) or structured mode, and the source.
+  cloudevents::Options cloudevents;
   // Where the sink logs its warnings (a duplicate window shorter than the lease, a stream named
   // by expect_stream that does not exist, asynchronous errors libnats reports); unset: nothing.
   LogFn log;
@@ -156,6 +165,8 @@ inline constexpr std::string_view kSinkName = "nats";
 // Header names the NATS sink adds besides wire_names.h's (the Kafka sink's names).
 inline constexpr std::string_view kTypeHeader = "type";
 inline constexpr std::string_view kContentTypeHeader = "content_type";
+// The NATS binding's header that marks structured mode.
+inline constexpr std::string_view kCloudEventsContentTypeHeader = "Content-Type";
 // JetStream's own headers: the id it deduplicates by, and the expected stream.
 inline constexpr std::string_view kMsgIdHeader = "Nats-Msg-Id";
 inline constexpr std::string_view kExpectedStreamHeader = "Nats-Expected-Stream";

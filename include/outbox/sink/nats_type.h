@@ -19,7 +19,10 @@
 //   tls_cert_file = ""         # PEM: client certificate (with tls_key_file)
 //   tls_key_file = ""          # PEM: its private key
 //   tls_server_name = ""       # name expected in the server's certificate (empty: the host)
-//   envelope = "full"          # or "external": no outbox-* headers (sink/envelope_style.h)
+//   envelope = "full"          # or "external": no outbox-* headers (sink/envelope_style.h),
+//                              # or "cloudevents" (docs/cloudevents.md), then also:
+//   cloudevents_mode = "binary"  # ce-* headers, or "structured"
+//   cloudevents_source = "/outbox/{target}"  # placeholders {topic}, {target}, {type}
 //
 // At most one way to authenticate: user info in the URL, token, creds or nkey_seed. TLS is on
 // when the URL is tls:// or any tls_* key is set. Files must exist and be readable when the

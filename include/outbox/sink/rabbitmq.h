@@ -15,6 +15,13 @@
 //               outbox-stream-prev-seq (int64, when set), outbox-partition (int32),
 //               outbox-attempts (int32), outbox-target (string). With kExternal no outbox-*
 //               header is sent.
+//   with `envelope` kCloudEvents (sink/cloudevents.h, docs/cloudevents.md) instead, after the
+//   AMQP binding of CloudEvents (written for AMQP 1.0; 0-9-1 has none): in binary mode (the
+//   default) each attribute as a string header cloudEvents_<name> (the binding's preferred
+//   prefix) and datacontenttype as content_type, the payload as the body; in structured mode
+//   (cloudevents_mode = "structured") the JSON event as the body with content_type
+//   application/cloudevents+json and no header. message_id, timestamp and delivery_mode as above;
+//   no type or correlation_id property, no event_id or user header of its own.
 //
 // How outcomes are classified (outbox/core/failure.h):
 //   kUnavailable     not sent: cannot connect (the sink then waits 100 ms before the next
@@ -41,6 +48,7 @@
 #include <string>
 #include <string_view>
 
+#include "outbox/sink/cloudevents.h"
 #include "outbox/sink/envelope_style.h"
 #include "outbox/sink/sink.h"
 
@@ -72,10 +80,14 @@ struct SinkOptions {
   std::string declare_exchange_type;
   // Which of the outbox's metadata goes with each message (see above and sink/envelope_style.h).
   EnvelopeStyle envelope = EnvelopeStyle::kFull;
+  // With envelope kCloudEvents: binary (cloudEvents_* headers) or structured mode, and the source.
+  cloudevents::Options cloudevents;
 };
 
 // The sink's name, as Sink::Name() returns it.
 inline constexpr std::string_view kSinkName = "rabbitmq";
+// The prefix of CloudEvents attributes in the headers table (the AMQP binding's preferred one).
+inline constexpr std::string_view kCloudEventsPrefix = "cloudEvents_";
 
 // Checks `options` without connecting: the one check of each option (the sink type's parser
 // calls it, and the sink trusts what it gets; only a name expanded from a template is checked

@@ -9,7 +9,10 @@
 //   mandatory = true, persistent = true, confirm_window = 1000 (1..100000),
 //   connect_timeout = "5s", heartbeat = "10s" (whole seconds, "0s" disables),
 //   declare_exchange_type = "" (or direct, topic, fanout, headers), max_message_bytes = 16 MiB
-//   envelope = "full"          # or "external": no outbox-* headers (sink/envelope_style.h)
+//   envelope = "full"          # or "external": no outbox-* headers (sink/envelope_style.h),
+//                              # or "cloudevents" (docs/cloudevents.md), then also:
+//   cloudevents_mode = "binary"  # cloudEvents_* headers, or "structured"
+//   cloudevents_source = "/outbox/{target}"  # placeholders {topic}, {target}, {type}
 //
 // What the keys mean: outbox::rabbitmq::SinkOptions (sink/rabbitmq.h).
 

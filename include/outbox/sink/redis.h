@@ -27,6 +27,10 @@
 //                           sink's own fields, set or not for this message), message_id or
 //                           event_id, or starting with "outbox-" (those in any case) is left
 //                           out.
+// With `envelope` kCloudEvents (sink/cloudevents.h, docs/cloudevents.md) the entry is instead a
+// CloudEvent in the manner of the Kafka binding's binary mode (Redis has no binding): each
+// attribute, datacontenttype too, as a field ce_<name>, and the payload in the field `data`;
+// nothing else (no id, event_id, payload, type or user-header field).
 // Read it with XREAD / XREADGROUP / XRANGE; a consumer deduplicates by `id` (the inbox does).
 //
 // Deduplication (`dedup`, on by default): each message goes through one server-side Lua script
@@ -85,6 +89,7 @@
 #include <string_view>
 
 #include "outbox/core/log.h"
+#include "outbox/sink/cloudevents.h"
 #include "outbox/sink/envelope_style.h"
 #include "outbox/sink/sink.h"
 
@@ -122,6 +127,8 @@ struct SinkOptions {
   std::size_t max_message_bytes = std::size_t{16} * 1024 * 1024;
   // Which of the outbox's metadata goes with each message (see above and sink/envelope_style.h).
   EnvelopeStyle envelope = EnvelopeStyle::kFull;
+  // With envelope kCloudEvents: the source (binary mode only: the ce_* fields).
+  cloudevents::Options cloudevents;
   // Where the sink logs its warnings (dedup window shorter than the lease, OOM, authentication
   // and connection failures when they change) and, at debug level, deduplicated messages.
   LogFn log;
@@ -136,6 +143,9 @@ inline constexpr std::string_view kIdField = "id";
 inline constexpr std::string_view kPayloadField = "payload";
 inline constexpr std::string_view kContentTypeField = "content_type";
 inline constexpr std::string_view kTypeField = "type";
+// With envelope kCloudEvents: the attributes' fields (ce_<name>) and the payload's.
+inline constexpr std::string_view kCloudEventsFieldPrefix = "ce_";
+inline constexpr std::string_view kCloudEventsDataField = "data";
 
 // Where a URL connects, and as whom.
 struct Endpoint {

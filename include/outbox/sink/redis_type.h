@@ -14,7 +14,10 @@
 //   pipeline = 1000                  # commands in flight, 1 to 100000
 //   connect_timeout = "5s"           # 1ms to 10m
 //   max_message_bytes = 16777216     # the largest entry (all its fields), 1 to 536870912
-//   envelope = "full"                # or "external": no outbox-* fields (sink/envelope_style.h)
+//   envelope = "full"                # or "external": no outbox-* fields (sink/envelope_style.h),
+//                                    # or "cloudevents" (docs/cloudevents.md), then also:
+//   cloudevents_mode = "binary"      # the only mode: ce_* fields and `data`
+//   cloudevents_source = "/outbox/{target}"  # placeholders {topic}, {target}, {type}
 //
 // --check-config shows the url with its password as ***.
 // What the keys mean: outbox::redis::SinkOptions (sink/redis.h).

@@ -18,6 +18,7 @@
 #include "outbox/config/registry.h"
 #include "outbox/config/toml_table.h"
 #include "outbox/core/log.h"
+#include "outbox/sink/cloudevents.h"
 #include "outbox/sink/envelope_style.h"
 #include "outbox/sink/sink.h"
 
@@ -88,13 +89,42 @@ inline std::string SinkSecretEnv(std::string_view sink_name, std::string_view ke
   return name;
 }
 
-// Reads the table's `envelope` ("full" or "external"; envelope_style.h) into `style`, which is
-// left as it is when the key is absent. Every sink type takes the key.
-inline void ReadEnvelopeStyle(const config::Section& table, EnvelopeStyle& style) {
+// Reads, for every sink type, `envelope` ("full", "external" or
+// "cloudevents"), and with "cloudevents" `cloudevents_mode` (one of `modes`: "binary", and
+// "structured" where the binding defines it) and `cloudevents_source` (a template,
+// sink/cloudevents.h). Either cloudevents_* key with another envelope is an error. The sink's
+// AllowOnly list names both keys.
+inline void ReadEnvelope(const config::Section& table, EnvelopeStyle& style,
+                         cloudevents::Options& options,
+                         std::initializer_list<std::string_view> modes = {"binary", "structured"}) {
   std::string name;
-  if (table.ReadChoice(kEnvelopeKey, {"full", "external"}, name)) {
+  if (table.ReadChoice(kEnvelopeKey, {"full", "external", "cloudevents"}, name)) {
     style = ParseEnvelopeStyle(name).value_or(EnvelopeStyle::kFull);
   }
+  if (style != EnvelopeStyle::kCloudEvents) {
+    for (const std::string_view key : {cloudevents::kModeKey, cloudevents::kSourceKey}) {
+      if (const config::TomlValue* value = table.Find(key); value != nullptr) {
+        config::Fail(table.Key(key), "is only read with envelope = \"cloudevents\"", value);
+      }
+    }
+    return;
+  }
+  std::string mode;
+  if (table.ReadChoice(cloudevents::kModeKey, modes, mode)) {
+    options.mode =
+        mode == "structured" ? cloudevents::Mode::kStructured : cloudevents::Mode::kBinary;
+  }
+  table.Read(cloudevents::kSourceKey, options.source);
+  table.Check([&options] { cloudevents::ValidateOptions(options); });
+}
+
+// The keys ReadEnvelope read, for --check-config.
+inline void DescribeEnvelope(config::TomlWriter& out, EnvelopeStyle style,
+                             const cloudevents::Options& options) {
+  out.String(kEnvelopeKey, EnvelopeStyleName(style));
+  if (style != EnvelopeStyle::kCloudEvents) return;
+  out.String(cloudevents::kModeKey, cloudevents::ModeName(options.mode));
+  out.String(cloudevents::kSourceKey, options.source);
 }
 
 // The sink types a program knows (outboxd: apps/outboxd/sinks.cpp).

@@ -66,6 +66,7 @@
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
 #include "outbox/sink/amqp10.h"
+#include "outbox/sink/cloudevents.h"
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/readable_file.h"
 #include "outbox/sink/sink_base.h"
@@ -496,7 +497,8 @@ class Amqp10Sink final : public SinkBase {
   explicit Amqp10Sink(SinkOptions options)
       : options_(std::move(options)),
         endpoint_(ParseUrl(options_.url)),
-        address_(NameTemplate::Parse(options_.address, "address")) {}
+        address_(NameTemplate::Parse(options_.address, "address")),
+        cloudevents_(options_.cloudevents) {}
 
   Amqp10Sink(const Amqp10Sink&) = delete;
   Amqp10Sink& operator=(const Amqp10Sink&) = delete;
@@ -517,11 +519,14 @@ class Amqp10Sink final : public SinkBase {
   void Finish(Batch& batch, Deadline deadline) override;
   std::optional<Failure> Prepare(const Envelope& envelope, std::string& address,
                                  proton::message& message) const;
+  std::optional<Failure> PrepareCloudEvent(const Envelope& envelope,
+                                           proton::message& message) const;
   void Apply(Batch& batch, std::vector<Event>& events);
 
   SinkOptions options_;
   Endpoint endpoint_;
   NameTemplate address_;
+  cloudevents::Mapper cloudevents_;
   std::unique_ptr<Session> session_;
   std::uint64_t next_token_ = 1;
   std::uint64_t first_token_ = 0;  // of the Publish call in progress
@@ -679,14 +684,16 @@ std::optional<Failure> Amqp10Sink::Prepare(const Envelope& envelope, std::string
   message.durable(options_.durable);
   // A binary body goes as a data section (not an amqp-value) only when inferred.
   message.inferred(true);
-  message.body(proton::binary(envelope.payload));
-  if (!envelope.content_type.empty()) message.content_type(envelope.content_type);
-  if (envelope.type && !envelope.type->empty()) message.subject(*envelope.type);
   message.creation_time(proton::timestamp(
       std::chrono::duration_cast<milliseconds>(envelope.created_at.time_since_epoch()).count()));
-  if (const auto it = envelope.headers.find(kCorrelationIdHeader);
-      it != envelope.headers.end() && !it->second.empty()) {
-    message.correlation_id(proton::message_id(it->second));
+  if (options_.envelope != EnvelopeStyle::kCloudEvents) {
+    message.body(proton::binary(envelope.payload));
+    if (!envelope.content_type.empty()) message.content_type(envelope.content_type);
+    if (envelope.type && !envelope.type->empty()) message.subject(*envelope.type);
+    if (const auto it = envelope.headers.find(kCorrelationIdHeader);
+        it != envelope.headers.end() && !it->second.empty()) {
+      message.correlation_id(proton::message_id(it->second));
+    }
   }
   if (envelope.stream_key) {
     message.group_id(*envelope.stream_key);
@@ -700,6 +707,9 @@ std::optional<Failure> Amqp10Sink::Prepare(const Envelope& envelope, std::string
   }
 
   proton::message::property_map& properties = message.properties();
+  if (options_.envelope == EnvelopeStyle::kCloudEvents) {
+    return PrepareCloudEvent(envelope, message);
+  }
   for (const auto& [name, value] : envelope.headers) {
     // The store refuses these names; skip them anyway so that they can never shadow ours.
     if (wire::IsReservedName(name)) continue;
@@ -724,9 +734,50 @@ std::optional<Failure> Amqp10Sink::Prepare(const Envelope& envelope, std::string
   return std::nullopt;
 }
 
+// The AMQP binding of CloudEvents: binary mode, each attribute as an application property
+// cloudEvents_<name> (a string, the canonical form: the binding allows it), datacontenttype as the
+// content-type property, the payload as the data section; structured mode, the JSON event as the
+// data section with content-type application/cloudevents+json. The other properties
+// (message-id, creation-time, group-id, ...) as for every envelope; no subject or correlation-id.
+std::optional<Failure> Amqp10Sink::PrepareCloudEvent(const Envelope& envelope,
+                                                     proton::message& message) const {
+  if (cloudevents_.mode() == cloudevents::Mode::kStructured) {
+    std::string body;
+    if (auto error = cloudevents_.StructuredJson(envelope, body)) {
+      return MakeFailure(FailureKind::kPermanent, std::move(*error));
+    }
+    if (body.size() > options_.max_message_bytes) {
+      return MakeFailure(FailureKind::kPermanent,
+                         "the structured CloudEvent is " + std::to_string(body.size()) +
+                             " bytes, over max_message_bytes (" +
+                             std::to_string(options_.max_message_bytes) + ")");
+    }
+    message.content_type(std::string{cloudevents::kStructuredContentType});
+    message.body(proton::binary(body));
+    return std::nullopt;
+  }
+  std::vector<cloudevents::Attribute> attributes;
+  if (auto error = cloudevents_.Attributes(envelope, attributes)) {
+    return MakeFailure(FailureKind::kPermanent, std::move(*error));
+  }
+  proton::message::property_map& properties = message.properties();
+  for (const cloudevents::Attribute& attribute : attributes) {
+    if (attribute.name == cloudevents::kDataContentType) {
+      message.content_type(attribute.value);
+    } else {
+      properties.put(std::string{kCloudEventsPrefix} + attribute.name, attribute.value);
+    }
+  }
+  message.body(proton::binary(envelope.payload));
+  return std::nullopt;
+}
+
 }  // namespace
 
 void ValidateOptions(const SinkOptions& options) {
+  if (options.envelope == EnvelopeStyle::kCloudEvents) {
+    cloudevents::ValidateOptions(options.cloudevents);
+  }
   Endpoint endpoint;
   try {
     endpoint = ParseUrl(options.url);

@@ -20,7 +20,8 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   const config::GetenvFn& getenv) {
   sink.AllowOnly({"type", "url", "address", "sasl_mechanisms", "max_in_flight", "connect_timeout",
                   "idle_timeout", "max_message_bytes", "durable", "tls_ca_file", "tls_cert_file",
-                  "tls_key_file", "tls_server_name", "envelope"});
+                  "tls_key_file", "tls_server_name", "envelope", "cloudevents_mode",
+                  "cloudevents_source"});
   SinkOptions options;
   options.url.clear();
   config::ValueSource url =
@@ -41,7 +42,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
   sink.Read("tls_cert_file", options.tls_cert_file);
   sink.Read("tls_key_file", options.tls_key_file);
   sink.Read("tls_server_name", options.tls_server_name);
-  ReadEnvelopeStyle(sink, options.envelope);
+  ReadEnvelope(sink, options.envelope, options.cloudevents);
 
   // The values themselves (the URL, the address template, the mechanisms, the files and their
   // combinations) are checked where the sink checks them, once; the messages never quote the
@@ -66,7 +67,7 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   out.String("tls_cert_file", options_.tls_cert_file);
   out.String("tls_key_file", options_.tls_key_file);
   out.String("tls_server_name", options_.tls_server_name);
-  out.String("envelope", EnvelopeStyleName(options_.envelope));
+  DescribeEnvelope(out, options_.envelope, options_.cloudevents);
 }
 
 std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& /*context*/) const {

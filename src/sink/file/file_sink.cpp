@@ -13,6 +13,7 @@
 #include "file_descriptor.h"
 #include "json_line.h"
 #include "outbox/core/error.h"
+#include "outbox/sink/cloudevents.h"
 #include "outbox/sink/file.h"
 #include "outbox/sink/sink_base.h"
 
@@ -88,7 +89,10 @@ class FileSink final : public SinkBase {
   FileSink(SinkOptions options, Output output)
       : SinkBase(Backoff{std::chrono::milliseconds{0}, std::chrono::milliseconds{0}}),
         options_(std::move(options)),
-        output_(std::move(output)) {}
+        output_(std::move(output)) {
+    if (options_.envelope == EnvelopeStyle::kCloudEvents)
+      cloudevents_.emplace(options_.cloudevents);
+  }
 
   [[nodiscard]] std::string_view Name() const override { return "file"; }
 
@@ -115,8 +119,20 @@ class FileSink final : public SinkBase {
     if (mid_line_) buffer.push_back('\n');
     std::vector<std::size_t> line_ends;
     line_ends.reserve(batch.size());
-    for (const Envelope& envelope : batch.envelopes()) {
-      AppendJsonLine(envelope, buffer, options_.envelope);
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      if (cloudevents_) {
+        // One structured CloudEvent per line; a message that cannot be one gets no line, and its
+        // permanent verdict comes first (the later one is ignored).
+        std::string line;
+        if (auto error = cloudevents_->StructuredJson(batch[i], line)) {
+          batch.Fail(i, FailureKind::kPermanent, std::move(*error));
+        } else {
+          buffer += line;
+          buffer += '\n';
+        }
+      } else {
+        AppendJsonLine(batch[i], buffer, options_.envelope);
+      }
       line_ends.push_back(buffer.size());
     }
 
@@ -167,7 +183,8 @@ class FileSink final : public SinkBase {
   }
 
   SinkOptions options_;
-  std::optional<Output> output_;  // empty after Close() or a write error
+  std::optional<cloudevents::Mapper> cloudevents_;  // with envelope = "cloudevents"
+  std::optional<Output> output_;                    // empty after Close() or a write error
   bool parent_synced_ = false;
   // The output ends inside a line that a failed write left unfinished: the next batch begins
   // with a newline to finish it.
@@ -176,7 +193,17 @@ class FileSink final : public SinkBase {
 
 }  // namespace
 
+void ValidateOptions(const SinkOptions& options) {
+  if (options.envelope != EnvelopeStyle::kCloudEvents) return;
+  if (options.cloudevents.mode != cloudevents::Mode::kStructured) {
+    throw ConfigError(std::string{cloudevents::kModeKey},
+                      "the file sink writes structured CloudEvents only (one JSON event per line)");
+  }
+  cloudevents::ValidateOptions(options.cloudevents);
+}
+
 std::unique_ptr<Sink> OpenSink(SinkOptions options) {
+  ValidateOptions(options);
   OpenResult opened = OpenOutput(options);
   if (!opened.output) throw ConfigError("path", opened.error);
   return std::make_unique<FileSink>(std::move(options), std::move(*opened.output));

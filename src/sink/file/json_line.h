@@ -8,6 +8,7 @@
 #include "outbox/core/message.h"
 #include "outbox/core/utf8.h"  // IsValidUtf8, used with this header
 #include "outbox/sink/envelope_style.h"
+#include "outbox/sink/json_payload.h"
 
 namespace outbox::file {
 
@@ -17,16 +18,10 @@ namespace outbox::file {
 void AppendJsonLine(const Envelope& envelope, std::string& out,
                     EnvelopeStyle style = EnvelopeStyle::kFull);
 
-// Standard base64 (RFC 4648 section 4) with padding.
-std::string Base64Encode(std::string_view bytes);
-
-// True for "application/json", in any case, with or without parameters ("; charset=utf-8").
-bool IsJsonContentType(std::string_view content_type);
-
-// True when `payload` can be embedded as parsed JSON without changing what it says: its
-// nesting is at most kMaxEmbeddedJsonDepth deep and every number survives a round trip through
-// a 64-bit integer or a double. It does not check that `payload` is valid JSON.
-inline constexpr int kMaxEmbeddedJsonDepth = 256;
-bool JsonPayloadIsEmbeddable(std::string_view payload);
+// The payload helpers the file sink shares with CloudEvents' structured mode.
+using outbox::Base64Encode;
+using outbox::IsJsonContentType;
+using outbox::JsonPayloadIsEmbeddable;
+using outbox::kMaxEmbeddedJsonDepth;
 
 }  // namespace outbox::file

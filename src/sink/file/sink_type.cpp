@@ -5,7 +5,7 @@ namespace {
 
 std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink, std::string_view,
                                                   const config::GetenvFn&) {
-  sink.AllowOnly({"type", "path", "fsync", "envelope"});
+  sink.AllowOnly({"type", "path", "fsync", "envelope", "cloudevents_mode", "cloudevents_source"});
   SinkOptions options;
   if (sink.Read("path", options.path) &&
       (options.path.empty() || config::HasControlCharacter(options.path))) {
@@ -15,7 +15,8 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink, s
         sink.Find("path"));
   }
   sink.Read("fsync", options.fsync);
-  ReadEnvelopeStyle(sink, options.envelope);
+  ReadEnvelope(sink, options.envelope, options.cloudevents, {"structured"});
+  sink.Check([&options] { ValidateOptions(options); });
   return std::make_unique<const SinkSettings>(std::move(options));
 }
 
@@ -24,7 +25,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink, s
 void SinkSettings::Describe(config::TomlWriter& out) const {
   out.String("path", options_.path);
   out.Bool("fsync", options_.fsync);
-  out.String("envelope", EnvelopeStyleName(options_.envelope));
+  DescribeEnvelope(out, options_.envelope, options_.cloudevents);
 }
 
 std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& /*context*/) const {

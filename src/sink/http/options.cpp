@@ -9,6 +9,7 @@
 #include "headers.h"
 #include "outbox/core/ascii.h"
 #include "outbox/core/error.h"
+#include "outbox/sink/cloudevents.h"
 #include "outbox/sink/http.h"
 #include "outbox/sink/name_template.h"
 #include "signature.h"
@@ -47,6 +48,9 @@ void CheckTemplate(const std::string& url) {
 
 void ValidateOptions(const SinkOptions& options) {
   if (options.url.empty()) throw ConfigError("url", "is required");
+  if (options.envelope == EnvelopeStyle::kCloudEvents) {
+    cloudevents::ValidateOptions(options.cloudevents);
+  }
   CheckTemplate(options.url);
   const UrlCheck check = CheckUrl(SampleUrl(options.url));
   if (!check.host) {
@@ -63,6 +67,11 @@ void ValidateOptions(const SinkOptions& options) {
       throw ConfigError("headers", "'" + name +
                                        "' is set by the sink or by HTTP itself and cannot be "
                                        "configured");
+    }
+    if (options.envelope == EnvelopeStyle::kCloudEvents && StartsWithNoCase(name, "ce-")) {
+      throw ConfigError("headers", "'" + name +
+                                       "' is a CloudEvents attribute's header (ce-*), set by the "
+                                       "sink with envelope = \"cloudevents\"");
     }
     if (options.envelope == EnvelopeStyle::kExternal && EqualsNoCase(name, kExternalTypeHeader)) {
       throw ConfigError("headers", "'" + name +

@@ -29,6 +29,7 @@
 #include "outbox/core/log_text.h"
 #include "outbox/core/version.h"
 #include "outbox/core/wire_names.h"
+#include "outbox/sink/cloudevents.h"
 #include "outbox/sink/http.h"
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/sink_base.h"
@@ -88,6 +89,7 @@ class HttpSink final : public SinkBase {
   explicit HttpSink(SinkOptions options)
       : options_(std::move(options)),
         url_(NameTemplate::Parse(options_.url, "url")),
+        cloudevents_(options_.cloudevents),
         signer_(options_.secrets),
         user_agent_(std::string{"outbox/"} + kVersion) {
     if (HostIsLiteral(options_.url)) {
@@ -142,6 +144,12 @@ class HttpSink final : public SinkBase {
     std::deque<std::size_t> ready;
   };
 
+  // A message as a CloudEvent: its attributes (binary mode) or its JSON document (structured).
+  struct CloudEvent {
+    std::vector<cloudevents::Attribute> attributes;
+    std::optional<std::string> body;
+  };
+
   // One request in flight.
   struct Request {
     std::size_t index = 0;
@@ -149,6 +157,7 @@ class HttpSink final : public SinkBase {
     EasyPtr easy;
     SlistPtr headers;
     std::string url;
+    CloudEvent event;        // with envelope = "cloudevents"
     std::string body_start;  // the start of the answer's body
     bool sent = false;       // a connection was made or reused for it: it may have arrived
     SteadyClock::time_point started;
@@ -167,9 +176,10 @@ class HttpSink final : public SinkBase {
   // The state of one Publish call besides its verdicts.
   struct Plan {
     explicit Plan(Batch& batch)
-        : verdicts(batch), urls(batch.size()), hosts(batch.size(), nullptr) {}
+        : verdicts(batch), urls(batch.size()), events(batch.size()), hosts(batch.size(), nullptr) {}
     Batch& verdicts;
     std::vector<std::string> urls;
+    std::vector<CloudEvent> events;  // with envelope = "cloudevents"
     std::vector<HostState*> hosts;
     std::unordered_map<std::string_view, StreamState> streams;
     std::vector<HostState*> active;  // hosts with work in this batch
@@ -232,6 +242,8 @@ class HttpSink final : public SinkBase {
     for (const auto& [what, value] : fields) {
       if (auto problem = check_value(what, value); !problem.empty()) return problem;
     }
+    // As CloudEvents extensions the headers' values are percent-encoded; their names are legal.
+    if (cloudevents()) return {};
     for (const auto& [name, value] : envelope.headers) {
       if (LeftOut(envelope, name)) continue;
       if (!IsHeaderName(name)) {
@@ -251,6 +263,43 @@ class HttpSink final : public SinkBase {
     if (ReservedHeaderName(name)) return true;
     return options_.envelope == EnvelopeStyle::kExternal && envelope.type &&
            EqualsNoCase(name, kExternalTypeHeader);
+  }
+
+  [[nodiscard]] bool cloudevents() const {
+    return options_.envelope == EnvelopeStyle::kCloudEvents;
+  }
+
+  // The HTTP binding of CloudEvents (binary mode: ce-* headers, datacontenttype as content-type;
+  // structured: content-type application/cloudevents+json), with Standard Webhooks' headers
+  // (signed over the body sent) and the configured ones. The envelope's headers go only as the
+  // extensions the mapping makes of them.
+  SlistPtr CloudEventHeaders(const Envelope& envelope, const CloudEvent& event) const {
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+    const std::string id = envelope.id.ToString();
+    SlistPtr list;
+    const auto add = [&list](const std::string& line) {
+      curl_slist* head = curl_slist_append(list.get(), line.c_str());
+      if (head == nullptr) throw std::bad_alloc();  // `list` is left whole, freed by its owner
+      if (!list) list.reset(head);
+    };
+    const std::string_view body = event.body ? *event.body : std::string_view{envelope.payload};
+    if (event.body) add(HeaderLine("content-type", cloudevents::kStructuredContentType));
+    add(HeaderLine(kIdHeader, id));
+    add(HeaderLine(kTimestampHeader, std::to_string(seconds)));
+    if (!signer_.empty()) add(HeaderLine(kSignatureHeader, signer_.Sign(id, seconds, body)));
+    for (const cloudevents::Attribute& attribute : event.attributes) {
+      if (attribute.name == cloudevents::kDataContentType) {
+        add(HeaderLine("content-type", attribute.value));
+      } else {
+        add(HeaderLine("ce-" + attribute.name,
+                       cloudevents::PercentEncodeHeaderValue(attribute.value)));
+      }
+    }
+    add("Expect:");  // no 100-continue round trip before large bodies
+    for (const std::string& line : static_headers_) add(line);
+    return list;
   }
 
   SlistPtr Headers(const Envelope& envelope) const {
@@ -399,7 +448,10 @@ class HttpSink final : public SinkBase {
       request->easy.reset(curl_easy_init());
       if (!request->easy) throw std::runtime_error("libcurl: curl_easy_init failed");
     }
-    request->headers = Headers(envelope);
+    request->event = std::move(batch.events[index]);
+    request->headers =
+        cloudevents() ? CloudEventHeaders(envelope, request->event) : Headers(envelope);
+    const std::string& body = request->event.body ? *request->event.body : envelope.payload;
     CURL* easy = request->easy.get();
     const milliseconds left = Until(deadline, SteadyClock::now());
     const long total = static_cast<long>(
@@ -410,9 +462,8 @@ class HttpSink final : public SinkBase {
     const long connect = static_cast<long>(
         std::max<std::int64_t>(1, std::min(options_.connect_timeout, left).count()));
     curl_easy_setopt(easy, CURLOPT_URL, request->url.c_str());
-    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE,
-                     static_cast<curl_off_t>(envelope.payload.size()));
-    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, envelope.payload.data());
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body.data());
     if (options_.method != "POST") {
       curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, options_.method.c_str());
     }
@@ -653,8 +704,26 @@ class HttpSink final : public SinkBase {
     }
   }
 
+  // Why `envelope` cannot be sent as a CloudEvent, or "".
+  std::string MakeCloudEvent(const Envelope& envelope, CloudEvent& event) const {
+    if (cloudevents_.mode() == cloudevents::Mode::kBinary) {
+      auto error = cloudevents_.Attributes(envelope, event.attributes);
+      return error ? *error : std::string{};
+    }
+    std::string body;
+    if (auto error = cloudevents_.StructuredJson(envelope, body)) return *error;
+    if (body.size() > options_.max_message_bytes) {
+      return "the structured CloudEvent of " + std::to_string(body.size()) +
+             " bytes is over max_message_bytes (" + std::to_string(options_.max_message_bytes) +
+             ")";
+    }
+    event.body = std::move(body);
+    return {};
+  }
+
   SinkOptions options_;
   NameTemplate url_;
+  cloudevents::Mapper cloudevents_;
   Signer signer_;
   std::string user_agent_;
   std::optional<std::string> fixed_host_;  // when every message goes to the same host
@@ -673,7 +742,9 @@ void HttpSink::Send(Batch& verdicts, Deadline deadline) {
   HostState* fixed = fixed_host_ ? &Host(*fixed_host_) : nullptr;
   for (std::size_t i = 0; i < verdicts.size(); ++i) {
     const Envelope& envelope = verdicts[i];
-    if (std::string problem = Problem(envelope); !problem.empty()) {
+    std::string problem = Problem(envelope);
+    if (problem.empty() && cloudevents()) problem = MakeCloudEvent(envelope, batch.events[i]);
+    if (!problem.empty()) {
       verdicts.Fail(i, FailureKind::kPermanent, problem);
     } else {
       batch.urls[i] = url_.Expand(envelope, &EncodePlaceholder);

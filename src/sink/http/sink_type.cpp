@@ -114,10 +114,26 @@ void ReadStatuses(const config::Section& sink, SinkOptions& options) {
 std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   std::string_view name,
                                                   const config::GetenvFn& getenv) {
-  sink.AllowOnly({"type", "url", "method", "secrets", "headers", "max_in_flight", "connect_timeout",
-                  "request_timeout", "retry_statuses", "abandon_statuses", "max_retry_after",
-                  "max_message_bytes", "http_version", "tls_ca_file", "tls_cert_file",
-                  "tls_key_file", "proxy", "envelope"});
+  sink.AllowOnly({"type",
+                  "url",
+                  "method",
+                  "secrets",
+                  "headers",
+                  "max_in_flight",
+                  "connect_timeout",
+                  "request_timeout",
+                  "retry_statuses",
+                  "abandon_statuses",
+                  "max_retry_after",
+                  "max_message_bytes",
+                  "http_version",
+                  "tls_ca_file",
+                  "tls_cert_file",
+                  "tls_key_file",
+                  "proxy",
+                  "envelope",
+                  "cloudevents_mode",
+                  "cloudevents_source"});
   SinkOptions options;
 
   // url: required; the environment wins (it may hold a password).
@@ -145,7 +161,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
   sink.Read("tls_cert_file", options.tls_cert_file);
   sink.Read("tls_key_file", options.tls_key_file);
   sink.Read("proxy", options.proxy);
-  ReadEnvelopeStyle(sink, options.envelope);
+  ReadEnvelope(sink, options.envelope, options.cloudevents);
 
   // The rest (the URL and its template, header names, secrets, files), named by key; the
   // messages never quote a secret or a header's value.
@@ -187,7 +203,7 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   out.String("tls_cert_file", options_.tls_cert_file);
   out.String("tls_key_file", options_.tls_key_file);
   out.String("proxy", MaskUrl(options_.proxy));
-  out.String("envelope", EnvelopeStyleName(options_.envelope));
+  DescribeEnvelope(out, options_.envelope, options_.cloudevents);
 }
 
 std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& context) const {

@@ -33,6 +33,7 @@
 #include "outbox/core/ascii.h"
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
+#include "outbox/sink/cloudevents.h"
 #include "outbox/sink/kafka.h"
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/sink_base.h"
@@ -118,6 +119,14 @@ ConfPtr BuildConf(const SinkOptions& options, bool probe = false) {
   if (options.max_message_bytes < 1000 || options.max_message_bytes > 1000000000) {
     throw ConfigError("max_message_bytes", "must be between 1000 and 1000000000");
   }
+  if (options.envelope == EnvelopeStyle::kCloudEvents) {
+    cloudevents::ValidateOptions(options.cloudevents);
+    if (options.header_style == HeaderStyle::kDebezium) {
+      throw ConfigError("header_style",
+                        "\"debezium\" does not go with envelope = \"cloudevents\" (the id is "
+                        "the ce_id header)");
+    }
+  }
   ConfPtr conf{rd_kafka_conf_new()};
   if (!probe) Set(conf.get(), "brokers", "bootstrap.servers", options.brokers);
   Set(conf.get(), "enable.idempotence", "enable.idempotence", "true");
@@ -166,6 +175,8 @@ struct Record {
   std::string event_id;
   std::string numbers[4];  // decimal stream seq, prev seq, partition, attempts
   HeadersPtr headers;
+  // The record's value when it is not the payload (CloudEvents' structured mode).
+  std::optional<std::string> value;
 };
 
 // The producer is made by the first Publish, and again after a fatal error; a failure to make it
@@ -175,7 +186,8 @@ class KafkaSink final : public SinkBase {
   explicit KafkaSink(SinkOptions options)
       : SinkBase(Backoff{milliseconds{0}, milliseconds{0}}),
         options_(std::move(options)),
-        topic_(NameTemplate::Parse(options_.topic, "topic")) {
+        topic_(NameTemplate::Parse(options_.topic, "topic")),
+        cloudevents_(options_.cloudevents) {
     // What only rd_kafka_new checks (combinations of properties), without connecting: the
     // producer itself is made by the first Publish, so that opening (and --check-config) sends
     // nothing.
@@ -306,10 +318,12 @@ class KafkaSink final : public SinkBase {
   void Await(Batch& batch, Deadline deadline) override;
   void Finish(Batch& batch, Deadline deadline) override;
   std::optional<Failure> Prepare(const Envelope& envelope, Record& out) const;
+  std::optional<Failure> PrepareCloudEvent(const Envelope& envelope, Record& out) const;
   void PurgeQueued();
 
   SinkOptions options_;
   NameTemplate topic_;
+  cloudevents::Mapper cloudevents_;
   HandlePtr producer_;
   std::map<std::string, TopicPtr, std::less<>> topics_;
   std::uint64_t next_token_ = 1;
@@ -364,6 +378,8 @@ std::optional<Failure> KafkaSink::Prepare(const Envelope& envelope, Record& out)
         .kind = FailureKind::kPermanent,
         .reason = "the topic template " + Quote(options_.topic) + " gives an empty topic name"};
   }
+  if (options_.envelope == EnvelopeStyle::kCloudEvents) return PrepareCloudEvent(envelope, out);
+  out.value.reset();
   out.message_id = envelope.id.ToString();
   out.event_id = envelope.EventId().ToString();
   const bool debezium = options_.header_style == HeaderStyle::kDebezium;
@@ -408,6 +424,47 @@ std::optional<Failure> KafkaSink::Prepare(const Envelope& envelope, Record& out)
   return std::nullopt;
 }
 
+// The Kafka protocol binding of CloudEvents: binary mode, each attribute as a header ce_<name>
+// (UTF-8), datacontenttype as content-type, the payload as the value; structured mode, the JSON
+// event format as the value with content-type application/cloudevents+json. The key and the
+// timestamp as for every envelope.
+std::optional<Failure> KafkaSink::PrepareCloudEvent(const Envelope& envelope, Record& out) const {
+  out.headers.reset(rd_kafka_headers_new(envelope.headers.size() + 12));
+  rd_kafka_headers_t* headers = out.headers.get();
+  const auto add = [headers](std::string_view name, std::string_view value) {
+    rd_kafka_header_add(headers, name.data(), static_cast<ssize_t>(name.size()), value.data(),
+                        static_cast<ssize_t>(value.size()));
+  };
+  if (cloudevents_.mode() == cloudevents::Mode::kStructured) {
+    std::string document;
+    if (auto error = cloudevents_.StructuredJson(envelope, document)) {
+      return Failure{.kind = FailureKind::kPermanent, .reason = std::move(*error)};
+    }
+    if (document.size() > options_.max_message_bytes) {
+      return Failure{.kind = FailureKind::kPermanent,
+                     .reason = "the structured CloudEvent is " + std::to_string(document.size()) +
+                               " bytes, over max_message_bytes (" +
+                               std::to_string(options_.max_message_bytes) + ")"};
+    }
+    add(kCloudEventsContentTypeHeader, cloudevents::kStructuredContentType);
+    out.value = std::move(document);
+    return std::nullopt;
+  }
+  std::vector<cloudevents::Attribute> attributes;
+  if (auto error = cloudevents_.Attributes(envelope, attributes)) {
+    return Failure{.kind = FailureKind::kPermanent, .reason = std::move(*error)};
+  }
+  out.value.reset();
+  for (const cloudevents::Attribute& attribute : attributes) {
+    if (attribute.name == cloudevents::kDataContentType) {
+      add(kCloudEventsContentTypeHeader, attribute.value);
+    } else {
+      add("ce_" + attribute.name, attribute.value);
+    }
+  }
+  return std::nullopt;
+}
+
 void KafkaSink::Send(Batch& batch, Deadline deadline) {
   BatchState& state = state_.emplace(BatchState{.first_token = next_token_});
   next_token_ += batch.size();
@@ -437,9 +494,10 @@ void KafkaSink::Send(Batch& batch, Deadline deadline) {
     values[count++].u.rkt = topic;
     values[count].vtype = RD_KAFKA_VTYPE_MSGFLAGS;
     values[count++].u.i = RD_KAFKA_MSG_F_COPY;
+    const std::string& value = record.value ? *record.value : envelope.payload;
     values[count].vtype = RD_KAFKA_VTYPE_VALUE;
-    values[count].u.mem.ptr = const_cast<char*>(envelope.payload.data());
-    values[count++].u.mem.size = envelope.payload.size();
+    values[count].u.mem.ptr = const_cast<char*>(value.data());
+    values[count++].u.mem.size = value.size();
     if (envelope.stream_key) {
       values[count].vtype = RD_KAFKA_VTYPE_KEY;
       values[count].u.mem.ptr = const_cast<char*>(envelope.stream_key->data());

@@ -42,7 +42,8 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   std::string_view name,
                                                   const config::GetenvFn& getenv) {
   sink.AllowOnly({"type", "brokers", "topic", "compression", "linger", "max_in_flight",
-                  "header_style", "max_message_bytes", "envelope", "librdkafka"});
+                  "header_style", "max_message_bytes", "envelope", "cloudevents_mode",
+                  "cloudevents_source", "librdkafka"});
   SinkOptions options;
   options.brokers.clear();
 
@@ -73,7 +74,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
   sink.ReadChoice("header_style", {"outbox", "debezium"}, style);
   options.header_style = style == "debezium" ? HeaderStyle::kDebezium : HeaderStyle::kOutbox;
   sink.ReadInteger("max_message_bytes", 1000, 1000000000, options.max_message_bytes);
-  ReadEnvelopeStyle(sink, options.envelope);
+  ReadEnvelope(sink, options.envelope, options.cloudevents);
 
   const config::Section properties = sink.Table("librdkafka");
   for (const auto& [property, value] : properties.Entries()) {
@@ -104,7 +105,7 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   out.String("header_style",
              options_.header_style == HeaderStyle::kDebezium ? "debezium" : "outbox");
   out.Integer("max_message_bytes", static_cast<std::int64_t>(options_.max_message_bytes));
-  out.String("envelope", EnvelopeStyleName(options_.envelope));
+  DescribeEnvelope(out, options_.envelope, options_.cloudevents);
   if (options_.properties.empty()) return;
   out.Header("sinks." + sink_name_ + ".librdkafka");
   for (const auto& [property, value] : options_.properties) {

@@ -53,6 +53,7 @@
 #include "outbox/core/ascii.h"
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
+#include "outbox/sink/cloudevents.h"
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/nats.h"
 #include "outbox/sink/readable_file.h"
@@ -282,7 +283,8 @@ class NatsSink final : public SinkBase {
   explicit NatsSink(SinkOptions options)
       : options_(std::move(options)),
         servers_(ParseUrl(options_.url)),
-        subject_(NameTemplate::Parse(options_.subject, "subject")) {
+        subject_(NameTemplate::Parse(options_.subject, "subject")),
+        cloudevents_(options_.cloudevents) {
     for (const std::string* secret : {&servers_.password, &servers_.token, &options_.token}) {
       if (!secret->empty()) secrets_.push_back(*secret);
     }
@@ -331,6 +333,9 @@ class NatsSink final : public SinkBase {
   void Finish(Batch& batch, Deadline deadline) override;
   OptionsPtr MakeOptions(milliseconds timeout, void* closure, std::string& error) const;
   std::optional<Failure> Prepare(const Envelope& envelope, MsgPtr& out, std::string& subject) const;
+  std::optional<Failure> CloudEventHeaders(
+      const Envelope& envelope, std::vector<std::pair<std::string, std::string>>& headers,
+      std::optional<std::string>& structured) const;
   bool WaitForAcks(Deadline deadline);
   void ApplyAcks();
   void LoseConnection(const std::string& reason);
@@ -340,6 +345,7 @@ class NatsSink final : public SinkBase {
   SinkOptions options_;
   Servers servers_;
   NameTemplate subject_;
+  cloudevents::Mapper cloudevents_;
   std::vector<std::string> secrets_;
 
   std::optional<Link> link_;
@@ -533,6 +539,38 @@ std::optional<std::string> NatsSink::Connect(Deadline deadline) {
   return std::nullopt;
 }
 
+// The NATS binding of CloudEvents: binary mode, every attribute (datacontenttype too) as a header
+// ce-<name>, its value percent-encoded as the binding says; structured mode, the JSON event as the
+// body and Content-Type: application/cloudevents+json.
+std::optional<Failure> NatsSink::CloudEventHeaders(
+    const Envelope& envelope, std::vector<std::pair<std::string, std::string>>& headers,
+    std::optional<std::string>& structured) const {
+  if (cloudevents_.mode() == cloudevents::Mode::kStructured) {
+    std::string body;
+    if (auto error = cloudevents_.StructuredJson(envelope, body)) {
+      return MakeFailure(FailureKind::kPermanent, std::move(*error));
+    }
+    if (body.size() > options_.max_message_bytes) {
+      return MakeFailure(FailureKind::kPermanent,
+                         "the structured CloudEvent is " + std::to_string(body.size()) +
+                             " bytes, over max_message_bytes (" +
+                             std::to_string(options_.max_message_bytes) + ")");
+    }
+    structured = std::move(body);
+    headers.emplace_back(kCloudEventsContentTypeHeader, cloudevents::kStructuredContentType);
+    return std::nullopt;
+  }
+  std::vector<cloudevents::Attribute> attributes;
+  if (auto error = cloudevents_.Attributes(envelope, attributes)) {
+    return MakeFailure(FailureKind::kPermanent, std::move(*error));
+  }
+  for (const cloudevents::Attribute& attribute : attributes) {
+    headers.emplace_back("ce-" + attribute.name,
+                         cloudevents::PercentEncodeHeaderValue(attribute.value));
+  }
+  return std::nullopt;
+}
+
 std::optional<Failure> NatsSink::Prepare(const Envelope& envelope, MsgPtr& out,
                                          std::string& subject) const {
   if (envelope.payload.size() > options_.max_message_bytes) {
@@ -550,9 +588,15 @@ std::optional<Failure> NatsSink::Prepare(const Envelope& envelope, MsgPtr& out,
   }
   const bool has_type = envelope.type && !envelope.type->empty();
   const bool has_content_type = !envelope.content_type.empty();
-  std::vector<std::pair<std::string_view, std::string>> headers;
-  headers.reserve(envelope.headers.size() + 11);
+  std::vector<std::pair<std::string, std::string>> headers;
+  headers.reserve(envelope.headers.size() + 12);
+  const std::string id = envelope.id.ToString();
+  std::optional<std::string> structured;  // the body in CloudEvents' structured mode
+  if (options_.envelope == EnvelopeStyle::kCloudEvents) {
+    if (auto failure = CloudEventHeaders(envelope, headers, structured)) return failure;
+  }
   for (const auto& [name, value] : envelope.headers) {
+    if (options_.envelope == EnvelopeStyle::kCloudEvents) break;  // only as extensions
     // The store refuses the reserved names; skip them anyway, the names set below, and Nats-*
     // (JetStream acts on those).
     if (wire::IsReservedName(name) || StartsWithNoCase(name, kReservedNatsPrefix) ||
@@ -561,11 +605,12 @@ std::optional<Failure> NatsSink::Prepare(const Envelope& envelope, MsgPtr& out,
     }
     headers.emplace_back(name, value);
   }
-  const std::string id = envelope.id.ToString();
-  headers.emplace_back(wire::kMessageId, id);
-  headers.emplace_back(wire::kEventId, envelope.EventId().ToString());
-  if (has_type) headers.emplace_back(kTypeHeader, *envelope.type);
-  if (has_content_type) headers.emplace_back(kContentTypeHeader, envelope.content_type);
+  if (options_.envelope != EnvelopeStyle::kCloudEvents) {
+    headers.emplace_back(wire::kMessageId, id);
+    headers.emplace_back(wire::kEventId, envelope.EventId().ToString());
+    if (has_type) headers.emplace_back(kTypeHeader, *envelope.type);
+    if (has_content_type) headers.emplace_back(kContentTypeHeader, envelope.content_type);
+  }
   if (options_.envelope == EnvelopeStyle::kFull) {
     headers.emplace_back(wire::kTopicHeader, envelope.topic);
     if (envelope.stream_key) headers.emplace_back(wire::kStreamKeyHeader, *envelope.stream_key);
@@ -596,22 +641,22 @@ std::optional<Failure> NatsSink::Prepare(const Envelope& envelope, MsgPtr& out,
     }
     header_bytes += name.size() + 4 + value.size();
   }
-  const std::size_t size = envelope.payload.size() + header_bytes;
+  const std::string& body = structured ? *structured : envelope.payload;
+  const std::size_t size = body.size() + header_bytes;
   if (link_ && link_->max_payload > 0 && size > static_cast<std::size_t>(link_->max_payload)) {
     return MakeFailure(FailureKind::kPermanent,
                        "message is " + std::to_string(size) + " bytes (payload " +
-                           std::to_string(envelope.payload.size()) + ", headers " +
+                           std::to_string(body.size()) + ", headers " +
                            std::to_string(header_bytes) + "), over the server's max_payload (" +
                            std::to_string(link_->max_payload) + ")");
   }
 
   natsMsg* raw = nullptr;
-  natsStatus status = natsMsg_Create(&raw, subject.c_str(), nullptr, envelope.payload.data(),
-                                     static_cast<int>(envelope.payload.size()));
+  natsStatus status =
+      natsMsg_Create(&raw, subject.c_str(), nullptr, body.data(), static_cast<int>(body.size()));
   out.reset(raw);
   for (std::size_t i = 0; status == NATS_OK && i < headers.size(); ++i) {
-    status =
-        natsMsgHeader_Set(raw, std::string{headers[i].first}.c_str(), headers[i].second.c_str());
+    status = natsMsgHeader_Set(raw, headers[i].first.c_str(), headers[i].second.c_str());
   }
   if (status != NATS_OK) {
     out.reset();
@@ -840,6 +885,9 @@ void NatsSink::CheckDuplicateWindows(Deadline deadline) {
 }  // namespace
 
 void ValidateOptions(const SinkOptions& options) {
+  if (options.envelope == EnvelopeStyle::kCloudEvents) {
+    cloudevents::ValidateOptions(options.cloudevents);
+  }
   Servers servers;
   try {
     servers = ParseUrl(options.url);

@@ -32,7 +32,8 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   const config::GetenvFn& getenv) {
   sink.AllowOnly({"type", "url", "subject", "expect_stream", "max_pending", "connect_timeout",
                   "ping_interval", "max_message_bytes", "token", "creds", "nkey_seed",
-                  "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name", "envelope"});
+                  "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name", "envelope",
+                  "cloudevents_mode", "cloudevents_source"});
   SinkOptions options;
   options.url.clear();
 
@@ -52,7 +53,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
 
   for (const std::string_view key : kFileKeys) sink.Read(key, *FileOption(options, key));
   sink.Read("tls_server_name", options.tls_server_name);
-  ReadEnvelopeStyle(sink, options.envelope);
+  ReadEnvelope(sink, options.envelope, options.cloudevents);
 
   // The values themselves (the URL, the subject and its template, the stream name, readable files,
   // combinations), checked where the sink checks them, once.
@@ -77,7 +78,7 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   out.String("tls_cert_file", options_.tls_cert_file);
   out.String("tls_key_file", options_.tls_key_file);
   out.String("tls_server_name", options_.tls_server_name);
-  out.String("envelope", EnvelopeStyleName(options_.envelope));
+  DescribeEnvelope(out, options_.envelope, options_.cloudevents);
 }
 
 std::vector<std::string> SinkSettings::Secrets() const {

@@ -41,6 +41,7 @@
 #include "outbox/core/ascii.h"
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
+#include "outbox/sink/cloudevents.h"
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/rabbitmq.h"
 #include "outbox/sink/sink_base.h"
@@ -105,6 +106,10 @@ struct Prepared {
   std::string event_id;
   std::vector<amqp_table_entry_t> headers;
   amqp_basic_properties_t properties{};
+  // With envelope = "cloudevents": the attributes (names with their prefix) the headers point
+  // into, and the body when it is not the payload (structured mode).
+  std::vector<cloudevents::Attribute> attributes;
+  std::optional<std::string> body;
 };
 
 amqp_table_entry_t StringEntry(std::string_view key, std::string_view value) {
@@ -171,7 +176,8 @@ class RabbitSink final : public SinkBase {
       : options_(std::move(options)),
         endpoint_(ParseUrl(options_.url)),
         exchange_(NameTemplate::Parse(options_.exchange, "exchange")),
-        routing_key_(NameTemplate::Parse(options_.routing_key, "routing_key")) {}
+        routing_key_(NameTemplate::Parse(options_.routing_key, "routing_key")),
+        cloudevents_(options_.cloudevents) {}
 
   RabbitSink(const RabbitSink&) = delete;
   RabbitSink& operator=(const RabbitSink&) = delete;
@@ -223,6 +229,7 @@ class RabbitSink final : public SinkBase {
   void Finish(Batch& batch, Deadline deadline) override;
   bool ReopenChannel(Deadline deadline);
   std::optional<Failure> Prepare(const Envelope& envelope, Prepared& out) const;
+  std::optional<Failure> PrepareCloudEvent(const Envelope& envelope, Prepared& out) const;
   bool AwaitWritable(Deadline deadline);
   std::optional<Failure> Encode(const Prepared& prepared, std::string_view body);
   void AppendFrameStart(std::uint8_t type, std::size_t payload_size);
@@ -239,6 +246,7 @@ class RabbitSink final : public SinkBase {
   Endpoint endpoint_;
   NameTemplate exchange_;
   NameTemplate routing_key_;
+  cloudevents::Mapper cloudevents_;
 
   std::optional<Connection> connection_;
   bool channel_open_ = false;
@@ -347,8 +355,10 @@ std::optional<Failure> RabbitSink::Prepare(const Envelope& envelope, Prepared& o
   }
   out.message_id = envelope.id.ToString();
   out.event_id = envelope.EventId().ToString();
+  out.body.reset();
 
   out.headers.clear();
+  if (options_.envelope == EnvelopeStyle::kCloudEvents) return PrepareCloudEvent(envelope, out);
   for (const auto& [name, value] : envelope.headers) {
     // The store refuses these names; skip them anyway so that they can never shadow ours.
     if (wire::IsReservedName(name)) continue;
@@ -416,6 +426,71 @@ std::optional<Failure> RabbitSink::Prepare(const Envelope& envelope, Prepared& o
   return std::nullopt;
 }
 
+// CloudEvents on AMQP 0-9-1, after the AMQP (1.0) binding: binary mode, each attribute as a
+// headers-table entry cloudEvents_<name> (a string: the canonical form, which the binding allows),
+// datacontenttype as the content_type property; structured mode, the JSON event as the body with
+// content_type application/cloudevents+json. message_id, delivery_mode and timestamp as for every
+// envelope; no type or correlation_id property, no other header.
+std::optional<Failure> RabbitSink::PrepareCloudEvent(const Envelope& envelope,
+                                                     Prepared& out) const {
+  amqp_basic_properties_t& p = out.properties;
+  p = amqp_basic_properties_t{};
+  p._flags = AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
+             AMQP_BASIC_TIMESTAMP_FLAG | AMQP_BASIC_HEADERS_FLAG;
+  p.message_id = Bytes(out.message_id);
+  p.delivery_mode = options_.persistent ? AMQP_DELIVERY_PERSISTENT : AMQP_DELIVERY_NONPERSISTENT;
+  const auto seconds =
+      std::chrono::duration_cast<std::chrono::seconds>(envelope.created_at.time_since_epoch());
+  p.timestamp = static_cast<std::uint64_t>(std::max<std::int64_t>(0, seconds.count()));
+  if (cloudevents_.mode() == cloudevents::Mode::kStructured) {
+    std::string body;
+    if (auto error = cloudevents_.StructuredJson(envelope, body)) {
+      return MakeFailure(FailureKind::kPermanent, std::move(*error));
+    }
+    if (body.size() > options_.max_message_bytes) {
+      return MakeFailure(FailureKind::kPermanent,
+                         "the structured CloudEvent is " + std::to_string(body.size()) +
+                             " bytes, over max_message_bytes (" +
+                             std::to_string(options_.max_message_bytes) + ")");
+    }
+    out.body = std::move(body);
+    p._flags |= AMQP_BASIC_CONTENT_TYPE_FLAG;
+    p.content_type = Bytes(cloudevents::kStructuredContentType);
+  } else {
+    if (auto error = cloudevents_.Attributes(envelope, out.attributes)) {
+      return MakeFailure(FailureKind::kPermanent, std::move(*error));
+    }
+    for (cloudevents::Attribute& attribute : out.attributes) {
+      if (attribute.name == cloudevents::kDataContentType) {
+        if (attribute.value.size() > kShortStringMax) {
+          return MakeFailure(FailureKind::kPermanent, "content type is " +
+                                                          std::to_string(attribute.value.size()) +
+                                                          " bytes, over AMQP's 255");
+        }
+        p._flags |= AMQP_BASIC_CONTENT_TYPE_FLAG;
+        continue;
+      }
+      attribute.name.insert(0, kCloudEventsPrefix);
+    }
+    // Only now, with every name final, point the table's entries into them.
+    for (const cloudevents::Attribute& attribute : out.attributes) {
+      if (attribute.name == cloudevents::kDataContentType) {
+        p.content_type = Bytes(attribute.value);
+      } else {
+        out.headers.push_back(StringEntry(attribute.name, attribute.value));
+      }
+    }
+  }
+  p.headers = {.num_entries = static_cast<int>(out.headers.size()), .entries = out.headers.data()};
+  if (const std::size_t size = HeaderFrameSize(p); size > frame_max_) {
+    return MakeFailure(FailureKind::kPermanent, "properties and headers take " +
+                                                    std::to_string(size) +
+                                                    " bytes, over the connection's frame size (" +
+                                                    std::to_string(frame_max_) + ")");
+  }
+  return std::nullopt;
+}
+
 void RabbitSink::Send(Batch& batch, Deadline deadline) {
   in_flight_ = 0;
   Prepared prepared;
@@ -454,14 +529,15 @@ void RabbitSink::Send(Batch& batch, Deadline deadline) {
     }
     if (!CanPublish()) break;
 
-    if (auto failure = Encode(prepared, batch[i].payload)) {
+    const std::string& body = prepared.body ? *prepared.body : batch[i].payload;
+    if (auto failure = Encode(prepared, body)) {
       Settle(i, std::move(failure));
       continue;
     }
     pending_.emplace(next_tag_++, Pending{.index = i,
                                           .message_id = prepared.message_id,
                                           .exchange = prepared.exchange,
-                                          .body_size = batch[i].payload.size()});
+                                          .body_size = body.size()});
     ++in_flight_;
     if (out_.size() >= kWriteBytes && !Flush(deadline)) break;
   }
@@ -792,6 +868,9 @@ void RabbitSink::LoseConnection(const std::string& reason) {
 }  // namespace
 
 void ValidateOptions(const SinkOptions& options) {
+  if (options.envelope == EnvelopeStyle::kCloudEvents) {
+    cloudevents::ValidateOptions(options.cloudevents);
+  }
   try {
     ParseUrl(options.url);
   } catch (const std::invalid_argument& error) {

@@ -20,7 +20,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   const config::GetenvFn& getenv) {
   sink.AllowOnly({"type", "url", "exchange", "routing_key", "mandatory", "persistent",
                   "confirm_window", "connect_timeout", "heartbeat", "declare_exchange_type",
-                  "max_message_bytes", "envelope"});
+                  "max_message_bytes", "envelope", "cloudevents_mode", "cloudevents_source"});
   SinkOptions options;
   options.url.clear();
   config::ValueSource url =
@@ -35,7 +35,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
   sink.ReadDuration("heartbeat", milliseconds{0}, seconds{65535}, options.heartbeat);
   sink.Read("declare_exchange_type", options.declare_exchange_type);
   sink.ReadInteger("max_message_bytes", 1, kMaxMessageBytes, options.max_message_bytes);
-  ReadEnvelopeStyle(sink, options.envelope);
+  ReadEnvelope(sink, options.envelope, options.cloudevents);
 
   // The values themselves (the URL, the names and templates, the topology) are checked where the
   // sink checks them, once; the messages never quote the password.
@@ -58,7 +58,7 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   out.Duration("heartbeat", options_.heartbeat);
   out.String("declare_exchange_type", options_.declare_exchange_type);
   out.Integer("max_message_bytes", static_cast<std::int64_t>(options_.max_message_bytes));
-  out.String("envelope", EnvelopeStyleName(options_.envelope));
+  DescribeEnvelope(out, options_.envelope, options_.cloudevents);
 }
 
 std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& /*context*/) const {

@@ -34,6 +34,7 @@
 #include "outbox/core/ascii.h"
 #include "outbox/core/error.h"
 #include "outbox/core/wire_names.h"
+#include "outbox/sink/cloudevents.h"
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/redis.h"
 #include "outbox/sink/sink_base.h"
@@ -80,7 +81,8 @@ class RedisSink final : public SinkBase {
         stream_(NameTemplate::Parse(options_.stream, "stream")),
         window_ms_(Number(options_.dedup_window.count())),
         max_len_(options_.max_len == 0 ? std::string{}
-                                       : Number(static_cast<std::int64_t>(options_.max_len))) {}
+                                       : Number(static_cast<std::int64_t>(options_.max_len))),
+        cloudevents_(options_.cloudevents) {}
 
   RedisSink(const RedisSink&) = delete;
   RedisSink& operator=(const RedisSink&) = delete;
@@ -127,6 +129,8 @@ class RedisSink final : public SinkBase {
   void Finish(Batch& batch, Deadline deadline) override;
   std::string ConnectFailed(const std::string& reason);
   std::optional<Failure> Prepare(const Envelope& envelope);
+  // kPermanent when the entry prepared in args_ from `first_field` on is over max_message_bytes.
+  std::optional<Failure> CheckSize(const Envelope& envelope, std::size_t first_field) const;
   void Run(Deadline deadline);
   // Appends, sends and reads until every message is answered or the batch stops; true when the
   // deadline ended it with commands unanswered.
@@ -162,6 +166,9 @@ class RedisSink final : public SinkBase {
   std::string prev_seq_;
   std::string partition_;
   std::string attempts_;
+  // With envelope = "cloudevents": the attributes, their names as fields (ce_<name>).
+  std::vector<cloudevents::Attribute> attributes_;
+  cloudevents::Mapper cloudevents_;
 
   std::optional<BatchState> state_;  // the Publish call in progress
 };
@@ -280,6 +287,21 @@ std::optional<Failure> RedisSink::Prepare(const Envelope& envelope) {
     args_.push_back(name);
     args_.push_back(value);
   };
+  if (options_.envelope == EnvelopeStyle::kCloudEvents) {
+    // Redis has no CloudEvents binding; after the Kafka binding's binary mode: each attribute
+    // (datacontenttype too) as a field ce_<name>, the payload in the field `data`.
+    if (auto error = cloudevents_.Attributes(envelope, attributes_)) {
+      return MakeFailure(FailureKind::kPermanent, std::move(*error));
+    }
+    for (cloudevents::Attribute& attribute : attributes_) {
+      attribute.name.insert(0, kCloudEventsFieldPrefix);
+    }
+    for (const cloudevents::Attribute& attribute : attributes_) {
+      field(attribute.name, attribute.value);
+    }
+    field(kCloudEventsDataField, envelope.payload);
+    return CheckSize(envelope, first_field);
+  }
   field(kIdField, id_);
   event_id_ = envelope.EventId().ToString();
   field(wire::kEventId, event_id_);
@@ -306,6 +328,11 @@ std::optional<Failure> RedisSink::Prepare(const Envelope& envelope) {
   for (const auto& [name, value] : envelope.headers) {
     if (!IsOwnField(name)) field(name, value);
   }
+  return CheckSize(envelope, first_field);
+}
+
+std::optional<Failure> RedisSink::CheckSize(const Envelope& envelope,
+                                            std::size_t first_field) const {
   std::size_t bytes = 0;
   for (std::size_t i = first_field; i < args_.size(); ++i) bytes += args_[i].size();
   if (bytes > options_.max_message_bytes) {
@@ -493,6 +520,14 @@ void RedisSink::LoseConnection(const std::string& reason) {
 }  // namespace
 
 void ValidateOptions(const SinkOptions& options) {
+  if (options.envelope == EnvelopeStyle::kCloudEvents) {
+    if (options.cloudevents.mode != cloudevents::Mode::kBinary) {
+      throw ConfigError(std::string{cloudevents::kModeKey},
+                        "Redis has no structured mode (no CloudEvents binding defines one): the "
+                        "attributes are the entry's ce_* fields");
+    }
+    cloudevents::ValidateOptions(options.cloudevents);
+  }
   ParseUrl(options.url);
   // The template as written; each expanded key is checked again when a message is prepared.
   for (const auto& [key, text] :

@@ -16,7 +16,8 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   std::string_view name,
                                                   const config::GetenvFn& getenv) {
   sink.AllowOnly({"type", "url", "stream", "max_len", "dedup", "dedup_window", "dedup_prefix",
-                  "pipeline", "connect_timeout", "max_message_bytes", "envelope"});
+                  "pipeline", "connect_timeout", "max_message_bytes", "envelope",
+                  "cloudevents_mode", "cloudevents_source"});
   SinkOptions options;
   options.url.clear();
   const config::ValueSource url =
@@ -32,7 +33,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                     options.connect_timeout);
   sink.ReadInteger("max_message_bytes", 1, std::int64_t{512} * 1024 * 1024,
                    options.max_message_bytes);
-  ReadEnvelopeStyle(sink, options.envelope);
+  ReadEnvelope(sink, options.envelope, options.cloudevents, {"binary"});
 
   // The values themselves (the URL, the stream template, the prefix), checked where the sink
   // checks them, once; ParseUrl's messages never contain the password.
@@ -52,7 +53,7 @@ void SinkSettings::Describe(config::TomlWriter& out) const {
   out.Integer("pipeline", static_cast<std::int64_t>(options_.pipeline));
   out.Duration("connect_timeout", options_.connect_timeout);
   out.Integer("max_message_bytes", static_cast<std::int64_t>(options_.max_message_bytes));
-  out.String("envelope", EnvelopeStyleName(options_.envelope));
+  DescribeEnvelope(out, options_.envelope, options_.cloudevents);
 }
 
 std::unique_ptr<Sink> SinkSettings::Open(const SinkContext& context) const {
