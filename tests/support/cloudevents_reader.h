@@ -23,7 +23,8 @@
 namespace outbox::testing {
 
 // The SDK in OUTBOX_CE_NODE_DIR, installed with npm on first use: "" when it is there, else why
-// not.
+// not. Several test programs may ask at once (ctest -j): one installs under a lock (flock, from
+// util-linux), the others wait for it and find it there.
 inline std::string EnsureCloudEventsSdk() {
   const std::string dir = OUTBOX_CE_NODE_DIR;
   if (std::system("command -v node >/dev/null 2>&1") != 0) {
@@ -32,9 +33,11 @@ inline std::string EnsureCloudEventsSdk() {
   }
   if (std::filesystem::exists(dir + "/node_modules/cloudevents/package.json")) return {};
   std::filesystem::create_directories(dir);
-  if (std::system(("npm install --prefix '" + dir +
-                   "' --no-audit --no-fund --silent cloudevents@8 >/dev/null 2>&1")
-                      .c_str()) != 0) {
+  if (std::system(
+          ("flock '" + dir + "/.install.lock' sh -c '[ -f \"$0/node_modules/cloudevents/" +
+           "package.json\" ] || npm install --prefix \"$0\" --no-audit --no-fund --silent " +
+           "cloudevents@8' '" + dir + "' >/dev/null 2>&1")
+              .c_str()) != 0) {
     return "npm install cloudevents@8 into " + dir + " failed (is the npm registry reachable?)";
   }
   return {};
