@@ -498,8 +498,8 @@ TEST_F(PgSqlTest, EnqueueNotifiesOnlyWhileARelaySleeps) {
 }
 
 // The promise of docs/writing-messages.md: writers of different streams never wait for each
-// other, whatever the relay is doing. Before schema v6 the first enqueue after the relay went idle held a row lock
-// that every other writer queued behind until its transaction ended.
+// other, whatever the relay is doing. Before schema v6 the first enqueue after the relay went idle
+// held a row lock that every other writer queued behind until its transaction ended.
 TEST_F(PgSqlTest, AnOpenTransactionDelaysNoWriterOfAnotherStream) {
   auto relay = Connect();
   Scalar(relay.get(), "SELECT gen FROM " + S() + ".relay_idle()");  // the relay sleeps
