@@ -9,6 +9,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <toml.hpp>
 #include <utility>
 #include <vector>
 
