@@ -1,5 +1,7 @@
 #include "database_config.h"
 
+#include <toml.hpp>  // the parsed file (config::TomlValue)
+
 #include "outbox/config/toml_file.h"
 #include "outbox/store/postgres_type.h"
 #include "store_types.h"

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <sstream>
 #include <system_error>
+#include <toml.hpp>
 
 #include "outbox/core/error.h"
 

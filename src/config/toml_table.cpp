@@ -2,7 +2,10 @@
 
 #include <array>
 #include <charconv>
+#include <climits>
 #include <nlohmann/json.hpp>
+#include <toml.hpp>
+#include <type_traits>
 
 #include "outbox/core/error.h"
 #include "outbox/core/utf8.h"
@@ -410,6 +413,146 @@ std::size_t EditDistance(std::string_view a, std::string_view b) {
     }
   }
   return row[b.size()];
+}
+
+// The forward declarations of toml_table.h name toml11's own value type.
+static_assert(
+    std::is_same_v<TomlValue, toml::basic_value<toml::discard_comments, std::map, std::vector>>);
+
+namespace {
+
+std::pair<std::uint_least32_t, std::uint_least32_t> Position(const TomlValue& value) {
+  const toml::source_location location = value.location();
+  if (location.file_name() == "unknown file") return {UINT_LEAST32_MAX, UINT_LEAST32_MAX};
+  return {location.line(), location.column()};
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, const TomlValue*>> Section::Entries() const {
+  std::vector<std::pair<std::string, const TomlValue*>> entries;
+  if (table_ == nullptr) return entries;
+  for (const auto& [key, value] : table_->as_table()) entries.emplace_back(key, &value);
+  std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+    return Position(*a.second) < Position(*b.second);
+  });
+  return entries;
+}
+
+void Section::AllowOnly(std::span<const std::string_view> known) const {
+  for (const auto& [key, value] : Entries()) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    std::string message = path_.empty() ? "unknown section or key" : "unknown key";
+    // (Captured by name: clang before 16 cannot capture a structured binding.)
+    const auto closest =
+        std::min_element(known.begin(), known.end(), [&written = key](auto a, auto b) {
+          return EditDistance(written, a) < EditDistance(written, b);
+        });
+    if (closest != known.end() && EditDistance(key, *closest) <= 2) {
+      message += " (did you mean " + Quoted(Key(*closest)) + "?)";
+    } else {
+      message +=
+          "; " + (path_.empty() ? std::string{"the file"} : "[" + path_ + "]") + " accepts: ";
+      bool first = true;
+      for (const std::string_view name : known) {
+        message += (first ? "" : ", ") + std::string{name};
+        first = false;
+      }
+    }
+    Fail(Key(key), message, value);
+  }
+}
+
+const TomlValue* Section::Find(std::string_view key) const {
+  if (table_ == nullptr) return nullptr;
+  const auto& table = table_->as_table();
+  const auto found = table.find(std::string{key});
+  return found == table.end() ? nullptr : &found->second;
+}
+
+Section Section::Table(std::string_view key) const {
+  const TomlValue* value = Find(key);
+  if (value != nullptr && !value->is_table()) {
+    Fail(Key(key), "expected a table, got " + TypeName(value->type()), value);
+  }
+  return Section{value, Key(key)};
+}
+
+bool Section::Read(std::string_view key, std::string& out) const {
+  const TomlValue* value = Find(key);
+  if (value == nullptr) return false;
+  if (!value->is_string())
+    Fail(Key(key), "expected a string, got " + TypeName(value->type()), value);
+  out = value->as_string().str;
+  return true;
+}
+
+bool Section::Read(std::string_view key, bool& out) const {
+  const TomlValue* value = Find(key);
+  if (value == nullptr) return false;
+  if (!value->is_boolean()) {
+    Fail(Key(key), "expected a boolean (true or false), got " + TypeName(value->type()), value);
+  }
+  out = value->as_boolean();
+  return true;
+}
+
+bool Section::ReadInt64(std::string_view key, std::int64_t min, std::int64_t max,
+                        std::int64_t& out) const {
+  const TomlValue* value = Find(key);
+  if (value == nullptr) return false;
+  if (!value->is_integer()) {
+    Fail(Key(key), "expected an integer, got " + TypeName(value->type()), value);
+  }
+  const std::int64_t number = value->as_integer();
+  if (number < min || number > max) {
+    Fail(Key(key),
+         "must be between " + std::to_string(min) + " and " + std::to_string(max) + ", got " +
+             std::to_string(number),
+         value);
+  }
+  out = number;
+  return true;
+}
+
+bool Section::ReadNumber(std::string_view key, double& out) const {
+  const TomlValue* value = Find(key);
+  if (value == nullptr) return false;
+  if (value->is_floating()) {
+    out = value->as_floating();
+  } else if (value->is_integer()) {
+    out = static_cast<double>(value->as_integer());
+  } else {
+    Fail(Key(key), "expected a number, got " + TypeName(value->type()), value);
+  }
+  return true;
+}
+
+bool Section::ReadMilliseconds(std::string_view key, std::chrono::milliseconds min,
+                               std::chrono::milliseconds max, bool whole_seconds,
+                               std::chrono::milliseconds& out) const {
+  const TomlValue* value = Find(key);
+  if (value == nullptr) return false;
+  if (!value->is_string()) {
+    Fail(Key(key),
+         "expected " + std::string{kDurationForm} + " (a string), got " + TypeName(value->type()),
+         value);
+  }
+  const std::string& text = value->as_string().str;
+  const std::optional<std::chrono::milliseconds> duration = ParseDuration(text);
+  if (!duration)
+    Fail(Key(key), "expected " + std::string{kDurationForm} + ", got " + Quoted(text), value);
+  if (*duration < min || *duration > max) {
+    Fail(Key(key),
+         "must be between " + FormatDuration(min) + " and " + FormatDuration(max) + ", got " +
+             Quoted(text),
+         value);
+  }
+  if (whole_seconds && duration->count() % 1000 != 0) {
+    Fail(Key(key), "must be a whole number of seconds, got " + Quoted(text), value);
+  }
+  out = *duration;
+  return true;
 }
 
 void Section::Check(const std::function<void()>& check,

@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <toml.hpp>
 #include <vector>
 
 #include "nats_test_support.h"

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <toml.hpp>
 #include <tuple>
 #include <utility>
 #include <vector>

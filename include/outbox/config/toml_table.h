@@ -3,10 +3,14 @@
 // as written ("sinks.orders.confirm_window") and where it is (file:line): outboxd's own sections
 // and each sink type's [sinks.<name>] table (sink/registry.h) read through it. toml11 does the
 // parsing; this adds the checks and messages a person fixing the file needs.
+//
+// toml11 is header-only and heavy (two seconds of every translation unit that includes it, more
+// where its templates are used), so this header only declares its value type: Section reads
+// values in src/config/toml_table.cpp. Code that looks into a TomlValue itself (an array, a value
+// of any type) includes <toml.hpp> too.
 
 #include <algorithm>
 #include <chrono>
-#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -16,13 +20,20 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <toml.hpp>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "outbox/config/duration.h"
 #include "outbox/core/ascii.h"
+
+namespace toml {
+// As <toml.hpp> declares them (toml11 3.x, toml/types.hpp and toml/comments.hpp).
+struct discard_comments;
+template <typename Comment, template <typename...> class Table, template <typename...> class Array>
+class basic_value;
+enum class value_t : std::uint8_t;
+}  // namespace toml
 
 namespace outbox::config {
 
@@ -113,141 +124,46 @@ class Section {
   [[nodiscard]] std::string Key(std::string_view key) const { return Join(path_, key); }
 
   // The entries in the order the file wrote them.
-  [[nodiscard]] std::vector<std::pair<std::string, const TomlValue*>> Entries() const {
-    std::vector<std::pair<std::string, const TomlValue*>> entries;
-    if (table_ == nullptr) return entries;
-    for (const auto& [key, value] : table_->as_table()) entries.emplace_back(key, &value);
-    std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
-      return Position(*a.second) < Position(*b.second);
-    });
-    return entries;
-  }
+  [[nodiscard]] std::vector<std::pair<std::string, const TomlValue*>> Entries() const;
 
   // Rejects the first key (in file order) that is not in `known`.
   void AllowOnly(std::initializer_list<std::string_view> known) const {
     AllowOnly(std::span<const std::string_view>{known.begin(), known.size()});
   }
-  void AllowOnly(std::span<const std::string_view> known) const {
-    for (const auto& [key, value] : Entries()) {
-      if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-      std::string message = path_.empty() ? "unknown section or key" : "unknown key";
-      // (Captured by name: clang before 16 cannot capture a structured binding.)
-      const auto closest =
-          std::min_element(known.begin(), known.end(), [&written = key](auto a, auto b) {
-            return EditDistance(written, a) < EditDistance(written, b);
-          });
-      if (closest != known.end() && EditDistance(key, *closest) <= 2) {
-        message += " (did you mean " + Quoted(Key(*closest)) + "?)";
-      } else {
-        message +=
-            "; " + (path_.empty() ? std::string{"the file"} : "[" + path_ + "]") + " accepts: ";
-        bool first = true;
-        for (const std::string_view name : known) {
-          message += (first ? "" : ", ") + std::string{name};
-          first = false;
-        }
-      }
-      Fail(Key(key), message, value);
-    }
-  }
+  void AllowOnly(std::span<const std::string_view> known) const;
 
-  [[nodiscard]] const TomlValue* Find(std::string_view key) const {
-    if (table_ == nullptr) return nullptr;
-    const auto& table = table_->as_table();
-    const auto found = table.find(std::string{key});
-    return found == table.end() ? nullptr : &found->second;
-  }
+  [[nodiscard]] const TomlValue* Find(std::string_view key) const;
 
   // The sub-table `key`; an absent one when the key is missing.
-  [[nodiscard]] Section Table(std::string_view key) const {
-    const TomlValue* value = Find(key);
-    if (value != nullptr && !value->is_table()) {
-      Fail(Key(key), "expected a table, got " + TypeName(value->type()), value);
-    }
-    return Section{value, Key(key)};
-  }
+  [[nodiscard]] Section Table(std::string_view key) const;
 
   // Each Read leaves `out` alone when the key is missing and returns whether it was present.
-  bool Read(std::string_view key, std::string& out) const {
-    const TomlValue* value = Find(key);
-    if (value == nullptr) return false;
-    if (!value->is_string())
-      Fail(Key(key), "expected a string, got " + TypeName(value->type()), value);
-    out = value->as_string().str;
-    return true;
-  }
-
-  bool Read(std::string_view key, bool& out) const {
-    const TomlValue* value = Find(key);
-    if (value == nullptr) return false;
-    if (!value->is_boolean()) {
-      Fail(Key(key), "expected a boolean (true or false), got " + TypeName(value->type()), value);
-    }
-    out = value->as_boolean();
-    return true;
-  }
+  bool Read(std::string_view key, std::string& out) const;
+  bool Read(std::string_view key, bool& out) const;
 
   template <typename Int>
   bool ReadInteger(std::string_view key, std::int64_t min, std::int64_t max, Int& out) const {
     static_assert(std::is_integral_v<Int>);
-    const TomlValue* value = Find(key);
-    if (value == nullptr) return false;
-    if (!value->is_integer()) {
-      Fail(Key(key), "expected an integer, got " + TypeName(value->type()), value);
-    }
-    const std::int64_t number = value->as_integer();
-    if (number < min || number > max) {
-      Fail(Key(key),
-           "must be between " + std::to_string(min) + " and " + std::to_string(max) + ", got " +
-               std::to_string(number),
-           value);
-    }
+    std::int64_t number = 0;
+    if (!ReadInt64(key, min, max, number)) return false;
     out = static_cast<Int>(number);
     return true;
   }
 
   // A float; an integer is accepted too ("multiplier = 2").
-  bool ReadNumber(std::string_view key, double& out) const {
-    const TomlValue* value = Find(key);
-    if (value == nullptr) return false;
-    if (value->is_floating()) {
-      out = value->as_floating();
-    } else if (value->is_integer()) {
-      out = static_cast<double>(value->as_integer());
-    } else {
-      Fail(Key(key), "expected a number, got " + TypeName(value->type()), value);
-    }
-    return true;
-  }
+  bool ReadNumber(std::string_view key, double& out) const;
 
   // A duration string within [min, max]; for a seconds-valued `out`, a whole number of seconds.
   template <typename Duration>
   bool ReadDuration(std::string_view key, std::chrono::milliseconds min,
                     std::chrono::milliseconds max, Duration& out) const {
-    const TomlValue* value = Find(key);
-    if (value == nullptr) return false;
-    if (!value->is_string()) {
-      Fail(Key(key),
-           "expected " + std::string{kDurationForm} + " (a string), got " + TypeName(value->type()),
-           value);
-    }
-    const std::string& text = value->as_string().str;
-    const std::optional<std::chrono::milliseconds> duration = ParseDuration(text);
-    if (!duration)
-      Fail(Key(key), "expected " + std::string{kDurationForm} + ", got " + Quoted(text), value);
-    if (*duration < min || *duration > max) {
-      Fail(Key(key),
-           "must be between " + FormatDuration(min) + " and " + FormatDuration(max) + ", got " +
-               Quoted(text),
-           value);
-    }
-    if constexpr (std::is_same_v<Duration, std::chrono::seconds>) {
-      if (duration->count() % 1000 != 0) {
-        Fail(Key(key), "must be a whole number of seconds, got " + Quoted(text), value);
-      }
-      out = std::chrono::duration_cast<std::chrono::seconds>(*duration);
+    std::chrono::milliseconds duration{};
+    constexpr bool kWholeSeconds = std::is_same_v<Duration, std::chrono::seconds>;
+    if (!ReadMilliseconds(key, min, max, kWholeSeconds, duration)) return false;
+    if constexpr (kWholeSeconds) {
+      out = std::chrono::duration_cast<std::chrono::seconds>(duration);
     } else {
-      out = *duration;
+      out = duration;
     }
     return true;
   }
@@ -296,11 +212,12 @@ class Section {
   }
 
  private:
-  static std::pair<std::uint_least32_t, std::uint_least32_t> Position(const TomlValue& value) {
-    const toml::source_location location = value.location();
-    if (location.file_name() == "unknown file") return {UINT_LEAST32_MAX, UINT_LEAST32_MAX};
-    return {location.line(), location.column()};
-  }
+  // ReadInteger and ReadDuration without their templates (toml11 stays in toml_table.cpp).
+  bool ReadInt64(std::string_view key, std::int64_t min, std::int64_t max, std::int64_t& out) const;
+  // With `whole_seconds`, a duration that is not a whole number of seconds is an error.
+  bool ReadMilliseconds(std::string_view key, std::chrono::milliseconds min,
+                        std::chrono::milliseconds max, bool whole_seconds,
+                        std::chrono::milliseconds& out) const;
 
   const TomlValue* table_;
   std::string path_;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <sstream>
+#include <toml.hpp>  // secrets, headers and statuses: values of any type
 
 #include "outbox/core/error.h"
 #include "outbox/core/secrets.h"

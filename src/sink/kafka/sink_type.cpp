@@ -1,5 +1,6 @@
 #include <chrono>
 #include <cstdint>
+#include <toml.hpp>  // brokers and librdkafka properties: values of any type
 
 #include "outbox/core/error.h"
 #include "outbox/sink/kafka_type.h"

@@ -1,6 +1,5 @@
 // The operator's side of the PostgreSQL store (outbox/store/postgres_admin.h): the statements of
 // the Admin contract; the checks of its arguments are the contract's (src/store/admin.cpp).
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string_view>
 

@@ -415,6 +415,12 @@ std::optional<Headers> HeadersFromJson(std::string_view json) {
   return headers;
 }
 
+std::string HeadersToJson(const Headers& headers) {
+  nlohmann::json object = nlohmann::json::object();
+  for (const auto& [name, value] : headers) object[name] = value;
+  return object.dump();
+}
+
 std::int64_t ReadInt64(const char* bytes) {
   std::uint64_t value = 0;
   for (int i = 0; i < 8; ++i) value = (value << 8U) | static_cast<unsigned char>(bytes[i]);

@@ -59,6 +59,9 @@ std::optional<std::string> OptionalText(const PGresult* result, int row, int col
 Headers ParseHeaders(std::string_view jsonb_binary);
 // The same from the JSON text alone (a WAL record's headers); nullopt unless it is a JSON object.
 std::optional<Headers> HeadersFromJson(std::string_view json);
+// The headers as the text of a JSON object of strings (the headers column's input). JSON is read
+// and written in connection.cpp only (nlohmann/json is heavy to compile).
+std::string HeadersToJson(const Headers& headers);
 
 // Binary-format column readers.
 std::int64_t ReadInt64(const char* bytes);

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "connection.h"
@@ -371,12 +370,10 @@ class PostgresWalLedger final : public WalLedger {
 
   void Park(PGconn* conn, const ParkedMessage& parked) {
     const Envelope& e = parked.envelope;
-    nlohmann::json headers = nlohmann::json::object();
-    for (const auto& [name, value] : e.headers) headers[name] = value;
     const std::string id = e.id.ToString();
     const std::string seq = e.stream_seq ? std::to_string(*e.stream_seq) : std::string{};
     const std::string partition = std::to_string(e.partition);
-    const std::string headers_json = headers.dump();
+    const std::string headers_json = HeadersToJson(e.headers);
     const std::string event = e.event_id ? e.event_id->ToString() : std::string{};
     const std::string created = std::to_string(
         std::chrono::duration_cast<std::chrono::microseconds>(e.created_at.time_since_epoch())

@@ -1,4 +1,3 @@
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "connection.h"
@@ -79,9 +78,7 @@ struct EnqueueParams {
   std::array<Oid, kParamCount> types{};
 
   explicit EnqueueParams(const NewMessage& message) {
-    nlohmann::json headers = nlohmann::json::object();
-    for (const auto& [name, value] : message.headers) headers[name] = value;
-    headers_json = headers.dump();
+    headers_json = HeadersToJson(message.headers);
     if (message.sequenced) sequenced = *message.sequenced ? "true" : "false";
     Set(0, message.topic);
     Set(1, message.payload);

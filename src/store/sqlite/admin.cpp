@@ -7,7 +7,6 @@
 #include "outbox/store/admin.h"
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 
 #include "handle.h"
 #include "outbox/store/sqlite.h"
@@ -97,9 +96,10 @@ void BindSelection(Statement& statement, const MessageFilter& filter,
     statement.BindNull(5);
   }
   if (filter.ids) {
-    nlohmann::json ids = nlohmann::json::array();
+    std::vector<std::string> ids;
+    ids.reserve(filter.ids->size());
     for (const auto& id : *filter.ids) ids.push_back(id.ToString());
-    statement.Bind(6, ids.dump());
+    statement.Bind(6, JsonStrings(ids));
   } else {
     statement.BindNull(6);
   }
@@ -231,7 +231,8 @@ class SqliteAdmin final : public Admin {
     return InWriteTransaction(db_.get(), [&] {
       ChunkResult chunk = select();
       if (chunk.changed.empty()) return chunk;
-      nlohmann::json ids = nlohmann::json::array();
+      std::vector<std::string> ids;
+      ids.reserve(chunk.changed.size());
       for (const auto& id : chunk.changed) ids.push_back(id.ToString());
       // The status is checked again where the row is changed, as in the PostgreSQL store.
       Statement change{db_.get(), "UPDATE outbox_messages SET " +
@@ -239,7 +240,7 @@ class SqliteAdmin final : public Admin {
                                       " WHERE id IN (SELECT value FROM json_each(?1))"
                                       " AND status IN (" +
                                       eligible + ") RETURNING id"};
-      change.Bind(1, ids.dump());
+      change.Bind(1, JsonStrings(ids));
       if (!replay) change.Bind(2, reason);
       chunk.changed.clear();
       while (change.Step()) chunk.changed.push_back(ReadId(change, 0));

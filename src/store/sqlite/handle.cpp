@@ -128,6 +128,28 @@ Headers ParseHeaders(const std::string& json) {
   return headers;
 }
 
+std::string HeadersToJson(const Headers& headers) {
+  nlohmann::json object = nlohmann::json::object();
+  for (const auto& [name, value] : headers) object[name] = value;
+  return object.dump();
+}
+
+std::string JsonStrings(const std::vector<std::string>& strings) {
+  return nlohmann::json(strings).dump();
+}
+
+std::string ParseNameArray(const std::string& text, std::vector<std::string>& out) {
+  const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_array()) return "are not a JSON array";
+  if (json.empty()) return "are an empty array";
+  out.reserve(json.size());
+  for (const auto& element : json) {
+    if (!element.is_string()) return std::string{"hold a "} + element.type_name() + ", not a name";
+    out.push_back(element.get<std::string>());
+  }
+  return "";
+}
+
 std::int64_t PurgeChunk(sqlite3* db, const RetentionPolicy& retention, int max_rows) {
   const std::string now = kNowMillis;
   Statement purge{db,

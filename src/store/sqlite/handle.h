@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "outbox/core/clock.h"
 #include "outbox/core/message.h"
@@ -78,8 +79,16 @@ inline TimePoint FromMillis(std::int64_t millis) {
 // tables, or tables of an older version (Migrate upgrades them).
 void RequireTables(sqlite3* db, const std::string& path);
 
+// JSON is read and written here (handle.cpp) only: nlohmann/json is heavy to compile.
 // The headers column (a JSON object); values that are not strings are kept as their JSON text.
 Headers ParseHeaders(const std::string& json);
+// The headers column's text: a JSON object of strings.
+std::string HeadersToJson(const Headers& headers);
+// A JSON array of strings, for json_each(?N) (ids, target names).
+std::string JsonStrings(const std::vector<std::string>& strings);
+// `text` read as a JSON array of strings into `out`; "" when it is one and not empty, else why
+// not ("are not a JSON array", "are an empty array", "hold a number, not a name").
+std::string ParseNameArray(const std::string& text, std::vector<std::string>& out);
 
 // Deletes up to `max_rows` published and abandoned rows older than their retention; returns how
 // many.

@@ -1,7 +1,6 @@
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "handle.h"
@@ -102,7 +101,7 @@ class SqliteStore final : public Store {
       claim.Bind(2, request.owner)
           .Bind(3, std::int64_t{request.max_messages})
           .Bind(4, static_cast<std::int64_t>(request.lease_duration.count()))
-          .Bind(5, nlohmann::json(request.paused_targets).dump());
+          .Bind(5, JsonStrings(request.paused_targets));
       std::vector<std::pair<std::int64_t, Envelope>> rows;
       while (claim.Step()) {
         Envelope envelope;
@@ -197,7 +196,8 @@ class SqliteStore final : public Store {
       throw std::invalid_argument(
           "reclaim: the SQLite store serves a single relay and has no partition leases");
     }
-    nlohmann::json in_flight = nlohmann::json::array();
+    std::vector<std::string> in_flight;
+    in_flight.reserve(request.in_flight.size());
     for (const auto& id : request.in_flight) in_flight.push_back(id.ToString());
     Statement reclaim{db_.get(),
                       "UPDATE outbox_messages SET status = 'pending', lease_owner = NULL,"
@@ -205,7 +205,7 @@ class SqliteStore final : public Store {
                           kNow +
                           " OR (?2 AND lease_owner = ?3))"
                           " AND id NOT IN (SELECT value FROM json_each(?1))"};
-    const std::string in_flight_text = in_flight.dump();
+    const std::string in_flight_text = JsonStrings(in_flight);
     reclaim.Bind(1, in_flight_text)
         .Bind(2, std::int64_t{request.own_unexpired ? 1 : 0})
         .Bind(3, request.owner);
@@ -290,7 +290,7 @@ class SqliteStore final : public Store {
                                   " FROM outbox_messages WHERE status = 'failed'"
                                   " AND available_at > " +
                                   kNow + " AND target NOT IN (SELECT value FROM json_each(?1))"};
-    next.Bind(1, nlohmann::json(paused).dump());
+    next.Bind(1, JsonStrings(paused));
     if (!next.Step() || next.IsNull(0)) return std::nullopt;
     return std::chrono::milliseconds{next.Int(0)};
   }

@@ -1,6 +1,5 @@
 #include <deque>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string_view>
@@ -46,17 +45,8 @@ std::optional<std::vector<std::string>> TopicTargets(Statement& probe, std::size
     return InvalidMessage("outbox enqueue: message " + std::to_string(index) + ": topic '" + topic +
                           "': its default targets (outbox_topic_settings.targets) " + why);
   };
-  const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_array()) throw bad("are not a JSON array");
-  if (json.empty()) throw bad("are an empty array");
   std::vector<std::string> targets;
-  targets.reserve(json.size());
-  for (const auto& element : json) {
-    if (!element.is_string()) {
-      throw bad(std::string{"hold a "} + element.type_name() + ", not a name");
-    }
-    targets.push_back(element.get<std::string>());
-  }
+  if (auto why = ParseNameArray(text, targets); !why.empty()) throw bad(why);
   if (auto error = ValidateTargets(targets); !error.empty()) throw bad("are invalid: " + error);
   return targets;
 }
@@ -151,9 +141,7 @@ void Write(sqlite3* db, std::span<const NewMessage> messages, const MessageLimit
   for (std::size_t i = 0; i < messages.size(); ++i) {
     const NewMessage& message = messages[i];
     const bool sequenced = message.stream_key && message.sequenced.value_or(true);
-    nlohmann::json headers_json = nlohmann::json::object();
-    for (const auto& [name, value] : message.headers) headers_json[name] = value;
-    const std::string headers = headers_json.dump();
+    const std::string headers = HeadersToJson(message.headers);
     // With several copies, each names the first as its event; one copy is its own event (NULL).
     std::optional<std::string> event_id;
     for (std::size_t copy = 0; copy < targets[i].size(); ++copy) {
