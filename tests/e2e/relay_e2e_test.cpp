@@ -367,8 +367,9 @@ TEST_F(RelayE2eTest, SigtermDrainsCleanly) {
 TEST_F(RelayE2eTest, TellsTheServiceManagerAndEndsADrainAtShutdownTimeout) {
   TcpProxy broker("127.0.0.1", 5672);
   amqp_url_ = "amqp://guest:guest@127.0.0.1:" + std::to_string(broker.port()) + "/";
-  lease_ = "20s";
-  publish_timeout_ = "10s";
+  // The lease as short as publish_timeout allows (twice it): the second relay waits it out.
+  lease_ = "8s";
+  publish_timeout_ = "4s";
   shutdown_timeout_ = "1s";
   WriteConfig();
   NotifySocket notify("/tmp/outboxd-notify-" + schema_.name() + ".sock");
@@ -404,7 +405,7 @@ TEST_F(RelayE2eTest, TellsTheServiceManagerAndEndsADrainAtShutdownTimeout) {
   EXPECT_EQ(relay->Wait(seconds{30}), 1) << Log();
   const auto took = std::chrono::steady_clock::now() - signalled;
   EXPECT_LT(took, seconds{6}) << "the drain was not cut at shutdown_timeout (1 s; publish_timeout "
-                                 "is 10 s)";
+                                 "is 4 s)";
   EXPECT_NE(Log().find("the drain did not finish within relay.shutdown_timeout (1000 ms)"),
             std::string::npos)
       << Log();

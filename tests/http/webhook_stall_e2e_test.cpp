@@ -10,7 +10,7 @@
 // resolver error; the target is never paused.
 //
 // AuthOutageDeliversEverythingAndSpendsNoAttempt: the endpoint answers 401 to every request for
-// OUTBOX_HTTP_AUTH_OUTAGE_SECONDS (default 15; the case is 60), then 2xx. 300 messages in
+// OUTBOX_HTTP_AUTH_OUTAGE_SECONDS (default 8; the case is 60), then 2xx. 300 messages in
 // 30 streams: every one delivered, none abandoned (max_attempts = 3 with retries 100-200 ms apart:
 // 401s that spent attempts would abandon them all within a second), no message's attempts above 0
 // at any time, and /readyz 503 naming the 401 meanwhile.
@@ -52,7 +52,7 @@ double Monotonic() {
 
 int AuthOutageSeconds() {
   const char* text = std::getenv("OUTBOX_HTTP_AUTH_OUTAGE_SECONDS");
-  return text != nullptr && std::atoi(text) > 0 ? std::atoi(text) : 15;
+  return text != nullptr && std::atoi(text) > 0 ? std::atoi(text) : 8;
 }
 
 class WebhookStallE2eTest : public ::testing::Test {

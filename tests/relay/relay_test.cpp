@@ -269,10 +269,12 @@ TEST_F(RelayTest, UnderSteadyLoadTheRelayClaimsOncePerLingerAndSettlesInTheClaim
   EXPECT_EQ(Count("true"), "0") << "a published message was kept";
   // One statement per round, a round every 100 ms or as long as a full batch takes at the rate
   // written, whichever is shorter (AdaptiveLinger::Wait), and a few to go idle and wake and
-  // while the relay's estimate of the rate climbs past 200 msg/s (a few dozen ms here).
+  // while the relay's estimate of the rate climbs past 200 msg/s (a few dozen ms here). Half as
+  // many again for a loaded machine (51 against a bound of 50 once, in a full run beside three
+  // builds): a relay that did not linger would send one per commit, several hundred.
   const double round =
       std::min(0.1, static_cast<double>(options.batch_size) / (run.written / run.elapsed));
-  const double bound = run.elapsed / round + 20;
+  const double bound = 1.5 * run.elapsed / round + 20;
   EXPECT_LT(static_cast<double>(run.statements), bound)
       << run.statements << " statements for " << run.written << " messages in " << run.elapsed
       << " s";

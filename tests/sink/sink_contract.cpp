@@ -528,7 +528,9 @@ TEST_P(SinkContractTest, LostConfirmationIsOutcomeUnknownAndPublishedAgain) {
 TEST_P(SinkContractTest, ConnectionCutWithConfirmationsOutstandingIsOutcomeUnknown) {
   OUTBOX_REQUIRE_FAULT(SinkFault::kLostConfirmation);
   OUTBOX_REQUIRE_FAULT(SinkFault::kServerDown);
-  auto [sink, warmup] = OpenWarm(*bed_);
+  WarmSink warm = OpenWarm(*bed_);  // no structured binding: a lambda below uses the sink
+  std::unique_ptr<Sink>& sink = warm.sink;
+  const std::vector<Envelope>& warmup = warm.warmup;
 
   bed_->HoldReplies();
   const auto batch = MakeBatch(bed_->Topic(), 5);
@@ -623,7 +625,9 @@ std::vector<Envelope> ExpectPublishedOrNoVerdict(const std::vector<PublishOutcom
 // new one, as a relay publishes again what had no verdict.
 TEST_P(SinkContractTest, FrozenConnectionIsGivenUpWithinTheBound) {
   OUTBOX_REQUIRE_FAULT(SinkFault::kFreeze);
-  auto [sink, warmup] = OpenWarm(*bed_);
+  WarmSink warm = OpenWarm(*bed_);  // no structured binding: a lambda below uses the sink
+  std::unique_ptr<Sink>& sink = warm.sink;
+  const std::vector<Envelope>& warmup = warm.warmup;
   const milliseconds bound = bed_->SilentConnectionBound();
 
   constexpr milliseconds kBatchDeadline{2000};
