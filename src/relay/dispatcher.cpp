@@ -1,6 +1,7 @@
 #include "outbox/relay/dispatcher.h"
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -13,6 +14,7 @@ namespace outbox {
 namespace {
 
 constexpr std::string_view kTargetPausedName = "outbox_relay_target_paused";
+constexpr std::string_view kTargetThrottledName = "outbox_relay_target_throttled_seconds";
 
 std::vector<PublishOutcome> NotSent(std::span<const Envelope> batch, FailureKind kind,
                                     const std::string& reason) {
@@ -23,6 +25,48 @@ std::vector<PublishOutcome> NotSent(std::span<const Envelope> batch, FailureKind
 }
 
 }  // namespace
+
+// A rate-limited target's token bucket (RateLimit). Guarded by buckets_mutex_.
+struct Dispatcher::Bucket {
+  double rate = 0;       // tokens a second
+  double burst = 0;      // the most it holds
+  double threshold = 0;  // below this the target is held: half the burst, at least 1
+  double tokens = 0;     // at `counted`
+  SteadyClock::time_point counted;
+  // Throttled time is counted up to here (outbox_relay_target_throttled_seconds).
+  SteadyClock::time_point throttled_until;
+  observe::Gauge* throttled_seconds = nullptr;
+
+  [[nodiscard]] double TokensAt(SteadyClock::time_point now) const {
+    const double elapsed = std::chrono::duration<double>(now - counted).count();
+    return std::min(burst, tokens + rate * std::max(elapsed, 0.0));
+  }
+  [[nodiscard]] bool Holds(SteadyClock::time_point now) const { return TokensAt(now) < threshold; }
+  // When it is back at its threshold (no later than `now` if it is).
+  [[nodiscard]] SteadyClock::time_point Refilled(SteadyClock::time_point now) const {
+    const double missing = threshold - TokensAt(now);
+    if (missing <= 0) return now;
+    return now +
+           std::chrono::ceil<SteadyClock::duration>(std::chrono::duration<double>(missing / rate));
+  }
+  // Takes a token for each of up to `wanted` messages; returns how many it had. A message left
+  // without one waits for the bucket's threshold: that time is counted as throttled, once.
+  std::size_t Take(std::size_t wanted, SteadyClock::time_point now) {
+    tokens = TokensAt(now);
+    counted = now;
+    const auto granted = std::min(wanted, static_cast<std::size_t>(tokens));
+    tokens -= static_cast<double>(granted);
+    if (granted < wanted) {
+      const auto until = Refilled(now);
+      const auto from = std::max(now, throttled_until);
+      if (until > from) {
+        throttled_seconds->Add(std::chrono::duration<double>(until - from).count());
+        throttled_until = until;
+      }
+    }
+    return granted;
+  }
+};
 
 // One target's lane: its sink, used by one caller at a time, turns given in the order they were
 // asked for (a source with batch after batch cannot keep another waiting past its deadline).
@@ -127,6 +171,33 @@ Dispatcher::Dispatcher(SinkMap sinks, DispatcherOptions options, LogFn log)
         {{"target", target}});
     lanes_.emplace(target, std::move(lane));
   }
+  registry_.AllowSeries(kTargetThrottledName, observe::SeriesPerTarget(1, sinks_.size()));
+  const auto now = SteadyClock::now();
+  for (const auto& [target, limit] : options_.rate_limits) {
+    const std::string key = "sinks." + target;
+    if (!sinks_.contains(target)) {
+      throw ConfigError(key + ".max_rate", "no sink is configured for target '" + target + "'");
+    }
+    if (!(limit.max_rate > 0) || !std::isfinite(limit.max_rate)) {
+      throw ConfigError(key + ".max_rate", "must be a positive number of messages a second");
+    }
+    if (limit.max_burst != 0 && (!(limit.max_burst >= 1) || !std::isfinite(limit.max_burst))) {
+      throw ConfigError(key + ".max_burst", "must be at least 1 message");
+    }
+    auto bucket = std::make_unique<Bucket>();
+    bucket->rate = limit.max_rate;
+    bucket->burst = limit.burst();
+    bucket->threshold = std::max(1.0, std::floor(bucket->burst / 2));
+    bucket->tokens = bucket->burst;
+    bucket->counted = now;
+    bucket->throttled_until = now;
+    bucket->throttled_seconds = &registry_.AddGauge(
+        kTargetThrottledName,
+        "Seconds the target's messages waited for its max_rate's tokens (only grows: use rate()); "
+        "only targets with a max_rate have it.",
+        {{"target", target}});
+    buckets_.emplace(target, std::move(bucket));
+  }
 }
 
 Dispatcher::~Dispatcher() = default;
@@ -139,7 +210,7 @@ std::vector<PublishOutcome> Dispatcher::Dispatch(std::span<const Envelope> batch
                                                  Deadline deadline) {
   const auto started = SteadyClock::now();
   std::vector<PublishOutcome> outcomes(batch.size());
-  const std::vector<std::string> held = Held(started);
+  const std::vector<std::string> held = HeldPaused(started);
   std::map<std::string_view, std::vector<std::size_t>> by_target;
   // Per stream: whether its first message here is a retry (the rest then waits for the next
   // batch).
@@ -162,7 +233,7 @@ std::vector<PublishOutcome> Dispatcher::Dispatch(std::span<const Envelope> batch
   }
   struct Running {
     std::string target;
-    const std::vector<std::size_t>* indexes;
+    std::vector<std::size_t> indexes;  // of the messages sent
     std::future<std::vector<PublishOutcome>> outcomes;
   };
   // One lane per target; the first runs on this thread (deferred: when its outcomes are asked).
@@ -185,26 +256,39 @@ std::vector<PublishOutcome> Dispatcher::Dispatch(std::span<const Envelope> batch
       for (const auto i : indexes) outcomes[i] = {batch[i].id, Failure{kind, reason}};
       continue;
     }
-    auto publish = [this, &batch, deadline, lane = lane->second.get(), &indexes = indexes, target] {
-      if (indexes.size() == batch.size()) return lane->Publish(batch, deadline, target, log_);
+    // A rate-limited target sends what its tokens allow, the first in batch order: what follows
+    // in a stream is never sent before what precedes it.
+    std::vector<std::size_t> sent = indexes;
+    if (const std::size_t granted = Admit(name, indexes.size(), started);
+        granted < indexes.size()) {
+      const std::string reason = std::string{kThrottledReason} + target +
+                                 "' is over its max_rate; sent when it has tokens again";
+      for (std::size_t k = granted; k < indexes.size(); ++k) {
+        outcomes[indexes[k]] = {batch[indexes[k]].id, Failure{FailureKind::kUnavailable, reason}};
+      }
+      sent.resize(granted);
+      if (sent.empty()) continue;  // nothing sent: no verdict either
+    }
+    auto publish = [this, &batch, deadline, lane = lane->second.get(), sent, target] {
+      if (sent.size() == batch.size()) return lane->Publish(batch, deadline, target, log_);
       std::vector<Envelope> group;
-      group.reserve(indexes.size());
-      for (const auto i : indexes) group.push_back(batch[i]);
+      group.reserve(sent.size());
+      for (const auto i : sent) group.push_back(batch[i]);
       return lane->Publish(group, deadline, target, log_);
     };
     const auto policy = running.empty() ? std::launch::deferred : std::launch::async;
-    running.push_back({std::move(target), &indexes, std::async(policy, std::move(publish))});
+    running.push_back({std::move(target), std::move(sent), std::async(policy, std::move(publish))});
   }
   for (Running& lane : running) {
     auto lane_outcomes = lane.outcomes.get();
     bool all_unavailable = true;
-    for (std::size_t k = 0; k < lane.indexes->size(); ++k) {
+    for (std::size_t k = 0; k < lane.indexes.size(); ++k) {
       const auto& failure = lane_outcomes[k].failure;
       all_unavailable = all_unavailable && failure && failure->kind == FailureKind::kUnavailable;
-      outcomes[(*lane.indexes)[k]] = std::move(lane_outcomes[k]);
+      outcomes[lane.indexes[k]] = std::move(lane_outcomes[k]);
     }
     std::optional<std::string> reason;
-    if (all_unavailable) reason = outcomes[lane.indexes->front()].failure->reason;
+    if (all_unavailable) reason = outcomes[lane.indexes.front()].failure->reason;
     Verdict(lane.target, reason);
   }
   publish_seconds_.Observe(std::chrono::duration<double>(SteadyClock::now() - started).count());
@@ -246,7 +330,14 @@ void Dispatcher::Verdict(const std::string& target, const std::optional<std::str
                            std::to_string(backoff.count()) + " ms");
 }
 
-std::vector<std::string> Dispatcher::Held(SteadyClock::time_point now) const {
+std::size_t Dispatcher::Admit(std::string_view target, std::size_t wanted,
+                              SteadyClock::time_point now) {
+  std::lock_guard lock(buckets_mutex_);
+  const auto bucket = buckets_.find(target);
+  return bucket == buckets_.end() ? wanted : bucket->second->Take(wanted, now);
+}
+
+std::vector<std::string> Dispatcher::HeldPaused(SteadyClock::time_point now) const {
   std::lock_guard lock(pauses_mutex_);
   std::vector<std::string> names;
   for (const auto& [target, pause] : pauses_) {
@@ -255,12 +346,31 @@ std::vector<std::string> Dispatcher::Held(SteadyClock::time_point now) const {
   return names;
 }
 
+std::vector<std::string> Dispatcher::Held(SteadyClock::time_point now) const {
+  std::vector<std::string> names = HeldPaused(now);
+  std::lock_guard lock(buckets_mutex_);
+  for (const auto& [target, bucket] : buckets_) {
+    if (bucket->Holds(now) && std::find(names.begin(), names.end(), target) == names.end()) {
+      names.push_back(target);
+    }
+  }
+  return names;
+}
+
 std::optional<Dispatcher::SteadyClock::time_point> Dispatcher::NextProbe(
     SteadyClock::time_point now) const {
-  std::lock_guard lock(pauses_mutex_);
   std::optional<SteadyClock::time_point> next;
-  for (const auto& [target, pause] : pauses_) {
-    if (pause.probe_at > now) next = std::min(next.value_or(pause.probe_at), pause.probe_at);
+  {
+    std::lock_guard lock(pauses_mutex_);
+    for (const auto& [target, pause] : pauses_) {
+      if (pause.probe_at > now) next = std::min(next.value_or(pause.probe_at), pause.probe_at);
+    }
+  }
+  std::lock_guard lock(buckets_mutex_);
+  for (const auto& [target, bucket] : buckets_) {
+    if (!bucket->Holds(now)) continue;
+    const auto refilled = bucket->Refilled(now);
+    next = std::min(next.value_or(refilled), refilled);
   }
   return next;
 }
