@@ -28,10 +28,14 @@ std::vector<PublishOutcome> NotSent(std::span<const Envelope> batch, FailureKind
 
 // A rate-limited target's token bucket (RateLimit). Guarded by buckets_mutex_.
 struct Dispatcher::Bucket {
-  double rate = 0;       // tokens a second
-  double burst = 0;      // the most it holds
-  double threshold = 0;  // below this the target is held: half the burst, at least 1
-  double tokens = 0;     // at `counted`
+  double rate = 0;   // tokens a second
+  double burst = 0;  // the most it holds
+  // Below this the target is held: its whole burst. A claim then comes when it can send a burst's
+  // worth; claims being per batch, not per target, each one claims up to a batch of the target's
+  // messages and gives back what is over, so the fewer claims, the less of that
+  // (docs/rate-limits.md).
+  double threshold = 0;
+  double tokens = 0;  // at `counted`
   SteadyClock::time_point counted;
   // Throttled time is counted up to here (outbox_relay_target_throttled_seconds).
   SteadyClock::time_point throttled_until;
@@ -187,7 +191,7 @@ Dispatcher::Dispatcher(SinkMap sinks, DispatcherOptions options, LogFn log)
     auto bucket = std::make_unique<Bucket>();
     bucket->rate = limit.max_rate;
     bucket->burst = limit.burst();
-    bucket->threshold = std::max(1.0, std::floor(bucket->burst / 2));
+    bucket->threshold = bucket->burst;
     bucket->tokens = bucket->burst;
     bucket->counted = now;
     bucket->throttled_until = now;
