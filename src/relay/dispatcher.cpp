@@ -28,16 +28,16 @@ std::vector<PublishOutcome> NotSent(std::span<const Envelope> batch, FailureKind
 
 // A rate-limited target's token bucket (RateLimit). Guarded by buckets_mutex_.
 struct Dispatcher::Bucket {
-  double rate = 0;   // tokens a second
-  double burst = 0;  // the most it holds
-  // Below this the target is held: its whole burst. A claim then comes when it can send a burst's
-  // worth; claims being per batch, not per target, each one claims up to a batch of the target's
-  // messages and gives back what is over, so the fewer claims, the less of that
-  // (docs/rate-limits.md).
-  double threshold = 0;
+  double rate = 0;    // tokens a second
+  double burst = 0;   // the most it holds
   double tokens = 0;  // at `counted`
   SteadyClock::time_point counted;
-  // Throttled time is counted up to here (outbox_relay_target_throttled_seconds).
+  // Once a message had no token, the target is held until its bucket is full again: the next
+  // claim that takes its messages then sends a burst's worth. Claims being per batch, not per
+  // target, each one may take up to a batch of them and give back what is over; the fewer such
+  // claims, the less of that (docs/rate-limits.md). A target under its rate is never held, so that
+  // it does not go in and out of the claims' paused set (which restarts the claim cursor's walk).
+  // The time held is outbox_relay_target_throttled_seconds.
   SteadyClock::time_point throttled_until;
   observe::Gauge* throttled_seconds = nullptr;
 
@@ -45,27 +45,20 @@ struct Dispatcher::Bucket {
     const double elapsed = std::chrono::duration<double>(now - counted).count();
     return std::min(burst, tokens + rate * std::max(elapsed, 0.0));
   }
-  [[nodiscard]] bool Holds(SteadyClock::time_point now) const { return TokensAt(now) < threshold; }
-  // When it is back at its threshold (no later than `now` if it is).
-  [[nodiscard]] SteadyClock::time_point Refilled(SteadyClock::time_point now) const {
-    const double missing = threshold - TokensAt(now);
-    if (missing <= 0) return now;
-    return now +
-           std::chrono::ceil<SteadyClock::duration>(std::chrono::duration<double>(missing / rate));
-  }
-  // Takes a token for each of up to `wanted` messages; returns how many it had. A message left
-  // without one waits for the bucket's threshold: that time is counted as throttled, once.
+  [[nodiscard]] bool Holds(SteadyClock::time_point now) const { return now < throttled_until; }
+  // Takes a token for each of up to `wanted` messages; returns how many it had.
   std::size_t Take(std::size_t wanted, SteadyClock::time_point now) {
     tokens = TokensAt(now);
     counted = now;
     const auto granted = std::min(wanted, static_cast<std::size_t>(tokens));
     tokens -= static_cast<double>(granted);
     if (granted < wanted) {
-      const auto until = Refilled(now);
+      const auto full = now + std::chrono::ceil<SteadyClock::duration>(
+                                  std::chrono::duration<double>((burst - tokens) / rate));
       const auto from = std::max(now, throttled_until);
-      if (until > from) {
-        throttled_seconds->Add(std::chrono::duration<double>(until - from).count());
-        throttled_until = until;
+      if (full > from) {
+        throttled_seconds->Add(std::chrono::duration<double>(full - from).count());
+        throttled_until = full;
       }
     }
     return granted;
@@ -191,7 +184,6 @@ Dispatcher::Dispatcher(SinkMap sinks, DispatcherOptions options, LogFn log)
     auto bucket = std::make_unique<Bucket>();
     bucket->rate = limit.max_rate;
     bucket->burst = limit.burst();
-    bucket->threshold = bucket->burst;
     bucket->tokens = bucket->burst;
     bucket->counted = now;
     bucket->throttled_until = now;
@@ -373,8 +365,7 @@ std::optional<Dispatcher::SteadyClock::time_point> Dispatcher::NextProbe(
   std::lock_guard lock(buckets_mutex_);
   for (const auto& [target, bucket] : buckets_) {
     if (!bucket->Holds(now)) continue;
-    const auto refilled = bucket->Refilled(now);
-    next = std::min(next.value_or(refilled), refilled);
+    next = std::min(next.value_or(bucket->throttled_until), bucket->throttled_until);
   }
   return next;
 }

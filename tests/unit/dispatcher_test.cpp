@@ -340,6 +340,21 @@ TEST(DispatcherTest, ARateLimitedTargetSendsWhatItsBucketHoldsAndIsHeldUntilItRe
   EXPECT_EQ(text.find("outbox_relay_target_throttled_seconds{target=\"fast\"}"), std::string::npos);
 }
 
+// A target under its rate is never held: it stays out of the claims' paused set, whose changes
+// restart the claim cursor's walk.
+TEST(DispatcherTest, ATargetUnderItsRateIsNeverHeld) {
+  TwoTargets two({.max_rate = 1000, .max_burst = 10});
+  for (int i = 0; i < 20; ++i) {
+    for (const auto& outcome : two.dispatcher->Dispatch(TwoTargets::Mixed(5, 5), Far())) {
+      EXPECT_TRUE(outcome.published());
+    }
+    EXPECT_TRUE(two.dispatcher->Held(SteadyClock::now()).empty()) << "after batch " << i;
+    EXPECT_FALSE(two.dispatcher->NextProbe(SteadyClock::now()).has_value());
+    std::this_thread::sleep_for(milliseconds{6});  // 6 tokens back, 5 taken a batch
+  }
+  EXPECT_EQ(two.slow->sent(), 100U);
+}
+
 TEST(DispatcherTest, AThrottledTargetHoldsUpNoOtherLaneAndSendsItsRateOverTime) {
   TwoTargets two({.max_rate = 200, .max_burst = 5});
   const auto started = SteadyClock::now();

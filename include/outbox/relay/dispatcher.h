@@ -14,9 +14,10 @@
 //   relay parks them in the table), so one sink's outage pauses its lane only, in every mode;
 // - a target with a rate limit (RateLimit: `max_rate`, `max_burst`) is sent at most what its token
 //   bucket holds; what is over is not sent (kUnavailable, IsThrottled, no attempt spent, no pause
-//   verdict), and until its bucket is full again (a whole burst) the target is held like a paused
-//   one (Held, NextProbe), so the sources do not take its messages only to give them back. Nothing
-//   waits for tokens: the other targets' lanes, and the source's next batch, never wait for it;
+//   verdict), and from then until its bucket is full again (a whole burst) the target is held
+//   like a paused one (Held, NextProbe), so the sources do not take its messages only to give
+//   them back. Nothing waits for tokens: the other targets' lanes, and the source's next batch,
+//   never wait for it;
 // - one outcome per message, in batch order, each reason passed through RedactReasons: a sink
 //   that returns outcomes that do not match its batch is logged, and what it did not answer is
 //   kOutcomeUnknown.
@@ -102,7 +103,7 @@ class Dispatcher {
   std::vector<PublishOutcome> Dispatch(std::span<const Envelope> batch, Deadline deadline);
 
   // What a source should not take now: the paused targets whose probe is not due at `now`, and the
-  // throttled ones whose bucket is not full (holds less than its burst).
+  // throttled ones: a message of theirs found no token, and their bucket is not full again yet.
   [[nodiscard]] std::vector<std::string> Held(SteadyClock::time_point now) const;
   // Held, without the throttled targets: those whose sink is down (a source that finds every
   // target unavailable but for throttled ones is not facing an outage).
