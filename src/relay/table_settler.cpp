@@ -99,6 +99,7 @@ std::set<StreamId> TableSettler::Settle(const std::vector<Envelope>& batch,
   // The outcomes are known; they are recorded while the next batch is published, or before
   // anything more is claimed (see Run), also when the database is away now.
   report_.counters.throttled += throttled.size();
+  report_.metrics.throttled.Increment(throttled.size());
   Unrecorded(std::move(done), std::move(failed), std::move(throttled));
   return broken_streams;
 }

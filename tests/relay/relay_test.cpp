@@ -733,12 +733,14 @@ TEST_F(RelayTest, ARateLimitedTargetGoesAtItsRateAndSlowsNoOtherTarget) {
   };
   // How long the fast target's backlog takes to drain, with the slow target's backlog (limited)
   // before it or without it.
-  const auto drain_fast = [&](bool with_slow, Timed& slow, Timed& fast, double& fast_seconds) {
+  const auto drain_fast = [&](bool with_slow, Timed& slow, Timed& fast, double& fast_seconds,
+                              observe::Registry& metrics) {
     SinkMap sinks;
     sinks.emplace("slow", timed_sink(slow));
     sinks.emplace("fast", timed_sink(fast));
     RelayOptions options;
     options.rate_limits = {{"slow", {.max_rate = kRate}}};
+    options.metrics = &metrics;
     if (with_slow) enqueue("slow", static_cast<int>(kRate * (window + 3)));
     enqueue("fast", kFast);
     const auto started = std::chrono::steady_clock::now();
@@ -746,22 +748,25 @@ TEST_F(RelayTest, ARateLimitedTargetGoesAtItsRateAndSlowsNoOtherTarget) {
     EXPECT_TRUE(WaitFor([&] { return fast.size() == kFast; }, milliseconds{60000}));
     fast_seconds = std::chrono::duration<double>(fast.at.back() - started).count();
   };
+  // (All outlive the relays, whose sinks and metrics write to them.)
   Timed unused;
   Timed fast_alone;
+  observe::Registry metrics_alone;
   double alone = 0;
-  drain_fast(false, unused, fast_alone, alone);
+  drain_fast(false, unused, fast_alone, alone, metrics_alone);
   StopRelay();
   Timed slow;
-  Timed fast_beside;  // (both outlive the relay, whose sinks write to them)
+  Timed fast_beside;
+  observe::Registry metrics;
   double beside = 0;
-  drain_fast(true, slow, fast_beside, beside);
+  drain_fast(true, slow, fast_beside, beside, metrics);
   // The slow target's rate over the window, from 1 s after its first message (its burst before).
   ASSERT_TRUE(WaitFor([&] { return slow.size() > 0; }));
   std::this_thread::sleep_until(slow.at.front() +
                                 milliseconds{static_cast<int>(1000 * (window + 1))});
+  StopRelay();
   const std::uint64_t throttled = relay_->counters().throttled;
   const std::uint64_t claimed = relay_->counters().claimed;
-  StopRelay();
   const auto from = slow.at.front() + seconds{1};
   const auto to = from + milliseconds{static_cast<int>(1000 * window)};
   const auto in_window =
@@ -781,6 +786,16 @@ TEST_F(RelayTest, ARateLimitedTargetGoesAtItsRateAndSlowsNoOtherTarget) {
   // Generous: the box is shared and noisy; waiting for the slow target would take 100 s.
   EXPECT_LT(beside, alone * 2 + 1.0) << "the fast target was slowed by the limited one";
   EXPECT_EQ(Count("attempts > 0"), "0") << "throttling spends no attempt";
+  // The metrics: what was given back, and the time spent throttled (about all of the run).
+  const std::string text = metrics.RenderPrometheus();
+  EXPECT_NE(text.find("outbox_relay_throttled_total " + std::to_string(throttled) + "\n"),
+            std::string::npos)
+      << text;
+  const std::string series = "outbox_relay_target_throttled_seconds{target=\"slow\"} ";
+  const auto at = text.find(series);
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_GT(std::stod(text.substr(at + series.size())), window * 0.9);
+  EXPECT_EQ(text.find("outbox_relay_target_throttled_seconds{target=\"fast\"}"), std::string::npos);
 }
 
 TEST_F(RelayTest, LosingTheDatabaseConnectionLosesNothing) { DrainThroughDatabaseOutages(false); }
