@@ -32,9 +32,10 @@ struct Dispatcher::Bucket {
   double burst = 0;   // the most it holds
   double tokens = 0;  // at `counted`
   SteadyClock::time_point counted;
-  // Once a message had no token, the target is held until its bucket is full again: the next
-  // claim that takes its messages then sends a burst's worth. Claims being per batch, not per
-  // target, each one may take up to a batch of them and give back what is over; the fewer such
+  // Once a message had no token, the target is held until its bucket is nine tenths full: the next
+  // claim that takes its messages then sends about a burst's worth (the tenth left leaves time for
+  // that claim to come, without the full bucket's cap losing tokens). Claims being per batch, not
+  // per target, each one may take up to a batch of them and give back what is over; the fewer such
   // claims, the less of that (docs/rate-limits.md). A target under its rate is never held, so that
   // it does not go in and out of the claims' paused set (which restarts the claim cursor's walk).
   // The time held is outbox_relay_target_throttled_seconds.
@@ -53,12 +54,13 @@ struct Dispatcher::Bucket {
     const auto granted = std::min(wanted, static_cast<std::size_t>(tokens));
     tokens -= static_cast<double>(granted);
     if (granted < wanted) {
-      const auto full = now + std::chrono::ceil<SteadyClock::duration>(
-                                  std::chrono::duration<double>((burst - tokens) / rate));
+      const double enough = std::max(1.0, burst * 0.9);
+      const auto held_until = now + std::chrono::ceil<SteadyClock::duration>(
+                                        std::chrono::duration<double>((enough - tokens) / rate));
       const auto from = std::max(now, throttled_until);
-      if (full > from) {
-        throttled_seconds->Add(std::chrono::duration<double>(full - from).count());
-        throttled_until = full;
+      if (held_until > from) {
+        throttled_seconds->Add(std::chrono::duration<double>(held_until - from).count());
+        throttled_until = held_until;
       }
     }
     return granted;
@@ -347,6 +349,22 @@ std::vector<std::string> Dispatcher::Held(SteadyClock::time_point now) const {
   std::lock_guard lock(buckets_mutex_);
   for (const auto& [target, bucket] : buckets_) {
     if (bucket->Holds(now) && std::find(names.begin(), names.end(), target) == names.end()) {
+      names.push_back(target);
+    }
+  }
+  return names;
+}
+
+std::vector<std::string> Dispatcher::Held(SteadyClock::time_point now,
+                                          std::span<const Envelope> in_flight) const {
+  std::vector<std::string> names = Held(now);
+  if (in_flight.empty()) return names;
+  std::lock_guard lock(buckets_mutex_);
+  for (const auto& [target, bucket] : buckets_) {
+    if (std::find(names.begin(), names.end(), target) != names.end()) continue;
+    const auto of_target = std::count_if(in_flight.begin(), in_flight.end(),
+                                         [&](const Envelope& e) { return e.target == target; });
+    if (of_target > 0 && static_cast<double>(of_target) >= bucket->TokensAt(now)) {
       names.push_back(target);
     }
   }

@@ -252,7 +252,8 @@ class Relay::Engine : private TablePipeline::Stages {
       request.owner = owner_;
       request.max_messages = options_.batch_size;
       request.lease_duration = options_.lease;
-      request.paused_targets = dispatcher_->Held(SteadyClock::now());
+      // Beside a batch in flight: also a limited target that batch leaves without tokens.
+      request.paused_targets = dispatcher_->Held(SteadyClock::now(), in_flight);
       if (membership_) {
         request.partitions = membership_->Claimable();
         if (request.partitions->empty()) return {};  // no partition held (yet)

@@ -199,9 +199,14 @@ TEST_F(TargetsE2eTest, ATargetWithAMaxRateIsSentAtThatRateWhileTheOtherDrains) {
   Enqueue(limited);
   std::mutex mutex;
   std::vector<std::chrono::steady_clock::time_point> arrivals;  // of the limited target's
-  Consumer other(other_queue_, [&](Delivery&&) {
+  std::map<std::string, std::int64_t> last_seq;                 // its streams'
+  std::size_t out_of_order = 0;
+  Consumer other(other_queue_, [&](Delivery&& delivery) {
     std::lock_guard lock(mutex);
     arrivals.push_back(std::chrono::steady_clock::now());
+    auto& last = last_seq[delivery.stream_key];
+    if (delivery.stream_seq <= last) ++out_of_order;
+    last = delivery.stream_seq;
   });
   Consumer healthy(healthy_queue_);
   const auto started = std::chrono::steady_clock::now();
@@ -240,6 +245,9 @@ TEST_F(TargetsE2eTest, ATargetWithAMaxRateIsSentAtThatRateWhileTheOtherDrains) {
   EXPECT_LT(limited_then, static_cast<std::size_t>(limited / 2))
       << "the healthy target drained only as the limited one did";
   EXPECT_EQ(Count("attempts > 0"), 0) << "throttling spends no attempt";
+  EXPECT_EQ(out_of_order, 0U) << "the limited target's streams were reordered";
+  EXPECT_EQ(last_seq.size(), static_cast<std::size_t>(kStreams));
+  ExpectAllInStreamOrder(healthy, "healthy");
 }
 
 // Issue #41: the same outage in WAL mode, the messages in the WAL only. The healthy target's

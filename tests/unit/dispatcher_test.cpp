@@ -277,7 +277,7 @@ TEST(DispatcherTest, BadSetUpIsAConfigError) {
 
 // Issue #43: a target with a max_rate gets what its bucket holds, in batch order; the rest is
 // throttled (not sent, no attempt, not a pause), and the target is held until its bucket is back
-// full. The other target's lane does not wait for it.
+// 9/10 full. The other target's lane does not wait for it.
 struct TwoTargets {
   explicit TwoTargets(RateLimit slow_limit) {
     auto slow_owned = std::make_unique<ScriptedSink>();
@@ -320,7 +320,7 @@ TEST(DispatcherTest, ARateLimitedTargetSendsWhatItsBucketHoldsAndIsHeldUntilItRe
   EXPECT_FALSE(two.dispatcher->AnyPaused()) << "throttled is not paused";
   EXPECT_TRUE(two.dispatcher->HeldPaused(SteadyClock::now()).empty());
   EXPECT_EQ(two.dispatcher->Held(SteadyClock::now()), std::vector<std::string>{"slow"});
-  // Full again (10 tokens at 100/s): 100 ms after it ran dry.
+  // 9/10 full again (9 tokens at 100/s): 90 ms after it ran dry.
   const auto now = SteadyClock::now();
   const auto refilled = two.dispatcher->NextProbe(now);
   ASSERT_TRUE(refilled.has_value());
@@ -353,6 +353,17 @@ TEST(DispatcherTest, ATargetUnderItsRateIsNeverHeld) {
     std::this_thread::sleep_for(milliseconds{6});  // 6 tokens back, 5 taken a batch
   }
   EXPECT_EQ(two.slow->sent(), 100U);
+}
+
+// A claim made beside a batch in flight leaves out a limited target that batch will leave with
+// no token (it would only be given back), and no other.
+TEST(DispatcherTest, ALimitedTargetThatABatchInFlightEmptiesIsHeldForTheClaimBesideIt) {
+  TwoTargets two({.max_rate = 100, .max_burst = 10});
+  const auto now = SteadyClock::now();
+  EXPECT_TRUE(two.dispatcher->Held(now, TwoTargets::Mixed(5, 50)).empty());
+  EXPECT_EQ(two.dispatcher->Held(now, TwoTargets::Mixed(10, 0)), std::vector<std::string>{"slow"});
+  EXPECT_TRUE(two.dispatcher->Held(now, TwoTargets::Mixed(0, 500)).empty());
+  EXPECT_TRUE(two.dispatcher->Held(now).empty()) << "without a batch in flight";
 }
 
 TEST(DispatcherTest, AThrottledTargetHoldsUpNoOtherLaneAndSendsItsRateOverTime) {

@@ -14,7 +14,7 @@
 //   relay parks them in the table), so one sink's outage pauses its lane only, in every mode;
 // - a target with a rate limit (RateLimit: `max_rate`, `max_burst`) is sent at most what its token
 //   bucket holds; what is over is not sent (kUnavailable, IsThrottled, no attempt spent, no pause
-//   verdict), and from then until its bucket is full again (a whole burst) the target is held
+//   verdict), and from then until its bucket is nine tenths full again the target is held
 //   like a paused one (Held, NextProbe), so the sources do not take its messages only to give
 //   them back. Nothing waits for tokens: the other targets' lanes, and the source's next batch,
 //   never wait for it;
@@ -103,13 +103,19 @@ class Dispatcher {
   std::vector<PublishOutcome> Dispatch(std::span<const Envelope> batch, Deadline deadline);
 
   // What a source should not take now: the paused targets whose probe is not due at `now`, and the
-  // throttled ones: a message of theirs found no token, and their bucket is not full again yet.
+  // throttled ones: a message of theirs found no token, and their bucket is not 9/10 full again
+  // yet.
   [[nodiscard]] std::vector<std::string> Held(SteadyClock::time_point now) const;
+  // Held, and the rate-limited targets that `in_flight` (messages being published now) leaves with
+  // no token: what a source claiming beside a batch in flight should not take, or it would take
+  // only to give back.
+  [[nodiscard]] std::vector<std::string> Held(SteadyClock::time_point now,
+                                              std::span<const Envelope> in_flight) const;
   // Held, without the throttled targets: those whose sink is down (a source that finds every
   // target unavailable but for throttled ones is not facing an outage).
   [[nodiscard]] std::vector<std::string> HeldPaused(SteadyClock::time_point now) const;
   // The earliest time after `now` when a held target is not held any more: a paused one's probe,
-  // a throttled one's bucket full again.
+  // a throttled one's bucket 9/10 full again.
   [[nodiscard]] std::optional<SteadyClock::time_point> NextProbe(SteadyClock::time_point now) const;
   // Ends the pause of each of `targets` whose last verdict came before `looked_at`: a source
   // that looked then for its messages (a claim that could take them all) found none waiting, so
