@@ -211,29 +211,18 @@ void ParseHttp(const Section& root, const GetenvFn& getenv, Config& config) {
 }
 
 // `max_rate` and `max_burst`, which every sink type takes (each type's AllowOnly names them):
-// read here, in one place, for the dispatcher's token bucket (relay/dispatcher.h).
+// read here, in one place, for the dispatcher's token bucket (relay/dispatcher.h), which checks
+// them.
 std::optional<RateLimit> ReadRateLimit(const Section& sink) {
-  constexpr double kMostPerSecond = 1e6;
   RateLimit limit;
   const bool has_rate = sink.ReadNumber("max_rate", limit.max_rate);
-  if (has_rate && !(limit.max_rate > 0 && limit.max_rate <= kMostPerSecond)) {
-    Fail(sink.Key("max_rate"),
-         "must be a positive number of messages a second (at most 1000000), got " +
-             config::TomlFloat(limit.max_rate),
-         sink.Find("max_rate"));
-  }
-  if (sink.ReadNumber("max_burst", limit.max_burst)) {
-    if (!has_rate) {
+  if (double burst = 0; sink.ReadNumber("max_burst", burst)) {
+    if (!has_rate)
       Fail(sink.Key("max_burst"), "is only read with max_rate", sink.Find("max_burst"));
-    }
-    if (!(limit.max_burst >= 1 && limit.max_burst <= kMostPerSecond)) {
-      Fail(sink.Key("max_burst"),
-           "must be a number of messages from 1 to 1000000, got " +
-               config::TomlFloat(limit.max_burst),
-           sink.Find("max_burst"));
-    }
+    limit.max_burst = burst;
   }
   if (!has_rate) return std::nullopt;
+  sink.Check([&limit] { ValidateRateLimit(limit); });
   return limit;
 }
 

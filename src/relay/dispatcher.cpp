@@ -1,11 +1,11 @@
 #include "outbox/relay/dispatcher.h"
 
 #include <algorithm>
-#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <future>
+#include <sstream>
 #include <utility>
 
 #include "outbox/core/error.h"
@@ -24,7 +24,26 @@ std::vector<PublishOutcome> NotSent(std::span<const Envelope> batch, FailureKind
   return outcomes;
 }
 
+std::string NumberText(double number) {
+  std::ostringstream text;
+  text << number;
+  return text.str();
+}
+
 }  // namespace
+
+void ValidateRateLimit(const RateLimit& limit) {
+  constexpr double kMost = 1e6;
+  if (!(limit.max_rate > 0 && limit.max_rate <= kMost)) {
+    throw ConfigError("max_rate",
+                      "must be a positive number of messages a second (at most 1000000), got " +
+                          NumberText(limit.max_rate));
+  }
+  if (limit.max_burst && !(*limit.max_burst >= 1 && *limit.max_burst <= kMost)) {
+    throw ConfigError("max_burst", "must be a number of messages from 1 to 1000000, got " +
+                                       NumberText(*limit.max_burst));
+  }
+}
 
 // A rate-limited target's token bucket (RateLimit). Guarded by buckets_mutex_.
 struct Dispatcher::Bucket {
@@ -177,11 +196,10 @@ Dispatcher::Dispatcher(SinkMap sinks, DispatcherOptions options, LogFn log)
     if (!sinks_.contains(target)) {
       throw ConfigError(key + ".max_rate", "no sink is configured for target '" + target + "'");
     }
-    if (!(limit.max_rate > 0) || !std::isfinite(limit.max_rate)) {
-      throw ConfigError(key + ".max_rate", "must be a positive number of messages a second");
-    }
-    if (limit.max_burst != 0 && (!(limit.max_burst >= 1) || !std::isfinite(limit.max_burst))) {
-      throw ConfigError(key + ".max_burst", "must be at least 1 message");
+    try {
+      ValidateRateLimit(limit);
+    } catch (const ConfigError& error) {
+      throw ConfigError(key + "." + error.key(), error.message());
     }
     auto bucket = std::make_unique<Bucket>();
     bucket->rate = limit.max_rate;

@@ -351,6 +351,9 @@ TEST(ConfigTest, EverySinkTakesAMaxRateAndAMaxBurst) {
   ExpectError(WithSink("type = \"file\"\nmax_rate = -3"), "sinks.default.max_rate",
               "must be a positive number");
   ExpectError(WithSink("type = \"file\"\nmax_rate = \"fast\""), "sinks.default.max_rate", "");
+  ExpectError(WithSink("type = \"file\"\nmax_rate = nan"), "sinks.default.max_rate", "got nan");
+  ExpectError(WithSink("type = \"file\"\nmax_rate = 2e6"), "sinks.default.max_rate",
+              "(at most 1000000), got 2e+06");
   ExpectError(WithSink("type = \"file\"\nmax_rate = 10\nmax_burst = 0"), "sinks.default.max_burst",
               "must be a number of messages from 1");
   ExpectError(WithSink("type = \"file\"\nmax_burst = 10"), "sinks.default.max_burst",

@@ -53,12 +53,16 @@ using SinkMap = std::map<std::string, std::unique_ptr<Sink>, std::less<>>;
 // one token per message sent. It starts full; after an idle spell or an outage it holds no more
 // than `max_burst`, so a partner that comes back is not sent more than that at once.
 struct RateLimit {
-  double max_rate = 0;   // messages a second; > 0
-  double max_burst = 0;  // tokens; 0: max_rate x 1 s (at least 1)
+  double max_rate = 0;              // messages a second; > 0
+  std::optional<double> max_burst;  // tokens; unset: max_rate x 1 s (at least 1)
 
-  [[nodiscard]] double burst() const { return max_burst > 0 ? max_burst : std::max(1.0, max_rate); }
+  [[nodiscard]] double burst() const { return max_burst.value_or(std::max(1.0, max_rate)); }
 };
 using RateLimits = std::map<std::string, RateLimit, std::less<>>;
+
+// Throws ConfigError("max_rate" or "max_burst", why) unless 0 < max_rate <= 1,000,000 and
+// max_burst is unset (the default) or within [1, 1,000,000].
+void ValidateRateLimit(const RateLimit& limit);
 
 // The reason of a message not sent because its target's bucket was empty (IsThrottled).
 inline constexpr std::string_view kThrottledReason = "not sent: throttled, target '";
