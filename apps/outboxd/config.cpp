@@ -210,6 +210,22 @@ void ParseHttp(const Section& root, const GetenvFn& getenv, Config& config) {
   }
 }
 
+// `max_rate` and `max_burst`, which every sink type takes (each type's AllowOnly names them):
+// read here, in one place, for the dispatcher's token bucket (relay/dispatcher.h), which checks
+// them.
+std::optional<RateLimit> ReadRateLimit(const Section& sink) {
+  RateLimit limit;
+  const bool has_rate = sink.ReadNumber("max_rate", limit.max_rate);
+  if (double burst = 0; sink.ReadNumber("max_burst", burst)) {
+    if (!has_rate)
+      Fail(sink.Key("max_burst"), "is only read with max_rate", sink.Find("max_burst"));
+    limit.max_burst = burst;
+  }
+  if (!has_rate) return std::nullopt;
+  sink.Check([&limit] { ValidateRateLimit(limit); });
+  return limit;
+}
+
 void ParseSinks(const Section& root, const GetenvFn& getenv, Config& config) {
   const Section sinks = root.Table("sinks");
   const SinkRegistry& types = SinkTypes();
@@ -245,8 +261,10 @@ void ParseSinks(const Section& root, const GetenvFn& getenv, Config& config) {
       Fail(sink.Key("type"), "unknown sink type " + Quoted(type) + "; expected " + types.Names(),
            sink.Find("type"));
     }
-    config.sinks.push_back(
-        SinkConfig{.name = name, .type = type, .settings = sink_type->parse(sink, name, getenv)});
+    config.sinks.push_back(SinkConfig{.name = name,
+                                      .type = type,
+                                      .settings = sink_type->parse(sink, name, getenv),
+                                      .rate_limit = ReadRateLimit(sink)});
   }
   if (config.sinks.empty()) {
     Fail("sinks",
@@ -362,6 +380,10 @@ std::string Describe(const Config& config) {
     out.Header("sinks." + sink.name);
     out.String("type", sink.type);
     sink.settings->Describe(out);
+    if (sink.rate_limit) {
+      out.Float("max_rate", sink.rate_limit->max_rate);
+      out.Float("max_burst", sink.rate_limit->burst());
+    }
   }
   return out.Take();
 }

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "outbox/config/toml_file.h"
 #include "outbox/config/toml_table.h"
 #include "outbox/core/retry_policy.h"
+#include "outbox/relay/dispatcher.h"
 #include "outbox/relay/relay_config.h"
 #include "outbox/sink/registry.h"
 #include "outbox/store/registry.h"
@@ -36,6 +38,8 @@ struct SinkConfig {
   std::string name;  // the message target it serves; "default" serves messages without a target
   std::string type;  // "rabbitmq", "file", ...
   std::shared_ptr<const SinkSettings> settings;
+  // `max_rate` and `max_burst`, which every sink type takes (read here, not by the type).
+  std::optional<RateLimit> rate_limit;
 };
 
 // The sink types outboxd knows, one registration line each (sinks.cpp).

@@ -110,7 +110,12 @@ outbox::SinkMap OpenSinks(const outbox::outboxd::Config& config,
 }
 
 outbox::RelayGroup::Settings RelaySettingsOf(const outbox::outboxd::Config& config) {
-  return {.relay = config.relay, .retry = config.retry, .retention = config.retention};
+  outbox::RelayGroup::Settings settings{
+      .relay = config.relay, .retry = config.retry, .retention = config.retention};
+  for (const auto& sink : config.sinks) {
+    if (sink.rate_limit) settings.rate_limits.emplace(sink.name, *sink.rate_limit);
+  }
+  return settings;
 }
 
 // Everything a start checks before it needs the database or the network, run by --check-config

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <future>
+#include <sstream>
 #include <utility>
 
 #include "outbox/core/error.h"
@@ -13,6 +14,7 @@ namespace outbox {
 namespace {
 
 constexpr std::string_view kTargetPausedName = "outbox_relay_target_paused";
+constexpr std::string_view kTargetThrottledName = "outbox_relay_target_throttled_seconds";
 
 std::vector<PublishOutcome> NotSent(std::span<const Envelope> batch, FailureKind kind,
                                     const std::string& reason) {
@@ -22,7 +24,67 @@ std::vector<PublishOutcome> NotSent(std::span<const Envelope> batch, FailureKind
   return outcomes;
 }
 
+std::string NumberText(double number) {
+  std::ostringstream text;
+  text << number;
+  return text.str();
+}
+
 }  // namespace
+
+void ValidateRateLimit(const RateLimit& limit) {
+  constexpr double kMost = 1e6;
+  if (!(limit.max_rate > 0 && limit.max_rate <= kMost)) {
+    throw ConfigError("max_rate",
+                      "must be a positive number of messages a second (at most 1000000), got " +
+                          NumberText(limit.max_rate));
+  }
+  if (limit.max_burst && !(*limit.max_burst >= 1 && *limit.max_burst <= kMost)) {
+    throw ConfigError("max_burst", "must be a number of messages from 1 to 1000000, got " +
+                                       NumberText(*limit.max_burst));
+  }
+}
+
+// A rate-limited target's token bucket (RateLimit). Guarded by buckets_mutex_.
+struct Dispatcher::Bucket {
+  double rate = 0;    // tokens a second
+  double burst = 0;   // the most it holds
+  double tokens = 0;  // at `counted`
+  SteadyClock::time_point counted;
+  // Once a message had no token, the target is held until its bucket is nine tenths full: the next
+  // claim that takes its messages then sends about a burst's worth (the tenth left leaves time for
+  // that claim to come, without the full bucket's cap losing tokens). Claims being per batch, not
+  // per target, each one may take up to a batch of them and give back what is over; the fewer such
+  // claims, the less of that (docs/rate-limits.md). A target under its rate is never held, so that
+  // it does not go in and out of the claims' paused set (which restarts the claim cursor's walk).
+  // The time held is outbox_relay_target_throttled_seconds.
+  SteadyClock::time_point throttled_until;
+  observe::Gauge* throttled_seconds = nullptr;
+
+  [[nodiscard]] double TokensAt(SteadyClock::time_point now) const {
+    const double elapsed = std::chrono::duration<double>(now - counted).count();
+    return std::min(burst, tokens + rate * std::max(elapsed, 0.0));
+  }
+  [[nodiscard]] bool Holds(SteadyClock::time_point now) const { return now < throttled_until; }
+  // Takes a token for each of up to `wanted` messages; returns how many it had.
+  std::size_t Take(std::size_t wanted, SteadyClock::time_point now) {
+    tokens = TokensAt(now);
+    counted = now;
+    const auto granted = std::min(wanted, static_cast<std::size_t>(tokens));
+    tokens -= static_cast<double>(granted);
+    if (granted < wanted) {
+      const double enough = std::max(1.0, burst * 0.9);
+      const auto held_until = now + std::chrono::ceil<SteadyClock::duration>(
+                                        std::chrono::duration<double>((enough - tokens) / rate));
+      const auto from = std::max(now, throttled_until);
+      if (held_until > from) {
+        throttled_seconds->Add(std::chrono::duration<double>(held_until - from).count());
+        throttled_until = held_until;
+      }
+    }
+    return granted;
+  }
+};
 
 // One target's lane: its sink, used by one caller at a time, turns given in the order they were
 // asked for (a source with batch after batch cannot keep another waiting past its deadline).
@@ -127,6 +189,31 @@ Dispatcher::Dispatcher(SinkMap sinks, DispatcherOptions options, LogFn log)
         {{"target", target}});
     lanes_.emplace(target, std::move(lane));
   }
+  registry_.AllowSeries(kTargetThrottledName, observe::SeriesPerTarget(1, sinks_.size()));
+  const auto now = SteadyClock::now();
+  for (const auto& [target, limit] : options_.rate_limits) {
+    const std::string key = "sinks." + target;
+    if (!sinks_.contains(target)) {
+      throw ConfigError(key + ".max_rate", "no sink is configured for target '" + target + "'");
+    }
+    try {
+      ValidateRateLimit(limit);
+    } catch (const ConfigError& error) {
+      throw ConfigError(key + "." + error.key(), error.message());
+    }
+    auto bucket = std::make_unique<Bucket>();
+    bucket->rate = limit.max_rate;
+    bucket->burst = limit.burst();
+    bucket->tokens = bucket->burst;
+    bucket->counted = now;
+    bucket->throttled_until = now;
+    bucket->throttled_seconds = &registry_.AddGauge(
+        kTargetThrottledName,
+        "Seconds the target's messages waited for its max_rate's tokens (only grows: use rate()); "
+        "only targets with a max_rate have it.",
+        {{"target", target}});
+    buckets_.emplace(target, std::move(bucket));
+  }
 }
 
 Dispatcher::~Dispatcher() = default;
@@ -139,7 +226,7 @@ std::vector<PublishOutcome> Dispatcher::Dispatch(std::span<const Envelope> batch
                                                  Deadline deadline) {
   const auto started = SteadyClock::now();
   std::vector<PublishOutcome> outcomes(batch.size());
-  const std::vector<std::string> held = Held(started);
+  const std::vector<std::string> held = HeldPaused(started);
   std::map<std::string_view, std::vector<std::size_t>> by_target;
   // Per stream: whether its first message here is a retry (the rest then waits for the next
   // batch).
@@ -162,7 +249,7 @@ std::vector<PublishOutcome> Dispatcher::Dispatch(std::span<const Envelope> batch
   }
   struct Running {
     std::string target;
-    const std::vector<std::size_t>* indexes;
+    std::vector<std::size_t> indexes;  // of the messages sent
     std::future<std::vector<PublishOutcome>> outcomes;
   };
   // One lane per target; the first runs on this thread (deferred: when its outcomes are asked).
@@ -185,26 +272,39 @@ std::vector<PublishOutcome> Dispatcher::Dispatch(std::span<const Envelope> batch
       for (const auto i : indexes) outcomes[i] = {batch[i].id, Failure{kind, reason}};
       continue;
     }
-    auto publish = [this, &batch, deadline, lane = lane->second.get(), &indexes = indexes, target] {
-      if (indexes.size() == batch.size()) return lane->Publish(batch, deadline, target, log_);
+    // A rate-limited target sends what its tokens allow, the first in batch order: what follows
+    // in a stream is never sent before what precedes it.
+    std::vector<std::size_t> sent = indexes;
+    if (const std::size_t granted = Admit(name, indexes.size(), started);
+        granted < indexes.size()) {
+      const std::string reason = std::string{kThrottledReason} + target +
+                                 "' is over its max_rate; sent when it has tokens again";
+      for (std::size_t k = granted; k < indexes.size(); ++k) {
+        outcomes[indexes[k]] = {batch[indexes[k]].id, Failure{FailureKind::kUnavailable, reason}};
+      }
+      sent.resize(granted);
+      if (sent.empty()) continue;  // nothing sent: no verdict either
+    }
+    auto publish = [this, &batch, deadline, lane = lane->second.get(), sent, target] {
+      if (sent.size() == batch.size()) return lane->Publish(batch, deadline, target, log_);
       std::vector<Envelope> group;
-      group.reserve(indexes.size());
-      for (const auto i : indexes) group.push_back(batch[i]);
+      group.reserve(sent.size());
+      for (const auto i : sent) group.push_back(batch[i]);
       return lane->Publish(group, deadline, target, log_);
     };
     const auto policy = running.empty() ? std::launch::deferred : std::launch::async;
-    running.push_back({std::move(target), &indexes, std::async(policy, std::move(publish))});
+    running.push_back({std::move(target), std::move(sent), std::async(policy, std::move(publish))});
   }
   for (Running& lane : running) {
     auto lane_outcomes = lane.outcomes.get();
     bool all_unavailable = true;
-    for (std::size_t k = 0; k < lane.indexes->size(); ++k) {
+    for (std::size_t k = 0; k < lane.indexes.size(); ++k) {
       const auto& failure = lane_outcomes[k].failure;
       all_unavailable = all_unavailable && failure && failure->kind == FailureKind::kUnavailable;
-      outcomes[(*lane.indexes)[k]] = std::move(lane_outcomes[k]);
+      outcomes[lane.indexes[k]] = std::move(lane_outcomes[k]);
     }
     std::optional<std::string> reason;
-    if (all_unavailable) reason = outcomes[lane.indexes->front()].failure->reason;
+    if (all_unavailable) reason = outcomes[lane.indexes.front()].failure->reason;
     Verdict(lane.target, reason);
   }
   publish_seconds_.Observe(std::chrono::duration<double>(SteadyClock::now() - started).count());
@@ -246,7 +346,14 @@ void Dispatcher::Verdict(const std::string& target, const std::optional<std::str
                            std::to_string(backoff.count()) + " ms");
 }
 
-std::vector<std::string> Dispatcher::Held(SteadyClock::time_point now) const {
+std::size_t Dispatcher::Admit(std::string_view target, std::size_t wanted,
+                              SteadyClock::time_point now) {
+  std::lock_guard lock(buckets_mutex_);
+  const auto bucket = buckets_.find(target);
+  return bucket == buckets_.end() ? wanted : bucket->second->Take(wanted, now);
+}
+
+std::vector<std::string> Dispatcher::HeldPaused(SteadyClock::time_point now) const {
   std::lock_guard lock(pauses_mutex_);
   std::vector<std::string> names;
   for (const auto& [target, pause] : pauses_) {
@@ -255,12 +362,46 @@ std::vector<std::string> Dispatcher::Held(SteadyClock::time_point now) const {
   return names;
 }
 
+std::vector<std::string> Dispatcher::Held(SteadyClock::time_point now) const {
+  std::vector<std::string> names = HeldPaused(now);
+  std::lock_guard lock(buckets_mutex_);
+  for (const auto& [target, bucket] : buckets_) {
+    if (bucket->Holds(now) && std::find(names.begin(), names.end(), target) == names.end()) {
+      names.push_back(target);
+    }
+  }
+  return names;
+}
+
+std::vector<std::string> Dispatcher::Held(SteadyClock::time_point now,
+                                          std::span<const Envelope> in_flight) const {
+  std::vector<std::string> names = Held(now);
+  if (in_flight.empty()) return names;
+  std::lock_guard lock(buckets_mutex_);
+  for (const auto& [target, bucket] : buckets_) {
+    if (std::find(names.begin(), names.end(), target) != names.end()) continue;
+    const auto of_target = std::count_if(in_flight.begin(), in_flight.end(),
+                                         [&](const Envelope& e) { return e.target == target; });
+    if (of_target > 0 && static_cast<double>(of_target) >= bucket->TokensAt(now)) {
+      names.push_back(target);
+    }
+  }
+  return names;
+}
+
 std::optional<Dispatcher::SteadyClock::time_point> Dispatcher::NextProbe(
     SteadyClock::time_point now) const {
-  std::lock_guard lock(pauses_mutex_);
   std::optional<SteadyClock::time_point> next;
-  for (const auto& [target, pause] : pauses_) {
-    if (pause.probe_at > now) next = std::min(next.value_or(pause.probe_at), pause.probe_at);
+  {
+    std::lock_guard lock(pauses_mutex_);
+    for (const auto& [target, pause] : pauses_) {
+      if (pause.probe_at > now) next = std::min(next.value_or(pause.probe_at), pause.probe_at);
+    }
+  }
+  std::lock_guard lock(buckets_mutex_);
+  for (const auto& [target, bucket] : buckets_) {
+    if (!bucket->Holds(now)) continue;
+    next = std::min(next.value_or(bucket->throttled_until), bucket->throttled_until);
   }
   return next;
 }

@@ -195,14 +195,20 @@ class Relay::Engine : private TablePipeline::Stages {
       batch.messages.clear();
     }
     std::set<StreamId> broken = broken_before;
-    const auto held = dispatcher_->Held(SteadyClock::now());
+    const auto now = SteadyClock::now();
+    const auto held = dispatcher_->Held(now);
+    const auto paused = dispatcher_->HeldPaused(now);
     std::vector<Envelope> parked;
+    std::size_t throttled = 0;  // of a target held for its max_rate, not for an outage
     std::erase_if(batch.messages, [&](Envelope& envelope) {
       if (std::find(held.begin(), held.end(), envelope.target) == held.end()) return false;
+      if (std::find(paused.begin(), paused.end(), envelope.target) == paused.end()) ++throttled;
       if (envelope.stream_key) broken.insert(StreamOf(envelope));
       parked.push_back(std::move(envelope));
       return true;
     });
+    report_.counters.throttled += throttled;
+    report_.metrics.throttled.Increment(throttled);
     settler_.Release(parked);
     settler_.HoldBack(batch.messages, broken);
     KeepPartitions(batch.messages);
@@ -246,7 +252,8 @@ class Relay::Engine : private TablePipeline::Stages {
       request.owner = owner_;
       request.max_messages = options_.batch_size;
       request.lease_duration = options_.lease;
-      request.paused_targets = dispatcher_->Held(SteadyClock::now());
+      // Beside a batch in flight: also a limited target that batch leaves without tokens.
+      request.paused_targets = dispatcher_->Held(SteadyClock::now(), in_flight);
       if (membership_) {
         request.partitions = membership_->Claimable();
         if (request.partitions->empty()) return {};  // no partition held (yet)

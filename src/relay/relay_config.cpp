@@ -152,6 +152,7 @@ RelayGroup::RelayGroup(const Settings& settings, const StoreSettings& store, Sin
   // just works. Null for one relay per database (SQLite).
   partition_leases_ = store.OpenPartitionLeases();
   options.partition_leases = partition_leases_.get();
+  options.rate_limits = settings.rate_limits;
   // One dispatcher for both relays: one connection, one pause and one memory of what its broker
   // asked (an HTTP endpoint's Retry-After) per target, whoever publishes.
   auto dispatcher = DispatcherFor(std::move(sinks), options, log_);

@@ -31,6 +31,10 @@ RelayMetrics::RelayMetrics(observe::Registry& into)
       held_back(into.AddCounter(
           "outbox_held_back_total",
           "Messages sent back unsettled because an earlier message of their stream failed.")),
+      throttled(into.AddCounter(
+          "outbox_relay_throttled_total",
+          "Messages claimed, then given back untouched because their target was over its "
+          "max_rate: what a rate limit costs the database.")),
       lease_lost(into.AddCounter(
           "outbox_relay_lease_lost_total",
           "Messages whose lease expired or was taken over before their outcome was recorded.")),

@@ -25,6 +25,7 @@ struct RelayMetrics {
   observe::Counter& published;
   observe::Counter& retries;
   observe::Counter& held_back;
+  observe::Counter& throttled;
   observe::Counter& lease_lost;
   observe::Counter& store_errors;
   observe::Histogram& publish_latency;

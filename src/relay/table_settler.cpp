@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "outbox/core/message.h"
+#include "outbox/relay/dispatcher.h"
 
 namespace outbox::relay {
 
@@ -53,6 +54,7 @@ std::set<StreamId> TableSettler::Settle(const std::vector<Envelope>& batch,
                                         const std::vector<PublishOutcome>& outcomes) {
   std::vector<LeasedId> done;
   std::vector<FailedMessage> failed;
+  std::vector<LeasedId> throttled;  // over their target's max_rate: given back untouched
   std::set<StreamId> broken_streams;
   // The broker's confirmations are in: the end of the commit -> confirm latency.
   const TimePoint confirmed_at = std::chrono::system_clock::now();
@@ -79,6 +81,11 @@ std::set<StreamId> TableSettler::Settle(const std::vector<Envelope>& batch,
       continue;
     }
     const Failure& failure = *outcome.failure;
+    if (IsThrottled(failure)) {
+      throttled.push_back(LeasedId::Of(envelope));
+      if (envelope.stream_key) broken_streams.insert(StreamOf(envelope));
+      continue;
+    }
     CountFailure(envelope, failure);
     if (failure.treatment().spends_attempt) {
       ++report_.counters.failed;
@@ -91,7 +98,9 @@ std::set<StreamId> TableSettler::Settle(const std::vector<Envelope>& batch,
   }
   // The outcomes are known; they are recorded while the next batch is published, or before
   // anything more is claimed (see Run), also when the database is away now.
-  Unrecorded(std::move(done), std::move(failed), {});
+  report_.counters.throttled += throttled.size();
+  report_.metrics.throttled.Increment(throttled.size());
+  Unrecorded(std::move(done), std::move(failed), std::move(throttled));
   return broken_streams;
 }
 

@@ -47,13 +47,16 @@ std::optional<std::string> WalSettler::Decide(Batch& batch,
   for (std::size_t k = 0; k < outcomes.size(); ++k) {
     const auto& failure = outcomes[k].failure;
     const std::string& target = items[to_publish[k]].envelope.target;
-    if (failure && !failure->treatment().spends_attempt && !rejecting.contains(target)) {
+    // Over its max_rate: parked like the rest, but not a sign of an outage (nor worth a warning
+    // per batch).
+    if (failure && !failure->treatment().spends_attempt && !rejecting.contains(target) &&
+        !IsThrottled(*failure)) {
       unconfirmed.try_emplace(target, &*failure);
     }
   }
   if (!unconfirmed.empty()) {
     std::size_t stuck = unconfirmed.size();
-    for (const auto& target : dispatcher_.Held(SteadyClock::now())) {
+    for (const auto& target : dispatcher_.HeldPaused(SteadyClock::now())) {
       if (!unconfirmed.contains(target)) ++stuck;
     }
     if (stuck >= dispatcher_.size()) {

@@ -6,10 +6,14 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <set>
+#include <thread>
+#include <vector>
 
 #include "support/amqp_test_client.h"
 #include "support/child_process.h"
@@ -45,7 +49,9 @@ class TargetsE2eTest : public ::testing::Test {
 
   // Sinks "default" (the real broker, to healthy_queue_) and "other" (at `other_url`, to
   // other_queue_).
-  void WriteConfig(const std::string& other_url, int max_attempts, bool wal_mode = false) {
+  // `other_lines`: more keys for [sinks.other].
+  void WriteConfig(const std::string& other_url, int max_attempts, bool wal_mode = false,
+                   const std::string& other_lines = "") {
     std::ofstream out(config_path_);
     out << "[database]\nurl = \"" << PgUrl() << "\"\nschema = \"" << schema_.name() << "\"\n"
         << (wal_mode ? "mode = \"wal\"\n" : "")
@@ -57,7 +63,7 @@ class TargetsE2eTest : public ::testing::Test {
         << "routing_key = \"" << healthy_queue_ << "\"\n"
         << "[sinks.other]\ntype = \"rabbitmq\"\nurl = \"" << other_url << "\"\n"
         << "routing_key = \"" << other_queue_ << "\"\n"
-        << "[http]\nlisten = \"\"\n";
+        << other_lines << "[http]\nlisten = \"\"\n";
   }
 
   // `other` messages for "other" first (the oldest, so that a claim by age alone would be full
@@ -178,6 +184,71 @@ TEST_F(TargetsE2eTest, ABrokerThatRefusesEverythingHoldsBackOnlyItsOwnTarget) {
       << Scalar(schema_.conn(), "SELECT min(last_error) FROM " + schema_.name() + ".messages");
   EXPECT_EQ(ReadyMessages(other_queue_).value_or(1), 0U);
   EXPECT_EQ(Log().find("is unavailable"), std::string::npos) << "a refusal is no outage";
+}
+
+// Issue #43: [sinks.other] max_rate = 200. Its messages reach its queue at 200/s (in bursts of
+// about 180) while the healthy target's drain at full speed, though the limited target's
+// backlog is the older one. 3 s of bursts measured (OUTBOX_MAX_RATE_SECONDS for more).
+TEST_F(TargetsE2eTest, ATargetWithAMaxRateIsSentAtThatRateWhileTheOtherDrains) {
+  const char* seconds_env = std::getenv("OUTBOX_MAX_RATE_SECONDS");
+  const int window = seconds_env != nullptr ? std::stoi(seconds_env) : 3;
+  constexpr int kRate = 200;
+  DeclareQueue(other_queue_);
+  WriteConfig(AmqpUrl(), 3, /*wal_mode=*/false, "max_rate = " + std::to_string(kRate) + "\n");
+  const int limited = kRate * (window + 4);
+  Enqueue(limited);
+  std::mutex mutex;
+  std::vector<std::chrono::steady_clock::time_point> arrivals;  // of the limited target's
+  std::map<std::string, std::int64_t> last_seq;                 // its streams'
+  std::size_t out_of_order = 0;
+  Consumer other(other_queue_, [&](Delivery&& delivery) {
+    std::lock_guard lock(mutex);
+    arrivals.push_back(std::chrono::steady_clock::now());
+    auto& last = last_seq[delivery.stream_key];
+    if (delivery.stream_seq <= last) ++out_of_order;
+    last = delivery.stream_seq;
+  });
+  Consumer healthy(healthy_queue_);
+  const auto started = std::chrono::steady_clock::now();
+  Outboxd relay(config_path_);
+  EXPECT_TRUE(WaitUntil([&] { return healthy.count() >= kPerTarget; }, seconds{30}))
+      << healthy.count() << " of " << kPerTarget << " for the healthy target\n"
+      << Log();
+  const double healthy_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const std::size_t limited_then = other.count();
+  // The bursts: arrivals more than 300 ms after the one before start one.
+  ASSERT_TRUE(WaitUntil([&] { return other.count() > 0; }, seconds{10})) << Log();
+  std::this_thread::sleep_for(milliseconds{1000 * window + 1500});
+  EXPECT_EQ(relay.Stop(SIGTERM, seconds{30}), 0) << Log();
+  other.Stop();
+  healthy.Stop();
+  std::vector<std::size_t> burst_starts;  // indexes into arrivals
+  for (std::size_t i = 0; i < arrivals.size(); ++i) {
+    if (i == 0 || arrivals[i] - arrivals[i - 1] > milliseconds{300}) burst_starts.push_back(i);
+  }
+  ASSERT_GE(burst_starts.size(), 4U) << arrivals.size() << " arrivals";
+  // From the second burst (the first is the full bucket) to the start of the last one.
+  const std::size_t first = burst_starts[1];
+  const std::size_t last = burst_starts.back();
+  const double seconds_between =
+      std::chrono::duration<double>(arrivals[last] - arrivals[first]).count();
+  const double rate = static_cast<double>(last - first) / seconds_between;
+  std::printf(
+      "[ e2e ] max_rate %d: %.1f msgs/s over %.1f s (%zu bursts, the first of %zu, then about "
+      "%zu); the healthy "
+      "target's %d drained in %.2f s, %zu of the limited target's sent by then\n",
+      kRate, rate, seconds_between, burst_starts.size(), burst_starts[1] - burst_starts[0],
+      burst_starts[2] - burst_starts[1], kPerTarget, healthy_seconds, limited_then);
+  EXPECT_GT(rate, kRate * 0.9);
+  EXPECT_LT(rate, kRate * 1.1);
+  // Waiting for the limited target would have taken (window + 4) s.
+  EXPECT_LT(limited_then, static_cast<std::size_t>(limited / 2))
+      << "the healthy target drained only as the limited one did";
+  EXPECT_EQ(Count("attempts > 0"), 0) << "throttling spends no attempt";
+  EXPECT_EQ(out_of_order, 0U) << "the limited target's streams were reordered";
+  EXPECT_EQ(last_seq.size(), static_cast<std::size_t>(kStreams));
+  ExpectAllInStreamOrder(healthy, "healthy");
 }
 
 // Issue #41: the same outage in WAL mode, the messages in the WAL only. The healthy target's

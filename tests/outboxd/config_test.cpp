@@ -333,6 +333,35 @@ TEST(ConfigTest, SinkKeysDependOnItsType) {
               "sinks.default.confirm_windows", "did you mean \"sinks.default.confirm_window\"");
 }
 
+// Issue #43: every sink type takes max_rate (and max_burst), read in one place.
+TEST(ConfigTest, EverySinkTakesAMaxRateAndAMaxBurst) {
+  EXPECT_FALSE(Parse(kMinimal).sinks[0].rate_limit.has_value());
+  const Config file = Parse(WithSink("type = \"file\"\nmax_rate = 200"));
+  ASSERT_TRUE(file.sinks[0].rate_limit.has_value());
+  EXPECT_EQ(file.sinks[0].rate_limit->max_rate, 200.0);
+  EXPECT_EQ(file.sinks[0].rate_limit->burst(), 200.0) << "one second's worth by default";
+  const Config rabbit = Parse(WithSink(std::string{kRabbit} + "max_rate = 2.5\nmax_burst = 10"));
+  ASSERT_TRUE(rabbit.sinks[0].rate_limit.has_value());
+  EXPECT_EQ(rabbit.sinks[0].rate_limit->max_rate, 2.5);
+  EXPECT_EQ(rabbit.sinks[0].rate_limit->burst(), 10.0);
+  EXPECT_NE(Describe(rabbit).find("max_rate = 2.5\nmax_burst = 10"), std::string::npos)
+      << Describe(rabbit);
+  ExpectError(WithSink("type = \"file\"\nmax_rate = 0"), "sinks.default.max_rate",
+              "must be a positive number of messages a second");
+  ExpectError(WithSink("type = \"file\"\nmax_rate = -3"), "sinks.default.max_rate",
+              "must be a positive number");
+  ExpectError(WithSink("type = \"file\"\nmax_rate = \"fast\""), "sinks.default.max_rate", "");
+  ExpectError(WithSink("type = \"file\"\nmax_rate = nan"), "sinks.default.max_rate", "got nan");
+  ExpectError(WithSink("type = \"file\"\nmax_rate = 2e6"), "sinks.default.max_rate",
+              "(at most 1000000), got 2e+06");
+  ExpectError(WithSink("type = \"file\"\nmax_rate = 10\nmax_burst = 0"), "sinks.default.max_burst",
+              "must be a number of messages from 1");
+  ExpectError(WithSink("type = \"file\"\nmax_burst = 10"), "sinks.default.max_burst",
+              "is only read with max_rate");
+  ExpectError(WithSink("type = \"file\"\nmax_rates = 10"), "sinks.default.max_rates",
+              "did you mean \"sinks.default.max_rate\"");
+}
+
 // ---- Types ----
 
 TEST(ConfigTest, WrongTypesNameTheExpectedOne) {

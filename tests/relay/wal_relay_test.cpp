@@ -554,6 +554,60 @@ TEST_F(WalRelayTest, WithOneTargetDownTheOtherFlowsAndNothingIsLostOrReordered) 
   EXPECT_TRUE(WaitFor([&] { return Count("true") == "0"; })) << Count("true") << " rows left";
 }
 
+// Issue #43 in WAL mode: a target with a max_rate is sent what its bucket allows from the slot;
+// what is over is parked in the table (no attempt, no outage, no warning per batch) and published
+// by the table relay within the same bucket. The other target flows; every stream stays in order.
+TEST_F(WalRelayTest, ARateLimitedTargetParksWhatIsOverItsRateAndKeepsItsRate) {
+  constexpr double kRate = 200;
+  constexpr double kBurst = 20;
+  auto healthy_owned = std::make_unique<TestSink>();
+  TestSink* healthy = healthy_owned.get();
+  std::mutex mutex;
+  std::vector<std::chrono::steady_clock::time_point> sent_at;  // the limited target's
+  auto limited_owned = std::make_unique<TestSink>([&](const Envelope&) -> std::optional<Failure> {
+    std::lock_guard lock(mutex);
+    sent_at.push_back(std::chrono::steady_clock::now());
+    return std::nullopt;
+  });
+  TestSink* limited = limited_owned.get();
+  SinkMap sinks;
+  sinks.emplace("default", std::move(healthy_owned));
+  sinks.emplace("other", std::move(limited_owned));
+  DispatcherOptions options = TestBackoff();
+  options.rate_limits = {{"other", {.max_rate = kRate, .max_burst = kBurst}}};
+  auto dispatcher = std::make_shared<Dispatcher>(std::move(sinks), options);
+  Start(dispatcher);
+  StartTableRelay(dispatcher);
+  constexpr int kTransactions = 200;
+  {
+    auto conn = Connect();
+    for (int i = 0; i < kTransactions; ++i) {
+      Sql(conn.get(), "BEGIN");
+      Sql(conn.get(), "SET LOCAL synchronous_commit = on");
+      Scalar(conn.get(), "SELECT " + S() + ".enqueue('t', '{}', stream_key => 's" +
+                             std::to_string(i % 10) + "', targets => ARRAY['default', 'other'])");
+      Sql(conn.get(), "COMMIT");
+    }
+  }
+  ASSERT_TRUE(WaitFor([&] { return healthy->delivered().size() == kTransactions; }));
+  ASSERT_TRUE(WaitFor([&] { return limited->delivered().size() == kTransactions; }))
+      << limited->delivered().size() << " of " << kTransactions;
+  EXPECT_TRUE(WaitFor([&] { return Count("true") == "0"; })) << Count("true") << " rows left";
+  ExpectOneToN(FirstSeqs(healthy->delivered()));
+  ExpectOneToN(FirstSeqs(limited->delivered()));
+  EXPECT_EQ(relay(0).counters().parked.load() > 0, true) << "nothing was over the rate?";
+  EXPECT_TRUE(Logged("parked in the table").empty()) << Logged("parked in the table")[0];
+  EXPECT_TRUE(Logged("unavailable").empty()) << Logged("unavailable")[0];
+  std::lock_guard lock(mutex);
+  const double seconds_taken =
+      std::chrono::duration<double>(sent_at.back() - sent_at.front()).count();
+  const double rate = (static_cast<double>(sent_at.size()) - kBurst) / seconds_taken;
+  std::printf("[ wal ] max_rate %.0f: %.1f msgs/s after the burst, %llu parked\n", kRate, rate,
+              static_cast<unsigned long long>(relay(0).counters().parked.load()));
+  EXPECT_LT(rate, kRate * 1.1);
+  EXPECT_GT(rate, kRate * 0.5) << "the parked ones waited long";
+}
+
 // The targets of a batch are published side by side, as the table relay's lanes: a slow broker
 // adds nothing to the others' time. Seen as a fact, not a timing: each sink, on its first message,
 // waits (up to 5 s) for the other sink to have been called, which one after the other never is.

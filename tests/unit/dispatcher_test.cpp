@@ -275,5 +275,146 @@ TEST(DispatcherTest, BadSetUpIsAConfigError) {
   EXPECT_THROW(Dispatcher(std::move(empty_sink)), ConfigError);
 }
 
+// Issue #43: a target with a max_rate gets what its bucket holds, in batch order; the rest is
+// throttled (not sent, no attempt, not a pause), and the target is held until its bucket is back
+// 9/10 full. The other target's lane does not wait for it.
+struct TwoTargets {
+  explicit TwoTargets(RateLimit slow_limit) {
+    auto slow_owned = std::make_unique<ScriptedSink>();
+    auto fast_owned = std::make_unique<ScriptedSink>();
+    slow = slow_owned.get();
+    fast = fast_owned.get();
+    SinkMap sinks;
+    sinks.emplace("slow", std::move(slow_owned));
+    sinks.emplace("fast", std::move(fast_owned));
+    dispatcher = std::make_unique<Dispatcher>(
+        std::move(sinks),
+        DispatcherOptions{.metrics = &registry, .rate_limits = {{"slow", slow_limit}}});
+  }
+  // `slow_count` messages to "slow", then `fast_count` to "fast".
+  static std::vector<Envelope> Mixed(int slow_count, int fast_count) {
+    auto batch = Batch(slow_count, "t", "slow");
+    for (auto& envelope : Batch(fast_count, "t", "fast")) batch.push_back(envelope);
+    return batch;
+  }
+  observe::Registry registry;
+  ScriptedSink* slow = nullptr;
+  ScriptedSink* fast = nullptr;
+  std::unique_ptr<Dispatcher> dispatcher;
+};
+
+TEST(DispatcherTest, ARateLimitedTargetSendsWhatItsBucketHoldsAndIsHeldUntilItRefills) {
+  TwoTargets two({.max_rate = 100, .max_burst = 10});
+  EXPECT_TRUE(two.dispatcher->Held(SteadyClock::now()).empty()) << "a bucket starts full";
+  const auto batch = TwoTargets::Mixed(30, 30);
+  const auto outcomes = two.dispatcher->Dispatch(batch, Far());
+  for (std::size_t i = 0; i < 10; ++i) EXPECT_TRUE(outcomes[i].published()) << i;
+  for (std::size_t i = 10; i < 30; ++i) {
+    ASSERT_TRUE(outcomes[i].failure) << i;
+    EXPECT_TRUE(IsThrottled(*outcomes[i].failure)) << outcomes[i].failure->reason;
+    EXPECT_FALSE(outcomes[i].failure->treatment().spends_attempt);
+  }
+  for (std::size_t i = 30; i < 60; ++i) EXPECT_TRUE(outcomes[i].published()) << i;
+  EXPECT_EQ(two.slow->sent(), 10U);
+  EXPECT_EQ(two.fast->sent(), 30U);
+  EXPECT_FALSE(two.dispatcher->AnyPaused()) << "throttled is not paused";
+  EXPECT_TRUE(two.dispatcher->HeldPaused(SteadyClock::now()).empty());
+  EXPECT_EQ(two.dispatcher->Held(SteadyClock::now()), std::vector<std::string>{"slow"});
+  // 9/10 full again (9 tokens at 100/s): 90 ms after it ran dry.
+  const auto now = SteadyClock::now();
+  const auto refilled = two.dispatcher->NextProbe(now);
+  ASSERT_TRUE(refilled.has_value());
+  EXPECT_LE(*refilled - now, milliseconds{101});
+  EXPECT_GE(*refilled - now, milliseconds{80});
+  std::this_thread::sleep_until(*refilled);
+  EXPECT_TRUE(two.dispatcher->Held(SteadyClock::now()).empty());
+  EXPECT_FALSE(two.dispatcher->NextProbe(SteadyClock::now()).has_value());
+  // Throttled time is counted, once per spell.
+  const std::string text = two.registry.RenderPrometheus();
+  const std::string series = "outbox_relay_target_throttled_seconds{target=\"slow\"} ";
+  const auto at = text.find(series);
+  ASSERT_NE(at, std::string::npos) << text;
+  const double throttled = std::stod(text.substr(at + series.size()));
+  EXPECT_GT(throttled, 0.08);
+  EXPECT_LT(throttled, 0.11);
+  EXPECT_EQ(text.find("outbox_relay_target_throttled_seconds{target=\"fast\"}"), std::string::npos);
+}
+
+// A target under its rate is never held: it stays out of the claims' paused set, whose changes
+// restart the claim cursor's walk.
+TEST(DispatcherTest, ATargetUnderItsRateIsNeverHeld) {
+  TwoTargets two({.max_rate = 1000, .max_burst = 10});
+  for (int i = 0; i < 20; ++i) {
+    for (const auto& outcome : two.dispatcher->Dispatch(TwoTargets::Mixed(5, 5), Far())) {
+      EXPECT_TRUE(outcome.published());
+    }
+    EXPECT_TRUE(two.dispatcher->Held(SteadyClock::now()).empty()) << "after batch " << i;
+    EXPECT_FALSE(two.dispatcher->NextProbe(SteadyClock::now()).has_value());
+    std::this_thread::sleep_for(milliseconds{6});  // 6 tokens back, 5 taken a batch
+  }
+  EXPECT_EQ(two.slow->sent(), 100U);
+}
+
+// A claim made beside a batch in flight leaves out a limited target that batch will leave with
+// no token (it would only be given back), and no other.
+TEST(DispatcherTest, ALimitedTargetThatABatchInFlightEmptiesIsHeldForTheClaimBesideIt) {
+  TwoTargets two({.max_rate = 100, .max_burst = 10});
+  const auto now = SteadyClock::now();
+  EXPECT_TRUE(two.dispatcher->Held(now, TwoTargets::Mixed(5, 50)).empty());
+  EXPECT_EQ(two.dispatcher->Held(now, TwoTargets::Mixed(10, 0)), std::vector<std::string>{"slow"});
+  EXPECT_TRUE(two.dispatcher->Held(now, TwoTargets::Mixed(0, 500)).empty());
+  EXPECT_TRUE(two.dispatcher->Held(now).empty()) << "without a batch in flight";
+}
+
+TEST(DispatcherTest, AThrottledTargetHoldsUpNoOtherLaneAndSendsItsRateOverTime) {
+  TwoTargets two({.max_rate = 200, .max_burst = 5});
+  const auto started = SteadyClock::now();
+  auto slowest_dispatch = SteadyClock::duration::zero();
+  // A source that takes what is not held, every 2 ms or when a held target is due (as the
+  // relays do), for half a second.
+  while (SteadyClock::now() - started < milliseconds{500}) {
+    const auto held = two.dispatcher->Held(SteadyClock::now());
+    const int slow_count = held.empty() ? 50 : 0;
+    const auto before = SteadyClock::now();
+    two.dispatcher->Dispatch(TwoTargets::Mixed(slow_count, 50), Far());
+    slowest_dispatch = std::max(slowest_dispatch, SteadyClock::now() - before);
+    const auto next = SteadyClock::now() + milliseconds{2};
+    std::this_thread::sleep_until(std::min(next, two.dispatcher->NextProbe(before).value_or(next)));
+  }
+  const double elapsed = std::chrono::duration<double>(SteadyClock::now() - started).count();
+  const std::size_t slow_published = two.slow->sent();
+  const std::size_t fast_published = two.fast->sent();
+  // The burst, then 200/s (5 every 25 ms).
+  const double expected = 5 + 200 * elapsed;
+  EXPECT_GT(static_cast<double>(slow_published), expected * 0.9);
+  EXPECT_LT(static_cast<double>(slow_published), expected * 1.1);
+  EXPECT_GT(fast_published, 50U * 100) << "the fast lane kept going, 50 a batch";
+  EXPECT_LT(slowest_dispatch, milliseconds{100}) << "a Dispatch waited for tokens";
+  EXPECT_FALSE(two.dispatcher->AnyPaused());
+}
+
+TEST(DispatcherTest, BadRateLimitsAreConfigErrors) {
+  const auto with = [](RateLimits limits) {
+    SinkMap sinks;
+    sinks.emplace("default", std::make_unique<ScriptedSink>());
+    Dispatcher dispatcher(std::move(sinks), {.rate_limits = std::move(limits)});
+  };
+  const auto expect_error = [&](RateLimits limits, const std::string& key) {
+    try {
+      with(std::move(limits));
+      ADD_FAILURE() << "no error for " << key;
+    } catch (const ConfigError& error) {
+      EXPECT_EQ(error.key(), key) << error.what();
+    }
+  };
+  expect_error({{"default", {.max_rate = 0}}}, "sinks.default.max_rate");
+  expect_error({{"default", {.max_rate = -5}}}, "sinks.default.max_rate");
+  expect_error({{"default", {.max_rate = 10, .max_burst = 0.5}}}, "sinks.default.max_burst");
+  expect_error({{"other", {.max_rate = 10}}}, "sinks.other.max_rate");
+  EXPECT_NO_THROW(with({{"default", {.max_rate = 0.5}}}));
+  EXPECT_EQ((RateLimit{.max_rate = 0.5}).burst(), 1.0);
+  EXPECT_EQ((RateLimit{.max_rate = 250}).burst(), 250.0);
+}
+
 }  // namespace
 }  // namespace outbox::testing

@@ -53,6 +53,9 @@ struct RelayOptions {
   // Where the relay writes its metrics (outbox_relay_* and outbox_publish_*; see the README's
   // "Operating outbox"). Not owned; must outlive the relay. Null: a registry of the relay's own.
   observe::Registry* metrics = nullptr;
+  // Per-target rate limits (sinks' max_rate, max_burst), for the dispatcher a relay makes of its
+  // sinks (see dispatcher.h).
+  RateLimits rate_limits;
   // Relays sharing one database divide its partitions through these leases (store/partitions.h):
   // this relay then claims only from partitions it holds, heartbeats every
   // Membership::next_heartbeat between batches, hands surplus back and leaves on Stop. Not owned;
@@ -70,6 +73,9 @@ struct RelayCounters {
   std::atomic<std::uint64_t> failed{0};       // rejected or permanent: an attempt spent
   std::atomic<std::uint64_t> unconfirmed{0};  // unavailable or outcome unknown: republished
   std::atomic<std::uint64_t> held_back{0};    // confirmed after an earlier failure of its stream
+  // Claimed, then given back untouched: over their target's max_rate (dispatcher.h). The churn a
+  // rate limit costs, as the store's claim takes no per-target limit.
+  std::atomic<std::uint64_t> throttled{0};
   std::atomic<std::uint64_t> lease_lost{0};
   std::atomic<std::uint64_t> store_errors{0};
   std::atomic<std::uint64_t> takeovers{0};  // partitions taken from an expired lease of another

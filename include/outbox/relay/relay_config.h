@@ -73,6 +73,8 @@ class RelayGroup {
     RelaySection relay;
     RetryPolicy retry;
     RetentionPolicy retention;
+    // The sinks' max_rate and max_burst, by target (dispatcher.h).
+    RateLimits rate_limits;
   };
 
   // What a start checks before it reaches the database, for outboxd --check-config: the

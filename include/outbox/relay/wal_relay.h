@@ -54,6 +54,8 @@ struct WalRelayOptions {
   // Where the outbox_wal_* series go. Not owned; must outlive the relay. Null: a registry of the
   // relay's own.
   observe::Registry* metrics = nullptr;
+  // As RelayOptions::rate_limits.
+  RateLimits rate_limits;
 };
 
 struct WalRelayCounters {

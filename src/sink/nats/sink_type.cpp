@@ -30,10 +30,26 @@ std::string* FileOption(SinkOptions& options, std::string_view key) {
 std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   std::string_view name,
                                                   const config::GetenvFn& getenv) {
-  sink.AllowOnly({"type", "url", "subject", "expect_stream", "max_pending", "connect_timeout",
-                  "ping_interval", "max_message_bytes", "token", "creds", "nkey_seed",
-                  "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name", "envelope",
-                  "cloudevents_mode", "cloudevents_source"});
+  sink.AllowOnly({"type",
+                  "url",
+                  "subject",
+                  "expect_stream",
+                  "max_pending",
+                  "connect_timeout",
+                  "ping_interval",
+                  "max_message_bytes",
+                  "token",
+                  "creds",
+                  "nkey_seed",
+                  "tls_ca_file",
+                  "tls_cert_file",
+                  "tls_key_file",
+                  "tls_server_name",
+                  "envelope",
+                  "max_rate",
+                  "max_burst",
+                  "cloudevents_mode",
+                  "cloudevents_source"});
   SinkOptions options;
   options.url.clear();
 
