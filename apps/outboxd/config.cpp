@@ -28,6 +28,7 @@
 
 #include "outbox/config/toml_file.h"
 #include "outbox/core/error.h"
+#include "outbox/sink/claim_check_type.h"
 
 namespace outbox::outboxd {
 namespace {
@@ -245,8 +246,28 @@ void ParseSinks(const Section& root, const GetenvFn& getenv, Config& config) {
       Fail(sink.Key("type"), "unknown sink type " + Quoted(type) + "; expected " + types.Names(),
            sink.Find("type"));
     }
-    config.sinks.push_back(
-        SinkConfig{.name = name, .type = type, .settings = sink_type->parse(sink, name, getenv)});
+    // The claim check is every sink type's sub-table, read here (claim_check_type.h): the type
+    // reads its table without it, and the sink it opens is wrapped.
+    std::optional<claim_check::Options> claim_check;
+    std::optional<TomlValue> without_claim_check;
+    if (const TomlValue* table = sink.Find(claim_check::kTableKey); table != nullptr) {
+      if (!table->is_table()) {
+        Fail(sink.Key(claim_check::kTableKey),
+             "expected a table (a [" + key + ".claim_check] section), got " +
+                 TypeName(table->type()),
+             table);
+      }
+      claim_check =
+          claim_check::ReadOptions(Section{table, sink.Key(claim_check::kTableKey)}, name, getenv);
+      without_claim_check = *value;
+      without_claim_check->as_table().erase(std::string{claim_check::kTableKey});
+    }
+    std::unique_ptr<const SinkSettings> settings = sink_type->parse(
+        without_claim_check ? Section{&*without_claim_check, key} : sink, name, getenv);
+    if (claim_check) {
+      settings = claim_check::WithClaimCheck(std::move(settings), name, std::move(*claim_check));
+    }
+    config.sinks.push_back(SinkConfig{.name = name, .type = type, .settings = std::move(settings)});
   }
   if (config.sinks.empty()) {
     Fail("sinks",
