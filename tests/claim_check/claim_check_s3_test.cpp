@@ -7,6 +7,8 @@
 #include <algorithm>
 
 #include "outbox/sink/claim_check.h"
+#include "support/child_process.h"
+#include "support/free_port.h"
 #include "support/s3rver.h"
 
 namespace outbox::claim_check {
@@ -224,6 +226,98 @@ TEST_F(ClaimCheckS3Test, FetchClaimCheckSaysClearlyWhatIsWrong) {
   server_->Stop();
   result = FetchClaimCheck(good, options.store);
   EXPECT_EQ(result.error, FetchError::kUnavailable) << result.message;
+}
+
+// A Python with botocore (the AWS SDK's core) for sigv4_s3.py, or "" when there is none.
+std::string PythonWithBotocore() {
+  for (const char* python : {"python3", "/usr/bin/python3"}) {
+    if (std::system((std::string{python} + " -c 'import botocore' >/dev/null 2>&1").c_str()) == 0) {
+      return python;
+    }
+  }
+  return {};
+}
+
+// s3rver does not verify signatures: sigv4_s3.py does, with botocore's signer, as AWS would.
+class ClaimCheckSigV4Test : public ::testing::Test {
+ protected:
+  void Start(std::vector<std::string> extra = {}) {
+    const std::string python = PythonWithBotocore();
+    if (python.empty()) GTEST_SKIP() << "no python3 with botocore (Debian: python3-botocore)";
+    port_ = testing::FreePort();
+    log_ = ::testing::TempDir() + "sigv4_s3-" + std::to_string(port_) + ".log";
+    std::vector<std::string> argv{"/usr/bin/env",
+                                  python,
+                                  std::string{OUTBOX_SOURCE_DIR} + "/tests/claim_check/sigv4_s3.py",
+                                  std::to_string(port_),
+                                  "AKIDEXAMPLE",
+                                  "wJalrXUtnFEMI/K7MDENG+bPxRfiCY"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    server_ = std::make_unique<testing::ChildProcess>(
+        argv, log_, testing::Ready::LogLine("sigv4_s3 listening"));
+    ASSERT_TRUE(server_->WaitReady(std::chrono::seconds{20}));
+  }
+  void TearDown() override {
+    if (server_) server_->Stop(SIGTERM, std::chrono::seconds{5});
+    std::remove(log_.c_str());
+  }
+  [[nodiscard]] Options MakeOptions() const {
+    Options options;
+    options.store.endpoint = "http://127.0.0.1:" + std::to_string(port_);
+    options.store.bucket = "signed";
+    options.store.region = "eu-west-1";
+    options.store.access_key_id = "AKIDEXAMPLE";
+    options.store.secret_access_key = "wJalrXUtnFEMI/K7MDENG+bPxRfiCY";
+    options.threshold = 100;
+    return options;
+  }
+  int port_ = 0;
+  std::string log_;
+  std::unique_ptr<testing::ChildProcess> server_;
+};
+
+TEST_F(ClaimCheckSigV4Test, UploadsAndFetchesAreSignedAsAwsChecksAndAWrongSecretIsRefused) {
+  Start();
+  if (IsSkipped()) return;
+  auto recording = std::make_unique<RecordingSink>();
+  const auto received = recording->received;
+  const Options options = MakeOptions();
+  auto sink = WrapSink(std::move(recording), options);
+  // Over 1 MiB: libcurl asks with Expect: 100-continue first.
+  const std::vector<Envelope> batch{MakeEnvelope(BigPayload(2 * 1024 * 1024))};
+  const auto outcomes = sink->Publish(batch, In(std::chrono::seconds{10}));
+  ASSERT_TRUE(outcomes.at(0).published()) << outcomes.at(0).failure->reason;
+  const FetchResult fetched = FetchClaimCheck(received->at(0).headers, options.store);
+  ASSERT_TRUE(fetched.ok()) << fetched.message;
+  EXPECT_TRUE(fetched.payload == batch[0].payload);
+
+  Options wrong = options;
+  wrong.store.secret_access_key = "not-the-secret-0000";
+  auto refused = WrapSink(std::make_unique<RecordingSink>(), wrong)
+                     ->Publish(batch, In(std::chrono::seconds{10}));
+  ASSERT_FALSE(refused.at(0).published());
+  EXPECT_NE(refused[0].failure->reason.find("HTTP 403 SignatureDoesNotMatch"), std::string::npos)
+      << refused[0].failure->reason;
+  EXPECT_EQ(refused[0].failure->reason.find("not-the-secret"), std::string::npos);
+  const FetchResult denied = FetchClaimCheck(received->at(0).headers, wrong.store);
+  EXPECT_EQ(denied.error, FetchError::kDenied) << denied.message;
+}
+
+TEST_F(ClaimCheckSigV4Test, ASessionTokenIsSentAndSigned) {
+  Start({"session-token-1234"});
+  if (IsSkipped()) return;
+  Options options = MakeOptions();
+  options.store.session_token = "session-token-1234";
+  const std::vector<Envelope> batch{MakeEnvelope(BigPayload(1000))};
+  auto outcomes = WrapSink(std::make_unique<RecordingSink>(), options)
+                      ->Publish(batch, In(std::chrono::seconds{10}));
+  ASSERT_TRUE(outcomes.at(0).published()) << outcomes.at(0).failure->reason;
+  options.store.session_token = "session-token-other";
+  outcomes = WrapSink(std::make_unique<RecordingSink>(), options)
+                 ->Publish(batch, In(std::chrono::seconds{10}));
+  ASSERT_FALSE(outcomes.at(0).published());
+  EXPECT_NE(outcomes[0].failure->reason.find("InvalidToken"), std::string::npos)
+      << outcomes[0].failure->reason;
 }
 
 }  // namespace
