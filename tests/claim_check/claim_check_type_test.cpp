@@ -128,6 +128,8 @@ TEST(ClaimCheckTypeTest, CredentialsComeFromTheFileTheEnvironmentOrAFile) {
   EXPECT_NE(message.find("AWS_ACCESS_KEY_ID"), std::string::npos) << message;
   std::tie(key, message) = Error(store + "access_key_id = \"a\"\n");
   EXPECT_EQ(key, "sinks.events.claim_check.secret_access_key") << message;
+  EXPECT_NE(message.find("OUTBOX_SINK_EVENTS_CLAIM_CHECK_SECRET_ACCESS_KEY"), std::string::npos)
+      << message;
 
   // The AWS tools' variables, all three.
   auto options = Read(store, {{"AWS_ACCESS_KEY_ID", "AKIAENV"},

@@ -107,6 +107,14 @@ std::optional<Options> ReadOptions(const config::Section& table, std::string_vie
       store.session_token = config::Env(getenv, "AWS_SESSION_TOKEN").value_or("");
     }
   }
+  if (!store.access_key_id.empty() && store.secret_access_key.empty()) {
+    Fail(table.Key("secret_access_key"),
+         "is required with access_key_id: in the file, in " +
+             SinkSecretEnv(sink_name, "claim_check_secret_access_key") +
+             " or through secret_access_key_file (or leave both out for AWS_ACCESS_KEY_ID and "
+             "AWS_SECRET_ACCESS_KEY)",
+         table.Find("access_key_id"));
+  }
   if (table.Read("ca_file", store.ca_file) && !IsReadableFile(store.ca_file)) {
     Fail(table.Key("ca_file"), "cannot read " + config::Quoted(store.ca_file),
          table.Find("ca_file"));
