@@ -333,6 +333,28 @@ TEST(ConfigTest, SinkKeysDependOnItsType) {
               "sinks.default.confirm_windows", "did you mean \"sinks.default.confirm_window\"");
 }
 
+// The claim check (docs/claim-check.md): a sub-table of any sink's table, read by outboxd for every
+// type, described after the sink's keys, its secret masked and given to the redactor.
+TEST(ConfigTest, AnySinkTakesAClaimCheckTable) {
+  const std::string claim_check =
+      "\n[sinks.default.claim_check]\nendpoint = \"http://127.0.0.1:9000\"\nbucket = \"claims\"\n"
+      "access_key_id = \"AKIA1\"\n";
+  const Config config =
+      Parse(WithSink(std::string{kRabbit} + claim_check),
+            {{"OUTBOX_SINK_DEFAULT_CLAIM_CHECK_SECRET_ACCESS_KEY", "claim-secret-42"}});
+  const std::string described = Describe(config);
+  EXPECT_NE(described.find("[sinks.default.claim_check]\nendpoint = \"http://127.0.0.1:9000\""),
+            std::string::npos)
+      << described;
+  EXPECT_EQ(described.find("claim-secret-42"), std::string::npos) << described;
+  const auto secrets = config.sinks.at(0).settings->Secrets();
+  EXPECT_NE(std::find(secrets.begin(), secrets.end(), "claim-secret-42"), secrets.end());
+  ExpectError(WithSink("type = \"file\"\npath = \"-\"\nclaim_check = 5"),
+              "sinks.default.claim_check", "expected a table");
+  ExpectError(WithSink(std::string{kRabbit} + claim_check + "threshold = \"1MB\"\n"),
+              "sinks.default.claim_check.threshold", "expected an integer");
+}
+
 // ---- Types ----
 
 TEST(ConfigTest, WrongTypesNameTheExpectedOne) {
