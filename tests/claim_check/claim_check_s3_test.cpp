@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "outbox/sink/claim_check.h"
+#include "outbox/sink/cloudevents.h"
 #include "support/child_process.h"
 #include "support/free_port.h"
 #include "support/s3rver.h"
@@ -123,6 +124,31 @@ TEST_F(ClaimCheckS3Test, ALargePayloadIsStoredAndTheSinkGetsAReferenceTheConsume
   ASSERT_TRUE(again.at(0).published());
   EXPECT_EQ(server_->Keys().size(), 1U);
   EXPECT_EQ((*received)[0].headers, first_headers);
+}
+
+// What the CloudEvents envelope makes of a claim-checked message (every sink maps it through
+// cloudevents::Mapper): the reference as data and datacontenttype, the URL as `dataref`; the
+// claim-check-* headers are not legal attribute names and are left out.
+TEST_F(ClaimCheckS3Test, TheCloudEventsEnvelopeCarriesTheReferenceAndDataref) {
+  auto recording = std::make_unique<RecordingSink>();
+  const auto received = recording->received;
+  auto sink = WrapSink(std::move(recording), MakeOptions());
+  const std::vector<Envelope> batch{MakeEnvelope(BigPayload(5000))};
+  ASSERT_TRUE(sink->Publish(batch, In(std::chrono::seconds{10})).at(0).published());
+  const cloudevents::Mapper mapper{cloudevents::Options{}};
+  std::vector<cloudevents::Attribute> attributes;
+  ASSERT_FALSE(mapper.Attributes(received->at(0), attributes));
+  std::map<std::string, std::string> by_name;
+  for (const auto& attribute : attributes) by_name[attribute.name] = attribute.value;
+  EXPECT_EQ(by_name["dataref"], received->at(0).headers.at(std::string{kUrlHeader}));
+  EXPECT_EQ(by_name["datacontenttype"], kReferenceContentType);
+  EXPECT_EQ(by_name["correlationid"], "c-1");
+  EXPECT_EQ(by_name.count("claim-check-sha256"), 0U);
+  std::string structured;
+  ASSERT_FALSE(mapper.StructuredJson(received->at(0), structured));
+  // Structured mode: `data` is the reference as a string (only application/json is embedded).
+  EXPECT_NE(structured.find("\"data\":\"{\\\"claim_check\\\":"), std::string::npos) << structured;
+  EXPECT_NE(structured.find(Sha256Hex(batch[0].payload)), std::string::npos) << structured;
 }
 
 TEST_F(ClaimCheckS3Test, VirtualHostUrlsWork) {
