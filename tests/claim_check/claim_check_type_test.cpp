@@ -80,6 +80,9 @@ TEST(ClaimCheckTypeTest, ReadsTheTableWithItsDefaults) {
   EXPECT_EQ(ObjectUrl(options->store, "outbox/k"),
             "https://s3.eu-west-1.amazonaws.com/orders-payloads/outbox/k");
   EXPECT_FALSE(Read(std::string{kValid} + "enabled = false\n"));
+  EXPECT_EQ(options->retention, std::chrono::milliseconds{0}) << "no sweep unless asked";
+  EXPECT_NE(described.find("retention = \"0s\"\n"), std::string::npos) << described;
+  EXPECT_EQ(Read(std::string{kValid} + "retention = \"7d\"\n")->retention, std::chrono::hours{168});
 }
 
 TEST(ClaimCheckTypeTest, BadValuesAreRefusedNamingTheKey) {
@@ -109,6 +112,11 @@ TEST(ClaimCheckTypeTest, BadValuesAreRefusedNamingTheKey) {
   EXPECT_EQ(key, "sinks.events.claim_check.url_style") << message;
   std::tie(key, message) = Error(base + "prefix = \"a b/\"\n");
   EXPECT_EQ(key, "sinks.events.claim_check.prefix") << message;
+  std::tie(key, message) = Error(base + "retention = \"1d\"\nprefix = \"\"\n");
+  EXPECT_EQ(key, "sinks.events.claim_check.retention") << message;
+  EXPECT_NE(message.find("needs a prefix"), std::string::npos) << message;
+  std::tie(key, message) = Error(base + "retention = 7\n");
+  EXPECT_EQ(key, "sinks.events.claim_check.retention") << message;
   std::tie(key, message) = Error(base + "region = \"\"\n");
   EXPECT_EQ(key, "sinks.events.claim_check.region") << message;
   std::tie(key, message) = Error(base + "treshold = 10\n");

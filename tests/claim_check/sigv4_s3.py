@@ -5,7 +5,8 @@ is recomputed with botocore's own signer (python3-botocore, the AWS SDK for Pyth
 the headers the request says it signed, and its x-amz-content-sha256 is checked against the body.
 A wrong signature is 403 SignatureDoesNotMatch, a wrong payload hash 400
 XAmzContentSHA256Mismatch, an unknown key id 403 InvalidAccessKeyId. PUT stores an object in
-memory, GET returns it (404 NoSuchKey), DELETE removes it; path-style URLs only.
+memory, GET returns it (404 NoSuchKey), DELETE removes it, GET /<bucket>?list-type=2 lists them
+(ListObjectsV2, one page); path-style URLs only.
 
 Usage: sigv4_s3.py PORT ACCESS_KEY_ID SECRET_ACCESS_KEY [SESSION_TOKEN]
 Prints "sigv4_s3 listening on 127.0.0.1:PORT" once it accepts connections.
@@ -13,6 +14,8 @@ Prints "sigv4_s3 listening on 127.0.0.1:PORT" once it accepts connections.
 import hashlib
 import hmac
 import sys
+import time
+from urllib.parse import parse_qs, urlsplit
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from botocore.auth import S3SigV4Auth
@@ -73,13 +76,26 @@ class Handler(BaseHTTPRequestHandler):
         problem = self.verify(body)
         if problem is not None:
             return self.answer(problem[0], code=problem[1])
+        url = urlsplit(self.path)
+        if self.command == "GET" and url.query:
+            query = parse_qs(url.query)
+            if query.get("list-type") != ["2"] or url.path.count("/") != 1:
+                return self.answer(400, code="InvalidRequest")
+            prefix = url.path + "/" + query.get("prefix", [""])[0]
+            contents = "".join(
+                f"<Contents><Key>{path[len(url.path) + 1:]}</Key><LastModified>"
+                f"{time.strftime('%Y-%m-%dT%H:%M:%S.000Z', time.gmtime(modified))}</LastModified>"
+                f"</Contents>" for path, (_, modified) in sorted(OBJECTS.items())
+                if path.startswith(prefix))
+            return self.answer(200, f"<ListBucketResult><IsTruncated>false</IsTruncated>"
+                                    f"{contents}</ListBucketResult>".encode())
         if self.command == "PUT":
-            OBJECTS[self.path] = body
+            OBJECTS[self.path] = (body, time.time())
             return self.answer(200, headers={"ETag": '"' + hashlib.md5(body).hexdigest() + '"'})
         if self.command == "GET":
             if self.path not in OBJECTS:
                 return self.answer(404, code="NoSuchKey")
-            return self.answer(200, OBJECTS[self.path])
+            return self.answer(200, OBJECTS[self.path][0])
         if self.command == "DELETE":
             OBJECTS.pop(self.path, None)
             return self.answer(204)

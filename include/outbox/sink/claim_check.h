@@ -71,10 +71,14 @@ struct Options {
   StoreOptions store;
   std::size_t threshold = 256 * 1024;  // payloads of more bytes are claim-checked
   std::string prefix = "outbox/";      // object key = prefix + message id; a-z A-Z 0-9 / _ . -
+  // When set, the wrapped sink deletes the objects under `prefix` last written more than this
+  // long ago, from a thread of its own, every retention / 4 (at least 1 s, at most 1 h). 0: it
+  // deletes nothing (a bucket lifecycle rule does; docs/claim-check.md).
+  std::chrono::milliseconds retention{0};
 };
 
 // Throws ConfigError naming the key ("endpoint", "bucket", "region", "prefix", "threshold",
-// "access_key_id", "secret_access_key") for an option that cannot work.
+// "retention", "access_key_id", "secret_access_key") for an option that cannot work.
 void ValidateOptions(const Options& options);
 
 // The object key of a message: prefix + its id (the same for every attempt at it).

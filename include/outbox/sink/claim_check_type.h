@@ -9,6 +9,7 @@
 //   url_style = "path"           # or "virtual": https://<bucket>.<endpoint host>/<key>
 //   prefix = "outbox/"           # object key = prefix + message id
 //   threshold = 262144           # payloads over this many bytes are stored (1 to 5 GiB)
+//   retention = "0s"             # "7d": delete the prefix's objects older than that; "0s": none
 //   access_key_id = "AKIA..."    # credentials: in the file, or
 //   secret_access_key = "..."    #   OUTBOX_SINK_<NAME>_CLAIM_CHECK_SECRET_ACCESS_KEY, or
 //   secret_access_key_file = ""  #   a file holding it; none of these and no access_key_id:

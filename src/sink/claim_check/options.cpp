@@ -62,6 +62,10 @@ void ValidateOptions(const Options& options) {
                                     std::to_string(kMaxPrefixBytes) + " bytes)");
   }
   if (options.threshold < 1) throw ConfigError("threshold", "must be at least 1 byte");
+  if (options.retention.count() > 0 && options.prefix.empty()) {
+    throw ConfigError("retention",
+                      "needs a prefix: every object under it older than the retention is deleted");
+  }
   if (store.access_key_id.empty() || HasControlCharacter(store.access_key_id)) {
     throw ConfigError("access_key_id",
                       "is required (or set AWS_ACCESS_KEY_ID), without control characters");

@@ -3,6 +3,7 @@
 #include <openssl/evp.h>
 
 #include <array>
+#include <ctime>
 #include <mutex>
 #include <stdexcept>
 #include <utility>
@@ -86,6 +87,58 @@ S3Response S3Client::Get(const std::string& url, std::chrono::milliseconds timeo
 
 S3Response S3Client::Delete(std::string_view key, std::chrono::milliseconds timeout) {
   return Perform(ObjectUrl(store_, key), "DELETE", {}, {}, kEmptySha256, timeout);
+}
+
+S3Response S3Client::List(std::string_view prefix, std::string_view continuation,
+                          std::chrono::milliseconds timeout) {
+  // The parameters in SigV4's canonical order (sorted by name) and encoding, so that the query
+  // libcurl signs is the canonical one whether or not it sorts and encodes it itself.
+  std::string query;
+  if (!continuation.empty()) query += "continuation-token=" + UriEncode(continuation) + "&";
+  query += "list-type=2&max-keys=1000&prefix=" + UriEncode(prefix);
+  std::string url = ObjectUrl(store_, "");
+  url.pop_back();  // the bucket's URL, without the '/' of an empty key
+  return Perform(url + "?" + query, "GET", {}, {}, kEmptySha256, timeout);
+}
+
+std::string UriEncode(std::string_view text) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (const char c : text) {
+    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+        c == '_' || c == '.' || c == '~') {
+      out += c;
+    } else {
+      const auto byte = static_cast<unsigned char>(c);
+      out += '%';
+      out += kHex[byte >> 4];
+      out += kHex[byte & 0xf];
+    }
+  }
+  return out;
+}
+
+std::vector<ListedObject> ParseListing(std::string_view xml, std::string& next_continuation) {
+  std::vector<ListedObject> objects;
+  next_continuation = Between(xml, "<NextContinuationToken>", "</NextContinuationToken>");
+  if (Between(xml, "<IsTruncated>", "</IsTruncated>") != "true") next_continuation.clear();
+  std::size_t at = 0;
+  while ((at = xml.find("<Contents>", at)) != std::string_view::npos) {
+    const std::size_t end = xml.find("</Contents>", at);
+    if (end == std::string_view::npos) break;
+    const std::string_view contents = xml.substr(at, end - at);
+    at = end;
+    const std::string key = Between(contents, "<Key>", "</Key>");
+    const std::string modified = Between(contents, "<LastModified>", "</LastModified>");
+    std::tm time{};
+    if (key.empty() || key.find('&') != std::string::npos ||
+        ::strptime(modified.c_str(), "%Y-%m-%dT%H:%M:%S", &time) == nullptr) {
+      continue;
+    }
+    objects.push_back(ListedObject{
+        .key = key, .last_modified = std::chrono::system_clock::from_time_t(::timegm(&time))});
+  }
+  return objects;
 }
 
 S3Response S3Client::Perform(const std::string& url, const char* method, std::string_view body,

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "outbox/sink/claim_check.h"
 
@@ -43,6 +44,10 @@ class S3Client {
   // GET of an object's full URL (ObjectUrl), which must be of this store.
   S3Response Get(const std::string& url, std::chrono::milliseconds timeout);
   S3Response Delete(std::string_view key, std::chrono::milliseconds timeout);
+  // One page (up to 1000 keys) of ListObjectsV2 under `prefix`, after `continuation` (empty: the
+  // first page).
+  S3Response List(std::string_view prefix, std::string_view continuation,
+                  std::chrono::milliseconds timeout);
 
  private:
   S3Response Perform(const std::string& url, const char* method, std::string_view body,
@@ -52,6 +57,18 @@ class S3Client {
   StoreOptions store_;
   EasyPtr easy_;
 };
+
+// An object of a listing.
+struct ListedObject {
+  std::string key;
+  std::chrono::system_clock::time_point last_modified;
+};
+// The objects of a ListObjectsV2 answer, and its NextContinuationToken ("" when it is the last
+// page). Keys with XML escapes in them (not written by the claim check) are left out.
+std::vector<ListedObject> ParseListing(std::string_view xml, std::string& next_continuation);
+
+// `text` with every byte but A-Z a-z 0-9 - _ . ~ as %XX: SigV4's encoding of a query value.
+std::string UriEncode(std::string_view text);
 
 // curl_global_init, once per process.
 void InitCurlOnce();

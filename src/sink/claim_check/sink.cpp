@@ -3,8 +3,12 @@
 
 #include <signal.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 #include <set>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -50,7 +54,19 @@ class ClaimCheckSink final : public Sink {
         client_(options_.store),
         kill_after_upload_(
             std::getenv(std::string{kKillAfterUploadEnv}.c_str()) != nullptr &&
-            std::string_view{std::getenv(std::string{kKillAfterUploadEnv}.c_str())} == "1") {}
+            std::string_view{std::getenv(std::string{kKillAfterUploadEnv}.c_str())} == "1") {
+    if (options_.retention.count() > 0) sweeper_ = std::thread([this] { SweepLoop(); });
+  }
+  ~ClaimCheckSink() override {
+    {
+      const std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (sweeper_.joinable()) sweeper_.join();
+  }
+  ClaimCheckSink(const ClaimCheckSink&) = delete;
+  ClaimCheckSink& operator=(const ClaimCheckSink&) = delete;
 
   [[nodiscard]] std::string_view Name() const override { return inner_->Name(); }
 
@@ -157,11 +173,76 @@ class ClaimCheckSink final : public Sink {
     return std::nullopt;
   }
 
+  [[nodiscard]] bool Stopping() {
+    const std::lock_guard lock(mutex_);
+    return stopping_;
+  }
+
+  void SweepLoop() {
+    using std::chrono::milliseconds;
+    const milliseconds interval = std::clamp<milliseconds>(
+        options_.retention / 4, std::chrono::seconds{1}, std::chrono::hours{1});
+    std::unique_ptr<S3Client> client;
+    std::unique_lock lock(mutex_);
+    while (!wake_.wait_for(lock, interval, [this] { return stopping_; })) {
+      lock.unlock();
+      try {
+        if (!client) client = std::make_unique<S3Client>(options_.store);
+        Sweep(*client);
+      } catch (const std::exception& error) {
+        if (log_) log_(LogLevel::kWarn, std::string{"claim check: sweep failed: "} + error.what());
+      }
+      lock.lock();
+    }
+  }
+
+  // Deletes the objects under the prefix last written before now - retention, page by page.
+  void Sweep(S3Client& client) {
+    const auto cutoff = std::chrono::system_clock::now() - options_.retention;
+    const std::string where = ObjectUrl(options_.store, options_.prefix);
+    std::string continuation;
+    std::size_t deleted = 0;
+    do {
+      if (Stopping()) return;
+      const S3Response page =
+          client.List(options_.prefix, continuation, options_.store.request_timeout);
+      if (!page.ok()) {
+        if (log_)
+          log_(LogLevel::kWarn, "claim check: listing " + where + " failed: " + page.Describe() +
+                                    " (retried later)");
+        return;
+      }
+      std::string next;
+      for (const ListedObject& object : ParseListing(page.body, next)) {
+        if (object.last_modified >= cutoff || !object.key.starts_with(options_.prefix)) continue;
+        if (Stopping()) return;
+        const S3Response gone = client.Delete(object.key, options_.store.request_timeout);
+        if (!gone.ok() && gone.status != 404) {
+          if (log_)
+            log_(LogLevel::kWarn, "claim check: DELETE " + ObjectUrl(options_.store, object.key) +
+                                      " failed: " + gone.Describe() + " (retried later)");
+          return;
+        }
+        ++deleted;
+      }
+      continuation = std::move(next);
+    } while (!continuation.empty());
+    if (deleted > 0 && log_) {
+      log_(LogLevel::kInfo, "claim check: deleted " + std::to_string(deleted) + " objects under " +
+                                where + " older than the retention");
+    }
+  }
+
   std::unique_ptr<Sink> inner_;
   Options options_;
   LogFn log_;
   S3Client client_;
   bool kill_after_upload_;
+  // The retention sweep (Options::retention): its thread, with a client of its own.
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;  // guarded by mutex_
+  std::thread sweeper_;
 };
 
 }  // namespace

@@ -67,8 +67,8 @@ std::string ReadSecretFile(const config::Section& table, std::string_view key,
 std::optional<Options> ReadOptions(const config::Section& table, std::string_view sink_name,
                                    const config::GetenvFn& getenv) {
   table.AllowOnly({"enabled", "endpoint", "bucket", "region", "url_style", "prefix", "threshold",
-                   "access_key_id", "secret_access_key", "secret_access_key_file", "session_token",
-                   "ca_file", "connect_timeout", "request_timeout"});
+                   "retention", "access_key_id", "secret_access_key", "secret_access_key_file",
+                   "session_token", "ca_file", "connect_timeout", "request_timeout"});
   bool enabled = true;
   table.Read("enabled", enabled);
   if (!enabled) return std::nullopt;
@@ -83,6 +83,8 @@ std::optional<Options> ReadOptions(const config::Section& table, std::string_vie
   }
   table.Read("prefix", options.prefix);
   table.ReadInteger("threshold", 1, kMaxThreshold, options.threshold);
+  table.ReadDuration("retention", milliseconds{0}, std::chrono::hours{24 * 365 * 10},
+                     options.retention);
   table.Read("access_key_id", store.access_key_id);
   config::ValueSource secret = table.ReadSecret(
       "secret_access_key", SinkSecretEnv(sink_name, "claim_check_secret_access_key"), getenv,
@@ -135,6 +137,7 @@ void DescribeOptions(config::TomlWriter& out, const Options& options) {
   out.String("url_style", store.url_style == UrlStyle::kVirtualHost ? "virtual" : "path");
   out.String("prefix", options.prefix);
   out.Integer("threshold", static_cast<std::int64_t>(options.threshold));
+  out.Duration("retention", options.retention);
   out.String("access_key_id", store.access_key_id);
   out.String("secret_access_key", kRedactedSecret);
   if (!store.session_token.empty()) out.String("session_token", kRedactedSecret);
