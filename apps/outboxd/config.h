@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "outbox/config/toml_table.h"
 #include "outbox/core/retry_policy.h"
 #include "outbox/relay/relay_config.h"
+#include "outbox/sink/claim_check.h"
 #include "outbox/sink/registry.h"
 #include "outbox/store/registry.h"
 #include "outbox/store/store.h"
@@ -87,6 +89,10 @@ struct Config {
   std::string log_format = "text";  // text|json
 
   HttpConfig http;  // [http]
+
+  // [claim_check]: the claim check of every sink without a table of its own, and the defaults of
+  // those with one (sink/claim_check_type.h); unset: none.
+  std::optional<claim_check::Options> claim_check;
 
   // [sinks.<name>]: at least one, in the order the file defines them. A message goes to the sink
   // named like its target ("default" unless the writer chose another).

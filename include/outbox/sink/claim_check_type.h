@@ -17,7 +17,10 @@
 //   ca_file = ""                 # PEM CA certificates to trust (empty: the system's)
 //   connect_timeout = "5s"
 //   request_timeout = "60s"      # one upload, at most (and never past the publish deadline)
-//   enabled = true               # false: the table is ignored
+//   enabled = true               # false: the table is ignored (and a global one not used)
+//
+// A top-level [claim_check] table with the same keys is the default of every sink: a sink without
+// a table of its own uses it; one with a table reads its keys over it.
 //
 // The secret and the session token are shown as *** by --check-config and are given to the
 // process's redactor.
@@ -36,10 +39,14 @@ namespace outbox::claim_check {
 // The key of the sub-table in a [sinks.<name>] table.
 inline constexpr std::string_view kTableKey = "claim_check";
 
-// Reads the claim_check sub-table of sink `sink_name`; nullopt when it says enabled = false.
+// Reads the claim_check sub-table of sink `sink_name` over `defaults` (the global [claim_check]
+// table's options: a key the sink's table sets wins, one it leaves out keeps the default);
+// nullopt when it says enabled = false. An empty `sink_name` reads the global table, whose
+// secrets may come from OUTBOX_CLAIM_CHECK_SECRET_ACCESS_KEY and OUTBOX_CLAIM_CHECK_SESSION_TOKEN.
 // Throws ConfigError naming the key for anything wrong.
 std::optional<Options> ReadOptions(const config::Section& table, std::string_view sink_name,
-                                   const config::GetenvFn& getenv);
+                                   const config::GetenvFn& getenv,
+                                   const std::optional<Options>& defaults = std::nullopt);
 // The keys ReadOptions read, with their effective values, secrets masked.
 void DescribeOptions(config::TomlWriter& out, const Options& options);
 

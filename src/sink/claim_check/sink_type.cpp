@@ -65,14 +65,22 @@ std::string ReadSecretFile(const config::Section& table, std::string_view key,
 }  // namespace
 
 std::optional<Options> ReadOptions(const config::Section& table, std::string_view sink_name,
-                                   const config::GetenvFn& getenv) {
+                                   const config::GetenvFn& getenv,
+                                   const std::optional<Options>& defaults) {
+  // OUTBOX_SINK_<NAME>_CLAIM_CHECK_<KEY>, or OUTBOX_CLAIM_CHECK_<KEY> for the global table.
+  const auto env = [sink_name](std::string_view key) {
+    if (!sink_name.empty()) return SinkSecretEnv(sink_name, "claim_check_" + std::string{key});
+    std::string name = "OUTBOX_CLAIM_CHECK_";
+    for (const char c : key) name += static_cast<char>(c >= 'a' && c <= 'z' ? c - 'a' + 'A' : c);
+    return name;
+  };
   table.AllowOnly({"enabled", "endpoint", "bucket", "region", "url_style", "prefix", "threshold",
                    "retention", "access_key_id", "secret_access_key", "secret_access_key_file",
                    "session_token", "ca_file", "connect_timeout", "request_timeout"});
   bool enabled = true;
   table.Read("enabled", enabled);
   if (!enabled) return std::nullopt;
-  Options options;
+  Options options = defaults.value_or(Options{});
   StoreOptions& store = options.store;
   table.Read("endpoint", store.endpoint);
   table.Read("bucket", store.bucket);
@@ -86,9 +94,8 @@ std::optional<Options> ReadOptions(const config::Section& table, std::string_vie
   table.ReadDuration("retention", milliseconds{0}, std::chrono::hours{24 * 365 * 10},
                      options.retention);
   table.Read("access_key_id", store.access_key_id);
-  config::ValueSource secret = table.ReadSecret(
-      "secret_access_key", SinkSecretEnv(sink_name, "claim_check_secret_access_key"), getenv,
-      store.secret_access_key);
+  config::ValueSource secret = table.ReadSecret("secret_access_key", env("secret_access_key"),
+                                                getenv, store.secret_access_key);
   secret.shown = store.secret_access_key.empty() ? "" : std::string{kRedactedSecret};
   std::string secret_file;
   if (table.Read("secret_access_key_file", secret_file)) {
@@ -99,8 +106,7 @@ std::optional<Options> ReadOptions(const config::Section& table, std::string_vie
     }
     store.secret_access_key = ReadSecretFile(table, "secret_access_key_file", secret_file);
   }
-  table.ReadSecret("session_token", SinkSecretEnv(sink_name, "claim_check_session_token"), getenv,
-                   store.session_token);
+  table.ReadSecret("session_token", env("session_token"), getenv, store.session_token);
   if (store.access_key_id.empty() && store.secret_access_key.empty()) {
     // The AWS tools' own variables, all three from one place.
     store.access_key_id = config::Env(getenv, "AWS_ACCESS_KEY_ID").value_or("");
@@ -111,8 +117,7 @@ std::optional<Options> ReadOptions(const config::Section& table, std::string_vie
   }
   if (!store.access_key_id.empty() && store.secret_access_key.empty()) {
     Fail(table.Key("secret_access_key"),
-         "is required with access_key_id: in the file, in " +
-             SinkSecretEnv(sink_name, "claim_check_secret_access_key") +
+         "is required with access_key_id: in the file, in " + env("secret_access_key") +
              " or through secret_access_key_file (or leave both out for AWS_ACCESS_KEY_ID and "
              "AWS_SECRET_ACCESS_KEY)",
          table.Find("access_key_id"));
