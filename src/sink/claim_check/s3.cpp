@@ -78,7 +78,10 @@ S3Client::S3Client(StoreOptions store) : store_(std::move(store)) {
 
 S3Response S3Client::Put(std::string_view key, std::string_view body, std::string_view content_type,
                          std::string_view sha256_hex, std::chrono::milliseconds timeout) {
-  return Perform(ObjectUrl(store_, key), "PUT", body, content_type, sha256_hex, timeout);
+  // Never libcurl's default for a body (application/x-www-form-urlencoded).
+  return Perform(ObjectUrl(store_, key), "PUT", body,
+                 content_type.empty() ? "application/octet-stream" : content_type, sha256_hex,
+                 timeout);
 }
 
 S3Response S3Client::Get(const std::string& url, std::chrono::milliseconds timeout) {
