@@ -28,6 +28,7 @@
 
 #include "outbox/config/toml_file.h"
 #include "outbox/core/error.h"
+#include "outbox/sink/claim_check_type.h"
 
 namespace outbox::outboxd {
 namespace {
@@ -261,9 +262,32 @@ void ParseSinks(const Section& root, const GetenvFn& getenv, Config& config) {
       Fail(sink.Key("type"), "unknown sink type " + Quoted(type) + "; expected " + types.Names(),
            sink.Find("type"));
     }
+    // The claim check is every sink type's sub-table, read here (claim_check_type.h): the type
+    // reads its table without it, and the sink it opens is wrapped.
+    std::optional<claim_check::Options> claim_check;
+    std::optional<TomlValue> without_claim_check;
+    if (const TomlValue* table = sink.Find(claim_check::kTableKey); table != nullptr) {
+      if (!table->is_table()) {
+        Fail(sink.Key(claim_check::kTableKey),
+             "expected a table (a [" + key + ".claim_check] section), got " +
+                 TypeName(table->type()),
+             table);
+      }
+      claim_check = claim_check::ReadOptions(Section{table, sink.Key(claim_check::kTableKey)}, name,
+                                             getenv, config.claim_check);
+      without_claim_check = *value;
+      without_claim_check->as_table().erase(std::string{claim_check::kTableKey});
+    } else {
+      claim_check = config.claim_check;  // the global [claim_check], if any
+    }
+    std::unique_ptr<const SinkSettings> settings = sink_type->parse(
+        without_claim_check ? Section{&*without_claim_check, key} : sink, name, getenv);
+    if (claim_check) {
+      settings = claim_check::WithClaimCheck(std::move(settings), name, std::move(*claim_check));
+    }
     config.sinks.push_back(SinkConfig{.name = name,
                                       .type = type,
-                                      .settings = sink_type->parse(sink, name, getenv),
+                                      .settings = std::move(settings),
                                       .rate_limit = ReadRateLimit(sink)});
   }
   if (config.sinks.empty()) {
@@ -297,7 +321,7 @@ namespace {
 Config ParseText(std::string_view toml_text, const std::string& origin, const GetenvFn& getenv) {
   const TomlValue root = config::ParseToml(toml_text, origin);
   const Section top{&root, ""};
-  top.AllowOnly({"database", "relay", "retry", "retention", "log", "http", "sinks"});
+  top.AllowOnly({"database", "relay", "retry", "retention", "log", "http", "claim_check", "sinks"});
   Config config;
   ParseDatabase(top, getenv, config);
   ParseRelay(top, config);
@@ -305,6 +329,13 @@ Config ParseText(std::string_view toml_text, const std::string& origin, const Ge
   ParseRetention(top, config);
   ParseLog(top, config);
   ParseHttp(top, getenv, config);
+  if (const TomlValue* table = top.Find(claim_check::kTableKey); table != nullptr) {
+    if (!table->is_table()) {
+      Fail("claim_check", "expected a table, got " + TypeName(table->type()), table);
+    }
+    config.claim_check =
+        claim_check::ReadOptions(Section{table, "claim_check"}, /*sink_name=*/"", getenv);
+  }
   ParseSinks(top, getenv, config);
   return config;
 }
@@ -375,6 +406,10 @@ std::string Describe(const Config& config) {
   out.Bool("allow_unauthenticated", config.http.allow_unauthenticated);
   out.Duration("stats_interval", config.http.stats_interval);
   out.Duration("ready_max_age", config.http.ready_max_age);
+  if (config.claim_check) {
+    out.Header("claim_check");
+    claim_check::DescribeOptions(out, *config.claim_check);
+  }
 
   for (const SinkConfig& sink : config.sinks) {
     out.Header("sinks." + sink.name);

@@ -27,6 +27,7 @@
 #include "outbox/core/retry_policy.h"
 #include "outbox/relay/dispatcher.h"
 #include "outbox/relay/relay_config.h"
+#include "outbox/sink/claim_check.h"
 #include "outbox/sink/registry.h"
 #include "outbox/store/registry.h"
 #include "outbox/store/store.h"
@@ -91,6 +92,10 @@ struct Config {
   std::string log_format = "text";  // text|json
 
   HttpConfig http;  // [http]
+
+  // [claim_check]: the claim check of every sink without a table of its own, and the defaults of
+  // those with one (sink/claim_check_type.h); unset: none.
+  std::optional<claim_check::Options> claim_check;
 
   // [sinks.<name>]: at least one, in the order the file defines them. A message goes to the sink
   // named like its target ("default" unless the writer chose another).

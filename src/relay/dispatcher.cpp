@@ -378,11 +378,12 @@ std::vector<std::string> Dispatcher::Held(SteadyClock::time_point now,
   std::vector<std::string> names = Held(now);
   if (in_flight.empty()) return names;
   std::lock_guard lock(buckets_mutex_);
-  for (const auto& [target, bucket] : buckets_) {
+  for (const auto& entry : buckets_) {  // not [target, bucket]: clang 14 cannot capture those
+    const std::string& target = entry.first;
     if (std::find(names.begin(), names.end(), target) != names.end()) continue;
     const auto of_target = std::count_if(in_flight.begin(), in_flight.end(),
                                          [&](const Envelope& e) { return e.target == target; });
-    if (of_target > 0 && static_cast<double>(of_target) >= bucket->TokensAt(now)) {
+    if (of_target > 0 && static_cast<double>(of_target) >= entry.second->TokensAt(now)) {
       names.push_back(target);
     }
   }

@@ -362,6 +362,61 @@ TEST(ConfigTest, EverySinkTakesAMaxRateAndAMaxBurst) {
               "did you mean \"sinks.default.max_rate\"");
 }
 
+// The claim check (docs/claim-check.md): a sub-table of any sink's table, read by outboxd for every
+// type, described after the sink's keys, its secret masked and given to the redactor.
+TEST(ConfigTest, AnySinkTakesAClaimCheckTable) {
+  const std::string claim_check =
+      "\n[sinks.default.claim_check]\nendpoint = \"http://127.0.0.1:9000\"\nbucket = \"claims\"\n"
+      "access_key_id = \"AKIA1\"\n";
+  const Config config =
+      Parse(WithSink(std::string{kRabbit} + claim_check),
+            {{"OUTBOX_SINK_DEFAULT_CLAIM_CHECK_SECRET_ACCESS_KEY", "claim-secret-42"}});
+  const std::string described = Describe(config);
+  EXPECT_NE(described.find("[sinks.default.claim_check]\nendpoint = \"http://127.0.0.1:9000\""),
+            std::string::npos)
+      << described;
+  EXPECT_EQ(described.find("claim-secret-42"), std::string::npos) << described;
+  const auto secrets = config.sinks.at(0).settings->Secrets();
+  EXPECT_NE(std::find(secrets.begin(), secrets.end(), "claim-secret-42"), secrets.end());
+  ExpectError(WithSink("type = \"file\"\npath = \"-\"\nclaim_check = 5"),
+              "sinks.default.claim_check", "expected a table");
+  ExpectError(WithSink(std::string{kRabbit} + claim_check + "threshold = \"1MB\"\n"),
+              "sinks.default.claim_check.threshold", "expected an integer");
+}
+
+// A top-level [claim_check] is every sink's default: used by a sink without a table of its own,
+// read under one with a table, not used by one that says enabled = false.
+TEST(ConfigTest, AGlobalClaimCheckIsEverySinksDefault) {
+  const std::string text =
+      "[database]\nurl = \"postgresql://outbox@db/app\"\n"
+      "[claim_check]\nendpoint = \"http://127.0.0.1:9000\"\nbucket = \"claims\"\n"
+      "access_key_id = \"AKIA1\"\nprefix = \"all/\"\n"
+      "[sinks.a]\ntype = \"file\"\npath = \"-\"\n"
+      "[sinks.b]\ntype = \"file\"\npath = \"-\"\n[sinks.b.claim_check]\nprefix = \"b/\"\n"
+      "[sinks.c]\ntype = \"file\"\npath = \"-\"\n[sinks.c.claim_check]\nenabled = false\n";
+  const Config config = Parse(text, {{"OUTBOX_CLAIM_CHECK_SECRET_ACCESS_KEY", "global-secret-9"}});
+  const std::string described = Describe(config);
+  EXPECT_NE(described.find("[claim_check]\nendpoint = \"http://127.0.0.1:9000\""),
+            std::string::npos)
+      << described;
+  EXPECT_NE(described.find("[sinks.a.claim_check]\nendpoint = \"http://127.0.0.1:9000\"\n"
+                           "bucket = \"claims\"\nregion = \"us-east-1\"\nurl_style = \"path\"\n"
+                           "prefix = \"all/\"\n"),
+            std::string::npos)
+      << described;
+  EXPECT_NE(described.find("[sinks.b.claim_check]\nendpoint = \"http://127.0.0.1:9000\"\n"
+                           "bucket = \"claims\"\nregion = \"us-east-1\"\nurl_style = \"path\"\n"
+                           "prefix = \"b/\"\n"),
+            std::string::npos)
+      << described;
+  EXPECT_EQ(described.find("[sinks.c.claim_check]"), std::string::npos) << described;
+  EXPECT_EQ(described.find("global-secret-9"), std::string::npos) << described;
+  ExpectError("claim_check = 1\n" + WithSink("type = \"file\"\npath = \"-\""), "claim_check",
+              "expected a table");
+  ExpectError(WithSink("type = \"file\"\npath = \"-\"") + "[claim_check]\nbucket = \"claims\"\n",
+              "claim_check.endpoint", "http:// or https://");
+}
+
 // ---- Types ----
 
 TEST(ConfigTest, WrongTypesNameTheExpectedOne) {
