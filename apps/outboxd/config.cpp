@@ -245,8 +245,18 @@ void ParseSinks(const Section& root, const GetenvFn& getenv, Config& config) {
       Fail(sink.Key("type"), "unknown sink type " + Quoted(type) + "; expected " + types.Names(),
            sink.Find("type"));
     }
+    // on_abandon is every sink's: read here, accepted by the type's own AllowOnly.
+    std::string on_abandon = "continue";
+    if (sink.Read("on_abandon", on_abandon) && on_abandon != "continue" && on_abandon != "hold") {
+      Fail(sink.Key("on_abandon"), "must be \"continue\" or \"hold\", got " + Quoted(on_abandon),
+           sink.Find("on_abandon"));
+    }
+    if (on_abandon == "hold") config.retry.hold_targets.push_back(name);
     config.sinks.push_back(
-        SinkConfig{.name = name, .type = type, .settings = sink_type->parse(sink, name, getenv)});
+        SinkConfig{.name = name,
+                   .type = type,
+                   .settings = sink_type->parse(sink.WithCommonKeys({"on_abandon"}), name, getenv),
+                   .on_abandon = on_abandon});
   }
   if (config.sinks.empty()) {
     Fail("sinks",
@@ -361,6 +371,7 @@ std::string Describe(const Config& config) {
   for (const SinkConfig& sink : config.sinks) {
     out.Header("sinks." + sink.name);
     out.String("type", sink.type);
+    out.String("on_abandon", sink.on_abandon);
     sink.settings->Describe(out);
   }
   return out.Take();

@@ -36,6 +36,10 @@ struct SinkConfig {
   std::string name;  // the message target it serves; "default" serves messages without a target
   std::string type;  // "rabbitmq", "file", ...
   std::shared_ptr<const SinkSettings> settings;
+  // What an abandoned keyed message does to its stream when its topic does not say
+  // (topic_settings.on_abandon wins): "continue" (the stream goes on past it) or "hold" (the
+  // stream waits until an operator replays or skips it; RetryPolicy::hold_targets).
+  std::string on_abandon = "continue";
 };
 
 // The sink types outboxd knows, one registration line each (sinks.cpp).

@@ -442,6 +442,7 @@ std::vector<std::pair<std::string, const TomlValue*>> Section::Entries() const {
 void Section::AllowOnly(std::span<const std::string_view> known) const {
   for (const auto& [key, value] : Entries()) {
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    if (std::find(common_keys_.begin(), common_keys_.end(), key) != common_keys_.end()) continue;
     std::string message = path_.empty() ? "unknown section or key" : "unknown key";
     // (Captured by name: clang before 16 cannot capture a structured binding.)
     const auto closest =
@@ -458,6 +459,7 @@ void Section::AllowOnly(std::span<const std::string_view> known) const {
         message += (first ? "" : ", ") + std::string{name};
         first = false;
       }
+      for (const std::string& name : common_keys_) message += ", " + name;
     }
     Fail(Key(key), message, value);
   }
