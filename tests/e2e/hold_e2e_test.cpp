@@ -14,6 +14,7 @@
 
 #include "support/amqp_test_client.h"
 #include "support/child_process.h"
+#include "support/free_port.h"
 #include "support/pg_test_support.h"
 #include "support/wait.h"
 
@@ -51,7 +52,8 @@ class HoldE2eTest : public ::testing::Test {
         << "[retry]\ninitial_delay = \"100ms\"\nmax_delay = \"200ms\"\nmax_attempts = 2\n"
         << "[sinks.default]\ntype = \"rabbitmq\"\nurl = \"" << AmqpUrl() << "\"\n"
         << "routing_key = \"{topic}\"\non_abandon = \"hold\"\n"
-        << "[http]\nlisten = \"\"\n";
+        << "[http]\nlisten = \"127.0.0.1:" << port_ << "\"\ntoken = \"hold-token\"\n"
+        << "stats_interval = \"200ms\"\n";
   }
   void TearDown() override {
     DeleteQueue(queue_);
@@ -70,6 +72,14 @@ class HoldE2eTest : public ::testing::Test {
     return RunCommand(std::string{OUTBOXCTL_PATH} + " --db '" + PgUrl() + "' --schema " +
                           schema_.name() + " " + arguments,
                       code);
+  }
+  // curl's answer to an admin API request: "<status> <body>".
+  std::string Api(const std::string& method, const std::string& path,
+                  const std::string& body = "") {
+    return RunCommand("curl -s -o - -w '%{http_code}' -X " + method +
+                      " -H 'Authorization: Bearer hold-token' " +
+                      (body.empty() ? "" : "-d '" + body + "' ") +
+                      "http://127.0.0.1:" + std::to_string(port_) + path);
   }
   std::string Log() {
     std::ifstream in(config_path_ + ".log");
@@ -119,6 +129,7 @@ class HoldE2eTest : public ::testing::Test {
   }
 
   TestSchema schema_;
+  int port_ = FreePort();
   std::string queue_;
   std::string poison_queue_;
   std::string config_path_;
@@ -131,6 +142,28 @@ TEST_F(HoldE2eTest, AHeldStreamWaitsWhileOthersFlowAndSkipReleasesItInOrder) {
   Outboxd relay(config_path_);
   const auto behind = HoldThenFlow(relay, consumer);
 
+  // The admin API: the held list, the gauge, a dry run, and a request it refuses.
+  EXPECT_NE(Api("GET", "/api/messages?held=true").find(R"("holds_stream":true)"),
+            std::string::npos);
+  EXPECT_TRUE(WaitUntil(
+      [&] { return Api("GET", "/metrics").find("\noutbox_streams_held 1\n") != std::string::npos; },
+      seconds{5}));
+  EXPECT_EQ(
+      Api("POST", "/api/messages/skip", R"({"ids": [")" + poison_ + R"("], "dry_run": true})"),
+      R"({"dry_run":true,"count":1,"ids":[")" + poison_ +
+          R"("],"ids_truncated":false})"
+          "\n200");
+  EXPECT_EQ(Api("POST", "/api/messages/skip", R"({"status": "pending"})"),
+            R"({"error":"skip: acts only on abandoned messages, not on pending ones"})"
+            "\n400");
+  EXPECT_NE(Api("POST", "/api/messages/skip", R"({"dry_run": true})")
+                .find("skip: refusing to act on every message"),
+            std::string::npos);
+  EXPECT_EQ(Api("POST", "/api/messages/skip", R"({"held": true, "dry_run": true})"),
+            R"({"dry_run":true,"count":1,"ids":[")" + poison_ +
+                R"("],"ids_truncated":false})"
+                "\n200")
+      << "\"held\": true selects every held message";
   int code = -1;
   EXPECT_EQ(Ctl("skip --dry-run " + poison_, &code), "would skip 1 message: " + poison_ + "\n");
   EXPECT_EQ(code, 0);
