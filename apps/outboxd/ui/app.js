@@ -396,7 +396,8 @@
         'aria-label': 'select ' + message.id});
       body.appendChild(el('tr', {'data-id': message.id}, el('td', {}, box),
         el('td', {class: 'mono', text: message.id}), el('td', {class: 'nowrap', text: fmtTime(message.created_at)}),
-        el('td', {}, el('span', {class: 'status ' + message.status, text: message.status})),
+        el('td', {}, el('span', {class: 'status ' + message.status, text: message.status}),
+          message.holds_stream ? el('span', {class: 'muted', text: ' holds its stream'}) : null),
         el('td', {class: 'wrap', text: message.topic}), el('td', {text: message.target}),
         el('td', {class: 'num', text: String(message.attempts)}),
         el('td', {class: 'error-text', text: short(message.last_error, 100)})));
