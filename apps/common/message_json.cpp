@@ -54,6 +54,7 @@ Json SummaryJson(const MessageSummary& message) {
       {"type", OptionalJson(message.type)},
       {"status", MessageStatusName(message.status)},
       {"attempts", message.attempts},
+      {"holds_stream", message.holds_stream},
       {"available_at", FormatTime(message.available_at)},
       {"created_at", FormatTime(message.created_at)},
       {"last_error", OptionalJson(message.last_error)},

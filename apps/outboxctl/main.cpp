@@ -1,5 +1,5 @@
 // outboxctl: the operator's command line for an outbox: migrate, status, list, show, replay,
-// abandon, purge. Run `outboxctl --help` and `outboxctl <command> --help`.
+// skip, abandon, purge. Run `outboxctl --help` and `outboxctl <command> --help`.
 //
 // The database is outboxd's: `--config outbox.toml` reads its [database] table through the store
 // registry outboxd uses (PostgreSQL or SQLite), or `--db`/`--schema` name a PostgreSQL one. Every
@@ -8,12 +8,13 @@
 // clear message (exit 2) before anything is changed.
 //
 // Exit codes:
-//   0  success; also a dry run, and a list, replay or abandon that matched nothing
+//   0  success; also a dry run, and a list, replay, skip or abandon that matched nothing
 //   1  the database failed or refused: unreachable, schema not migrated, a statement failed
 //   2  bad command line or --config file: unknown option, bad status, duration or id, replay or
 //      abandon without a selection, abandon without --reason, a [database] table outboxd would
 //      refuse, a command the store type has not (nothing is sent to the database)
-//   3  not found: `show` of an id that does not exist, or `replay`/`abandon` naming an id that
+//   3  not found: `show` of an id that does not exist, or `replay`/`skip`/`abandon` naming an id
+//   that
 //      does not exist (the ids that do exist are still processed)
 
 #include <CLI/CLI.hpp>
@@ -215,6 +216,7 @@ int Status(const outbox::StoreSettings& database, bool json) {
               << ",\"active_leases\":" << stats.active_leases
               << ",\"live_relays\":" << stats.live_relays
               << ",\"unowned_partitions\":" << stats.unowned_partitions
+              << ",\"streams_held\":" << stats.streams_held
               << ",\"counts_estimated\":" << (stats.counts_estimated ? "true" : "false")
               << ",\"delivery\":" << Json(wal.delivery).dump()
               << ",\"wal_topics\":" << wal.wal_topics << ",\"wal_slot\":"
@@ -243,6 +245,10 @@ int Status(const outbox::StoreSettings& database, bool json) {
             << "relays holding leases  " << stats.active_leases << "\n"
             << "relays live  " << stats.live_relays
             << " (partitions without one: " << stats.unowned_partitions << ")\n";
+  if (stats.streams_held > 0) {
+    std::cout << "streams held  " << stats.streams_held
+              << " (by abandoned messages: outboxctl list --held; release with skip or replay)\n";
+  }
   if (stats.counts_estimated) std::cout << "(~ : estimated by the planner; the count is large)\n";
   std::cout << "delivery    " << wal.delivery;
   if (wal.wal_topics > 0) std::cout << " (" << wal.wal_topics << " topics: wal)";
@@ -288,6 +294,7 @@ std::string Detail(const MessageSummary& message, outbox::TimePoint now) {
              message.available_at > now) {
     detail = "retry in " + FormatDuration(Since(now, message.available_at));
   }
+  if (message.holds_stream) detail = "holds its stream";
   if (message.last_error) detail += (detail.empty() ? "" : ": ") + *message.last_error;
   return OneLine(detail.empty() ? "-" : detail, 120);
 }
@@ -371,7 +378,10 @@ int Show(Admin& admin, const MessageId& id, bool json) {
   fields.Add({"status", std::string{MessageStatusName(message.status)}});
   fields.Add({"attempts", std::to_string(message.attempts)});
   fields.Add({"topic", OneLine(message.topic, 1000)});
-  fields.Add({"stream", Stream(message)});
+  fields.Add({"stream",
+              Stream(message) + (message.holds_stream ? " (held by this message: outboxctl skip or "
+                                                        "replay releases it)"
+                                                      : "")});
   fields.Add({"partition", std::to_string(message.partition)});
   fields.Add({"target", OneLine(message.target, 1000)});
   fields.Add({"type", OneLine(message.type.value_or("-"), 1000)});
@@ -402,9 +412,21 @@ int Show(Admin& admin, const MessageId& id, bool json) {
   return 0;
 }
 
-// ---- replay, abandon ----
+// ---- replay, skip, abandon ----
 
-enum class Change : std::uint8_t { kReplay, kAbandon };
+enum class Change : std::uint8_t { kReplay, kSkip, kAbandon };
+
+const char* Verb(Change change) {
+  switch (change) {
+    case Change::kReplay:
+      return "replay";
+    case Change::kSkip:
+      return "skipp";  // + "ed"
+    case Change::kAbandon:
+      return "abandon";
+  }
+  return "change";
+}
 
 // Why a named message was left alone.
 std::string WhyUntouched(Change change, const MessageSummary& message) {
@@ -413,11 +435,16 @@ std::string WhyUntouched(Change change, const MessageSummary& message) {
     case MessageStatus::kProcessing:
       return "processing: leased by " + message.lease_owner.value_or("a relay") + ", left alone";
     case MessageStatus::kAbandoned:
+      if (change == Change::kSkip && !message.holds_stream) {
+        return "abandoned, not holding its stream: nothing to skip";
+      }
       return change == Change::kAbandon ? "abandoned already" : status + ", but not selected";
     case MessageStatus::kPending:
+      if (change == Change::kSkip) return status + ": not abandoned, nothing to skip";
       return change == Change::kReplay ? "pending already" : status + ", but not selected";
     case MessageStatus::kFailed:
-      return status + ", but not selected";
+      return change == Change::kSkip ? status + ": not abandoned, nothing to skip"
+                                     : status + ", but not selected";
     case MessageStatus::kPublished:
       return "published";
   }
@@ -427,10 +454,11 @@ std::string WhyUntouched(Change change, const MessageSummary& message) {
 int RunChange(Admin& admin, Change change, const MessageFilter& filter, const std::string& reason,
               bool dry_run) {
   const auto result = change == Change::kReplay ? admin.Replay(filter, dry_run)
+                      : change == Change::kSkip ? admin.Skip(filter, dry_run)
                                                 : admin.Abandon(filter, reason, dry_run);
-  const char* verb = change == Change::kReplay ? "replay" : "abandon";
-  std::cout << (dry_run ? std::string{"would "} + verb : std::string{verb} + "ed") << " "
-            << Plural(result.count, "message");
+  const std::string verb = Verb(change);
+  const std::string base = change == Change::kSkip ? "skip" : verb;
+  std::cout << (dry_run ? "would " + base : verb + "ed") << " " << Plural(result.count, "message");
   if (!result.ids.empty()) {
     std::cout << ":";
     const std::size_t shown = std::min(result.ids.size(), kIdsShown);
@@ -544,6 +572,10 @@ int main(int argc, char** argv) {
   auto* after_option = list->add_option("--after", after_text,
                                         "start after this id (the last of the previous page)");
   list->add_flag("--json", list_json, "print JSON: {messages, more, next_after}");
+  bool list_held = false;
+  list->add_flag("--held", list_held,
+                 "only abandoned messages that hold their stream (on_abandon = \"hold\"): one "
+                 "per held stream");
 
   auto* show = app.add_subcommand("show", "one message in full, with its payload and headers");
   std::string show_id;
@@ -562,6 +594,17 @@ int main(int argc, char** argv) {
   replay->add_flag("--all-abandoned", all_abandoned, "every abandoned message")
       ->excludes(replay_filter.status_option());
   replay->add_flag("--dry-run", replay_dry_run, "show what would be replayed; change nothing");
+
+  auto* skip = app.add_subcommand(
+      "skip",
+      "let the streams held by abandoned messages (on_abandon = \"hold\") go on past them; the "
+      "messages stay abandoned");
+  FilterOptions skip_filter;
+  skip_filter.Add(skip, /*with_ids=*/true, "abandoned");
+  bool all_held = false;
+  bool skip_dry_run = false;
+  skip->add_flag("--all-held", all_held, "every message that holds its stream");
+  skip->add_flag("--dry-run", skip_dry_run, "show what would be skipped; change nothing");
 
   auto* abandon = app.add_subcommand(
       "abandon", "give up on pending or failed messages; never touches processing rows");
@@ -607,6 +650,7 @@ int main(int argc, char** argv) {
                          ", got " + std::to_string(limit));
       }
       if (after_option->count() > 0) after = ParseId(after_text);
+      filter.held = list_held;
     } else if (show->parsed()) {
       id = ParseId(show_id);
     } else if (replay->parsed()) {
@@ -620,6 +664,19 @@ int main(int argc, char** argv) {
       if (filter.status && *filter.status != MessageStatus::kAbandoned &&
           *filter.status != MessageStatus::kFailed) {
         throw UsageError("replay: --status must be abandoned or failed (only those are replayed)");
+      }
+    } else if (skip->parsed()) {
+      filter = skip_filter.Build();
+      filter.held = true;
+      if (!all_held && !skip_filter.Any()) {
+        throw UsageError(
+            "skip: say which messages: ids, --all-held, or a filter (--topic, --stream, --target, "
+            "--event, --older-than); refusing to skip everything");
+      }
+      if (filter.status && *filter.status != MessageStatus::kAbandoned) {
+        throw UsageError(
+            "skip: --status must be abandoned (only held abandoned messages are "
+            "skipped)");
       }
     } else if (abandon->parsed()) {
       filter = abandon_filter.Build();
@@ -688,6 +745,7 @@ int main(int argc, char** argv) {
     if (list->parsed()) return List(*admin, filter, limit, after, list_json);
     if (show->parsed()) return Show(*admin, *id, show_json);
     if (replay->parsed()) return RunChange(*admin, Change::kReplay, filter, "", replay_dry_run);
+    if (skip->parsed()) return RunChange(*admin, Change::kSkip, filter, "", skip_dry_run);
     if (abandon->parsed()) {
       return RunChange(*admin, Change::kAbandon, filter, reason, abandon_dry_run);
     }

@@ -262,6 +262,14 @@ void ParseSinks(const Section& root, const GetenvFn& getenv, Config& config) {
       Fail(sink.Key("type"), "unknown sink type " + Quoted(type) + "; expected " + types.Names(),
            sink.Find("type"));
     }
+    // on_abandon, max_rate and max_burst are every sink's: read here, accepted by the type's own
+    // AllowOnly as common keys.
+    std::string on_abandon = "continue";
+    if (sink.Read("on_abandon", on_abandon) && on_abandon != "continue" && on_abandon != "hold") {
+      Fail(sink.Key("on_abandon"), "must be \"continue\" or \"hold\", got " + Quoted(on_abandon),
+           sink.Find("on_abandon"));
+    }
+    if (on_abandon == "hold") config.retry.hold_targets.push_back(name);
     // The claim check is every sink type's sub-table, read here (claim_check_type.h): the type
     // reads its table without it, and the sink it opens is wrapped.
     std::optional<claim_check::Options> claim_check;
@@ -280,15 +288,17 @@ void ParseSinks(const Section& root, const GetenvFn& getenv, Config& config) {
     } else {
       claim_check = config.claim_check;  // the global [claim_check], if any
     }
+    const Section for_type = without_claim_check ? Section{&*without_claim_check, key} : sink;
     std::unique_ptr<const SinkSettings> settings = sink_type->parse(
-        without_claim_check ? Section{&*without_claim_check, key} : sink, name, getenv);
+        for_type.WithCommonKeys({"on_abandon", "max_rate", "max_burst"}), name, getenv);
     if (claim_check) {
       settings = claim_check::WithClaimCheck(std::move(settings), name, std::move(*claim_check));
     }
     config.sinks.push_back(SinkConfig{.name = name,
                                       .type = type,
                                       .settings = std::move(settings),
-                                      .rate_limit = ReadRateLimit(sink)});
+                                      .rate_limit = ReadRateLimit(sink),
+                                      .on_abandon = on_abandon});
   }
   if (config.sinks.empty()) {
     Fail("sinks",
@@ -414,6 +424,7 @@ std::string Describe(const Config& config) {
   for (const SinkConfig& sink : config.sinks) {
     out.Header("sinks." + sink.name);
     out.String("type", sink.type);
+    out.String("on_abandon", sink.on_abandon);
     sink.settings->Describe(out);
     if (sink.rate_limit) {
       out.Float("max_rate", sink.rate_limit->max_rate);

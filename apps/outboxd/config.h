@@ -41,6 +41,10 @@ struct SinkConfig {
   std::shared_ptr<const SinkSettings> settings;
   // `max_rate` and `max_burst`, which every sink type takes (read here, not by the type).
   std::optional<RateLimit> rate_limit;
+  // What an abandoned keyed message does to its stream when its topic does not say
+  // (topic_settings.on_abandon wins): "continue" (the stream goes on past it) or "hold" (the
+  // stream waits until an operator replays or skips it; RetryPolicy::hold_targets).
+  std::string on_abandon = "continue";
 };
 
 // The sink types outboxd knows, one registration line each (sinks.cpp).

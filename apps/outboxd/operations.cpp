@@ -124,6 +124,12 @@ bool SetFilter(MessageFilter& filter, std::string_view key, const std::string& v
     filter.event_id = apps::ParseMessageId(value);
   } else if (key == "older_than") {
     filter.older_than = apps::ParseDuration(value);
+  } else if (key == "held") {
+    // Only abandoned messages that hold their stream (on_abandon = "hold").
+    if (value != "true" && value != "false") {
+      throw std::invalid_argument("held must be true or false, got " + Quoted(value));
+    }
+    filter.held = value == "true";
   } else {
     return false;
   }
@@ -136,7 +142,7 @@ struct ListQuery {
   std::optional<MessageId> after;
 };
 
-// GET /api/messages?status=&topic=&stream=&target=&event=&older_than=&limit=&after=
+// GET /api/messages?status=&topic=&stream=&target=&event=&older_than=&held=&limit=&after=
 ListQuery ParseListQuery(const http::Request& request) {
   ListQuery query;
   for (const auto& [key, value] : request.query) {
@@ -158,7 +164,7 @@ ListQuery ParseListQuery(const http::Request& request) {
     } else {
       throw std::invalid_argument("unknown parameter " + Quoted(key) +
                                   " (known: status, topic, stream, target, event, older_than, "
-                                  "limit, after)");
+                                  "held, limit, after)");
     }
   }
   return query;
@@ -170,8 +176,9 @@ struct ChangeRequest {
   std::string reason;
 };
 
-// The body of POST /api/messages/replay and /abandon: {"ids": [...]} and/or the criteria
-// "status", "topic", "stream", "target", "event", "older_than"; "dry_run": bool; "reason": text.
+// The body of POST /api/messages/replay, /skip and /abandon: {"ids": [...]} and/or the criteria
+// "status", "topic", "stream", "target", "event", "older_than", "held"; "dry_run": bool;
+// "reason": text.
 ChangeRequest ParseChangeRequest(const std::string& body) {
   const Json json = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) throw std::invalid_argument("the body is not valid JSON");
@@ -194,6 +201,9 @@ ChangeRequest ParseChangeRequest(const std::string& body) {
     } else if (key == "dry_run") {
       if (!value.is_boolean()) throw std::invalid_argument("dry_run must be true or false");
       change.dry_run = value.get<bool>();
+    } else if (key == "held") {
+      if (!value.is_boolean()) throw std::invalid_argument("held must be true or false");
+      change.filter.held = value.get<bool>();
     } else if (key == "reason") {
       if (!value.is_string()) throw std::invalid_argument("reason must be a string");
       change.reason = value.get<std::string>();
@@ -212,7 +222,7 @@ ChangeRequest ParseChangeRequest(const std::string& body) {
       if (!SetFilter(change.filter, key, value.get<std::string>())) {
         throw std::invalid_argument("unknown field " + Quoted(key) +
                                     " (known: ids, status, topic, stream, target, event, "
-                                    "older_than, dry_run, reason)");
+                                    "older_than, held, dry_run, reason)");
       }
     } else {
       throw std::invalid_argument("field " + Quoted(key) + " must be a string");
@@ -529,31 +539,49 @@ class Operations::Impl {
         },
         /*prefix=*/true);
     add("POST", "/api/messages/replay", Lane::kWorker,
-        [this](const Request& request) { return Change(request, /*replay=*/true); });
+        [this](const Request& request) { return Change(request, ChangeKind::kReplay); });
+    add("POST", "/api/messages/skip", Lane::kWorker,
+        [this](const Request& request) { return Change(request, ChangeKind::kSkip); });
     add("POST", "/api/messages/abandon", Lane::kWorker,
-        [this](const Request& request) { return Change(request, /*replay=*/false); });
+        [this](const Request& request) { return Change(request, ChangeKind::kAbandon); });
     return routes;
   }
 
+  enum class ChangeKind : std::uint8_t { kReplay, kSkip, kAbandon };
+
   // The body is read as JSON whatever its Content-Type says: `curl -d` labels it a form.
-  Response Change(const http::Request& request, bool replay) {
+  Response Change(const http::Request& request, ChangeKind kind) {
     return BadInputIs400([&] {
-      const ChangeRequest change = ParseChangeRequest(request.body);
-      if (!replay && change.reason.empty()) {
+      ChangeRequest change = ParseChangeRequest(request.body);
+      if (kind == ChangeKind::kAbandon && change.reason.empty()) {
         throw std::invalid_argument("abandon needs a \"reason\" (it is kept in last_error)");
+      }
+      if (kind == ChangeKind::kSkip) {
+        // As for replay and abandon, every message is not a selection: "held": true says it.
+        if (change.filter.MatchesEverything()) {
+          throw std::invalid_argument(
+              "skip: refusing to act on every message; select by ids, a filter, or \"held\": "
+              "true (every message that holds its stream)");
+        }
+        change.filter.held = true;  // only held messages are skipped
       }
       return WithAdmin([&](Admin& admin) {
         const ChangeResult result =
-            replay ? admin.Replay(change.filter, change.dry_run)
-                   : admin.Abandon(change.filter, change.reason, change.dry_run);
+            kind == ChangeKind::kReplay ? admin.Replay(change.filter, change.dry_run)
+            : kind == ChangeKind::kSkip
+                ? admin.Skip(change.filter, change.dry_run)
+                : admin.Abandon(change.filter, change.reason, change.dry_run);
         Json ids = Json::array();
         for (std::size_t i = 0; i < result.ids.size() && i < kMaxIdsPerRequest; ++i) {
           ids.push_back(result.ids[i].ToString());
         }
-        const char* verb = replay ? "replay" : "abandon";
+        const std::string verb = kind == ChangeKind::kReplay ? "replay"
+                                 : kind == ChangeKind::kSkip ? "skip"
+                                                             : "abandon";
         const std::string what =
-            (change.dry_run ? std::string{"would "} + verb : std::string{verb} + "ed") + " " +
-            std::to_string(result.count) + " messages";
+            (change.dry_run ? "would " + verb
+                            : (kind == ChangeKind::kSkip ? "skipped" : verb + "ed")) +
+            " " + std::to_string(result.count) + " messages";
         Log(change.dry_run ? LogLevel::kInfo : LogLevel::kWarn,
             "admin API (" + request.remote_address + "): " + what +
                 (change.reason.empty() ? "" : "; reason: " + change.reason) +

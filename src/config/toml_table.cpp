@@ -442,13 +442,17 @@ std::vector<std::pair<std::string, const TomlValue*>> Section::Entries() const {
 void Section::AllowOnly(std::span<const std::string_view> known) const {
   for (const auto& [key, value] : Entries()) {
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    if (std::find(common_keys_.begin(), common_keys_.end(), key) != common_keys_.end()) continue;
     std::string message = path_.empty() ? "unknown section or key" : "unknown key";
-    // (Captured by name: clang before 16 cannot capture a structured binding.)
+    // The closest of the table's own keys and the common ones. (Captured by name: clang before
+    // 16 cannot capture a structured binding.)
+    std::vector<std::string_view> names(known.begin(), known.end());
+    names.insert(names.end(), common_keys_.begin(), common_keys_.end());
     const auto closest =
-        std::min_element(known.begin(), known.end(), [&written = key](auto a, auto b) {
+        std::min_element(names.begin(), names.end(), [&written = key](auto a, auto b) {
           return EditDistance(written, a) < EditDistance(written, b);
         });
-    if (closest != known.end() && EditDistance(key, *closest) <= 2) {
+    if (closest != names.end() && EditDistance(key, *closest) <= 2) {
       message += " (did you mean " + Quoted(Key(*closest)) + "?)";
     } else {
       message +=
@@ -458,6 +462,7 @@ void Section::AllowOnly(std::span<const std::string_view> known) const {
         message += (first ? "" : ", ") + std::string{name};
         first = false;
       }
+      for (const std::string& name : common_keys_) message += ", " + name;
     }
     Fail(Key(key), message, value);
   }

@@ -119,6 +119,10 @@ class StatusService::Impl {
         unowned_partitions_(registry.AddGauge(
             "outbox_partitions_unowned",
             "Partitions no live relay holds: nobody publishes them until one takes them.")),
+        streams_held_(registry.AddGauge(
+            "outbox_streams_held",
+            "(target, stream) pairs held by an abandoned message under on_abandon = \"hold\": "
+            "nothing after it is published until an operator replays or skips it.")),
         by_topic_skipped_(registry.AddGauge(
             "outbox_messages_by_topic_skipped",
             "1 when outbox_messages_by_topic is empty because the backlog is above the exact-count "
@@ -307,6 +311,7 @@ class StatusService::Impl {
       lease_owners_.Set(static_cast<double>(stats.active_leases));
       live_relays_.Set(static_cast<double>(stats.live_relays));
       unowned_partitions_.Set(static_cast<double>(stats.unowned_partitions));
+      streams_held_.Set(static_cast<double>(stats.streams_held));
       read = stats;
     } catch (const std::exception& failure) {
       // Error texts of the store name the database without its password; mask anyway.
@@ -447,6 +452,7 @@ class StatusService::Impl {
   Gauge& lease_owners_;
   Gauge& live_relays_;
   Gauge& unowned_partitions_;
+  Gauge& streams_held_;
   Gauge& by_topic_skipped_;
   std::vector<Gauge*> by_status_;
   std::vector<Probe> probes_;

@@ -105,16 +105,22 @@ std::optional<std::string> WalSettler::Decide(Batch& batch,
                              " failed and is parked" + (abandon ? " as abandoned" : "") + ": " +
                              failure.Describe());
     const milliseconds delay = std::max(retry_.Delay(1, random_), failure.retry_after);
-    commit.parked.push_back({.envelope = envelope,
-                             .as = abandon ? ParkAs::kAbandoned : ParkAs::kFailed,
-                             .attempts = 1,
-                             .available_in = abandon ? milliseconds{0} : delay,
-                             .error = failure.Describe()});
+    commit.parked.push_back(
+        {.envelope = envelope,
+         .as = abandon ? ParkAs::kAbandoned : ParkAs::kFailed,
+         .attempts = 1,
+         .available_in = abandon ? milliseconds{0} : delay,
+         .error = failure.Describe(),
+         .hold_by_default = std::find(retry_.hold_targets.begin(), retry_.hold_targets.end(),
+                                      envelope.target) != retry_.hold_targets.end()});
     // Its followers in this batch reached the broker before the verdict, without
     // stream_prev_seq: they are parked too, and published again by the table relay, whose
     // claim sets it after an abandoned one (as table mode holds them back); so are those of the
     // batch read ahead (Launch). In batches read after this commit an abandoned message holds
-    // nothing back: the stream's next message carries stream_prev_seq.
+    // nothing back (the stream's next message carries stream_prev_seq), unless it holds its
+    // stream (on_abandon = "hold"): then they are parked to wait behind it (StreamStates).
+    // A message parked as failed and abandoned later by the table relay holds by the same rule
+    // (the table's Fail).
     if (stream) broken.insert(*stream);
   }
   return std::nullopt;

@@ -96,6 +96,11 @@ ChangeResult Admin::Replay(const MessageFilter& filter, bool dry_run) {
   return Change(ChangeKind::kReplay, filter, std::string{}, dry_run);
 }
 
+ChangeResult Admin::Skip(const MessageFilter& filter, bool dry_run) {
+  ValidateChange("skip", filter, {MessageStatus::kAbandoned});
+  return Change(ChangeKind::kSkip, filter, std::string{}, dry_run);
+}
+
 ChangeResult Admin::Abandon(const MessageFilter& filter, const std::string& reason, bool dry_run) {
   ValidateChange("abandon", filter, {MessageStatus::kPending, MessageStatus::kFailed});
   if (reason.empty()) throw std::invalid_argument("abandon: a reason is required");

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # outboxctl against the test PostgreSQL: migrate is idempotent, status reads the counts, list /
-# show / replay / abandon / purge do what they print, and bad input gets a clear message and the
+# show / replay / skip / abandon / purge do what they print, and bad input gets a clear message and the
 # documented exit code (0 ok, 1 database failure or refusal, 2 bad command line, 3 not found).
 # Usage: outboxctl_test.sh <outboxctl>
 set -uo pipefail
@@ -23,8 +23,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-expect 0 "migrated from version 0 to 15" --db "$db" --schema "$schema" migrate
-expect 0 "is up to date \(version 15\)" --db "$db" --schema "$schema" migrate
+expect 0 "migrated from version 0 to 16" --db "$db" --schema "$schema" migrate
+expect 0 "is up to date \(version 16\)" --db "$db" --schema "$schema" migrate
 # WAL mode's slot: made once, then found (the cleanup above drops it).
 for _ in 1 2; do
   expect 0 "WAL slot outbox_$schema ready \(set $schema\.settings\.delivery = 'wal' to use it\)" \
@@ -51,7 +51,7 @@ expect 1 "cannot connect to PostgreSQL \(host=127.0.0.1 port=1" \
   --db "postgresql://u:pw@127.0.0.1:1/x" status
 expect 2 "A subcommand is required"
 expect 2 "The following argument was not expected: --frobnicate" --frobnicate status
-expect 0 "^outboxctl 0\.[0-9]+\.[0-9]+ \(PostgreSQL schema version 15\)$" --version
+expect 0 "^outboxctl 0\.[0-9]+\.[0-9]+ \(PostgreSQL schema version 16\)$" --version
 OUTBOX_DATABASE_URL=$db OUTBOX_SCHEMA=$schema expect 0 "pending     3" status
 # Through outboxd's file (--config): its [database] table, read by the store registry; the counts
 # and WAL mode's state come through the store's contracts (Store::Stats, Admin::Wal).
@@ -61,7 +61,7 @@ expect 0 "pending     3.*delivery    table.*WAL slot    outbox_$schema: NOT bein
   --config "$sql_dir/outbox.toml" status
 expect 0 '"pending":3,.*"delivery":"table","wal_topics":0,"wal_slot":\{"name":"outbox_'"$schema"'","exists":true' \
   --config "$sql_dir/outbox.toml" status --json
-expect 0 "schema $schema is up to date \(version 15\)" --config "$sql_dir/outbox.toml" migrate
+expect 0 "schema $schema is up to date \(version 16\)" --config "$sql_dir/outbox.toml" migrate
 # The environment's url wins over the file's, as in outboxd.
 OUTBOX_DATABASE_URL="postgresql://u:pw@127.0.0.1:1/x" expect 1 "cannot connect to PostgreSQL \(host=127.0.0.1 port=1" \
   --config "$sql_dir/outbox.toml" status
@@ -145,11 +145,38 @@ expect 0 "^abandoned 3 messages: ${orders[0]} ${orders[1]} ${orders[2]}\$" \
 same "abandoned" "$(state "${orders[2]}")" "abandoned 0 abandoned by operator: consumer gone"
 same "a processing row" "$(state "${orders[3]}")" "processing 0 relay-x"
 
+# skip (on_abandon = "hold", docs/dead-letters.md): a held stream goes on past its message.
+held=$(q "SELECT $schema.enqueue(topic => 'held', payload => '{}', stream_key => 'h-1')")
+q "UPDATE $schema.messages SET status = 'abandoned', attempts = 1, abandoned_at = now(),
+   holds_stream = true, last_error = 'rejected: nack' WHERE id = '$held'" >/dev/null
+expect 0 "${nl}streams held  1 \(by abandoned messages" "${c[@]}" status
+expect 0 '"streams_held":1' "${c[@]}" status --json
+expect 0 "$held +abandoned +1 +held +h-1#[0-9]+ .* holds its stream: rejected: nack" "${c[@]}" list --held
+expect 0 '"holds_stream":true' "${c[@]}" list --held --json
+same "list --held" "$("$ctl" "${c[@]}" list --held | wc -l)" 2
+expect 0 "^would skip 1 message: $held\$" "${c[@]}" skip --all-held --dry-run
+same "after a dry run" "$(q "SELECT holds_stream FROM $schema.messages WHERE id = '$held'")" "t"
+expect 0 "^skipped 1 message: $held\$" "${c[@]}" skip "$held"
+same "skipped" "$(q "SELECT status, holds_stream FROM $schema.messages WHERE id = '$held'")" "abandoned|f"
+expect 0 "^skipped 0 messages${nl}not skipped: $held \(abandoned, not holding its stream: nothing to skip\)\$" \
+  "${c[@]}" skip "$held"
+expect 0 "^skipped 0 messages${nl}not skipped: ${orders[3]} \(processing: leased by relay-x, left alone\)\$" \
+  "${c[@]}" skip "${orders[3]}"
+expect 3 "outboxctl: message $missing not found" "${c[@]}" skip "$missing"
+expect 0 "^no messages match\$" "${c[@]}" list --held
+expect 2 "skip: say which messages: .*refusing to skip everything" "${c[@]}" skip
+expect 2 "skip: --status must be abandoned" "${c[@]}" skip --status pending
+# A message that holds its stream is never purged (that would release the stream unseen).
+still=$(q "SELECT $schema.enqueue(topic => 'held', payload => '{}', stream_key => 'h-2')")
+q "UPDATE $schema.messages SET status = 'abandoned', abandoned_at = now() - interval '1 day',
+   holds_stream = true WHERE id = '$still'" >/dev/null
+
 # purge: chunked deletes past retention.
 expect 0 "^purged 0 messages \(published older than 0s, abandoned older than 30d\)\$" \
   "${c[@]}" purge
-expect 0 "^purged 3 messages \(published older than 1h, abandoned older than 0s\)\$" \
+expect 0 "^purged 4 messages \(published older than 1h, abandoned older than 0s\)\$" \
   "${c[@]}" purge --published 1h --abandoned 0s
+same "a held message after purge" "$(q "SELECT count(*) FROM $schema.messages WHERE id = '$still'")" "1"
 expect 0 "^no messages match\$" "${c[@]}" list --topic orders --status abandoned
 
 # Bad input: exit 2 before touching the database; database refusals: exit 1.
@@ -194,19 +221,19 @@ dump() {
     grep -Ev '^--|^\\(un)?restrict '
 }
 ref=${schema}_ref
-expect 0 "migrated from version 0 to 15" --db "$db" --schema "$ref" migrate
+expect 0 "migrated from version 0 to 16" --db "$db" --schema "$ref" migrate
 "$ctl" --schema "${schema}_sql" migrate --print-sql >"$sql_dir/full.sql"
 same "--print-sql needs no database" "$?" "0"
 out=$(apply "$sql_dir/full.sql")
 same "the full script applied by psql" "$?:$out" "0:"
-expect 0 "is up to date \(version 15\)" --db "$db" --schema "${schema}_sql" migrate
+expect 0 "is up to date \(version 16\)" --db "$db" --schema "${schema}_sql" migrate
 same "pg_dump shows the tables" "$(dump "$ref" | grep -c 'CREATE TABLE SCHEMA\.')" "$(q "SELECT count(*) FROM pg_tables WHERE schemaname = '$ref'")"
 same "the script's schema equals migrate's" "$(diff <(dump "$ref") <(dump "${schema}_sql") | head -20)" ""
 before=$(q "SELECT count(*) FROM ${schema}_sql.schema_version")
 out=$(apply "$sql_dir/full.sql")
 same "the script refuses a second run" "$?" "3"
-[[ $out =~ "schema ${schema}_sql is at version 15, this script upgrades version 0" &&
-  $out =~ "outboxctl migrate --print-sql --from 15" ]] ||
+[[ $out =~ "schema ${schema}_sql is at version 16, this script upgrades version 0" &&
+  $out =~ "outboxctl migrate --print-sql --from 16" ]] ||
   { echo "FAIL: the guard's message: $out"; failures=$((failures + 1)); }
 same "a refused run changes nothing" "$(q "SELECT count(*) FROM ${schema}_sql.schema_version")" "$before"
 # An upgrade: version 14 from the full script cut before version 15, then --from 14.
@@ -215,7 +242,7 @@ out=$(apply "$sql_dir/to14.sql")
 same "the script cut at version 14" "$?:$(q "SELECT max(version) FROM ${schema}_up.schema_version")" "0:14"
 "$ctl" --schema "${schema}_up" migrate --print-sql --from 14 >"$sql_dir/from14.sql"
 grep -q '^-- version 15: inbox_functions$' "$sql_dir/from14.sql" && ! grep -q '^-- version 14:' "$sql_dir/from14.sql" ||
-  { echo "FAIL: --from 14 should hold version 15 only"; failures=$((failures + 1)); }
+  { echo "FAIL: --from 14 should hold versions 15 and up only"; failures=$((failures + 1)); }
 out=$(apply "$sql_dir/from14.sql")
 same "--from 14 applied to version 14" "$?:$out" "0:"
 same "the upgraded schema equals migrate's" "$(diff <(dump "$ref") <(dump "${schema}_up") | head -20)" ""
@@ -224,8 +251,8 @@ out=$(apply "$sql_dir/empty.sql")
 [[ $out =~ "schema ${schema}_empty is at version 0, this script upgrades version 10" ]] ||
   { echo "FAIL: --from 10 on a new database: $out"; failures=$((failures + 1)); }
 same "a refused script leaves nothing" "$(q "SELECT count(*) FROM pg_namespace WHERE nspname = '${schema}_empty'")" "0"
-expect 2 "--from must be between 0 \(an empty database\) and 15, got 16" migrate --print-sql --from 16
-expect 2 "--from must be between 0 \(an empty database\) and 15, got -1" migrate --print-sql --from -1
+expect 2 "--from must be between 0 \(an empty database\) and 16, got 17" migrate --print-sql --from 17
+expect 2 "--from must be between 0 \(an empty database\) and 16, got -1" migrate --print-sql --from -1
 expect 2 "Could not convert: --from = x" migrate --print-sql --from x
 expect 2 "migrate: --from is for --print-sql" "${c[@]}" migrate --from 9
 expect 2 "not a plain lower-case identifier" --schema "Bad" migrate --print-sql

@@ -450,6 +450,24 @@ def run_common(page, store, ids, partner):
     return orders, payments, xss
 
 
+def skip_a_held_stream(page, store, message_id):
+    """on_abandon = "hold" (docs/dead-letters.md): the held message is listed under its own
+    status choice and skipped after a dry run; it stays abandoned, no longer holding."""
+    store.sql(f"UPDATE {store.schema}.messages SET holds_stream = true WHERE id = '{message_id}'")
+    abandoned_list(page, status="held", expect=1)
+    check("holds its stream" in page.text("ab-table"), page.text("ab-table"))
+    select_ids(page, {message_id})
+    page.find("ab-skip").click()
+    wait_for("the dry run", lambda: page.find("ab-confirm").is_displayed())
+    check("would skip 1 message" in page.text("ab-confirm-text"), page.text("ab-confirm-text"))
+    check(store.sql(f"SELECT holds_stream FROM {store.schema}.messages WHERE id = '{message_id}'") == [["t"]],
+          "a dry run changes nothing")
+    page.find("ab-confirm-go").click()
+    wait_for("the skip's result", lambda: "Skipped 1 message" in page.text("ab-result"))
+    check(store.sql(f"SELECT status, holds_stream FROM {store.schema}.messages WHERE id = '{message_id}'")
+          == [["abandoned", "f"]], "skipped: abandoned, no longer holding")
+
+
 def abandon_with_reason(page, store, partner_ids, reason):
     abandoned_list(page, status="pending", target="partner", expect=len(partner_ids))
     page.find("ab-scope-all").click()
@@ -544,8 +562,9 @@ url = "amqp://guest:guest@127.0.0.1:{dead_port}/"
             check_headers(port)
             run.driver, run.service = start_browser(workdir)
             page = Page(run.driver, port, args.artifacts, "postgres")
-            run_common(page, store, ids, partner=True)
+            _, payments, _ = run_common(page, store, ids, partner=True)
             abandon_with_reason(page, store, ids[16:20], "partner API retired; invoices are re-sent by hand")
+            skip_a_held_stream(page, store, payments[1])
             page.go("relays")
             wait_for("this relay", lambda: "relay-eu-1" in page.text("relay-self"))
             check("live relays" in page.text("relay-shared"), page.text("relay-shared"))

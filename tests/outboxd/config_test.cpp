@@ -417,6 +417,35 @@ TEST(ConfigTest, AGlobalClaimCheckIsEverySinksDefault) {
               "claim_check.endpoint", "http:// or https://");
 }
 
+TEST(ConfigTest, OnAbandonIsEverySinksAndNamesTheTargetsThatHold) {
+  const Config config = Parse(R"(
+[database]
+url = "x"
+[sinks.default]
+type = "file"
+on_abandon = "hold"
+[sinks.audit]
+type = "file"
+on_abandon = "continue"
+[sinks.other]
+type = "file"
+)");
+  EXPECT_EQ(config.retry.hold_targets, std::vector<std::string>{"default"});
+  EXPECT_EQ(config.sinks[0].on_abandon, "hold");
+  EXPECT_EQ(config.sinks[2].on_abandon, "continue");
+  EXPECT_NE(Describe(config).find("[sinks.default]\ntype = \"file\"\non_abandon = \"hold\"\n"),
+            std::string::npos)
+      << Describe(config);
+  ExpectError(WithSink("type = \"file\"\non_abandon = \"stop\""), "sinks.default.on_abandon",
+              "must be \"continue\" or \"hold\", got \"stop\"");
+  ExpectError(WithSink("type = \"file\"\non_abandon = true"), "sinks.default.on_abandon", "string");
+  ExpectError(WithSink("type = \"file\"\non_abandom = \"hold\""), "sinks.default.on_abandom",
+              "did you mean \"sinks.default.on_abandon\"");
+  ExpectError(WithSink("type = \"file\"\nabandon = \"hold\""), "sinks.default.abandon",
+              "accepts: type, path, fsync, envelope, cloudevents_mode, cloudevents_source, "
+              "on_abandon, max_rate, max_burst");
+}
+
 // ---- Types ----
 
 TEST(ConfigTest, WrongTypesNameTheExpectedOne) {

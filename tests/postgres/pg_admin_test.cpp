@@ -214,6 +214,107 @@ TEST_P(PgAdminTest, RelaysListsTheLiveRelaysWithThePartitionsEachHolds) {
   EXPECT_EQ(none.unowned_partitions, 61);  // the leases are still live, their owners gone
 }
 
+// ---- on_abandon = "hold" (issue #43): only the PostgreSQL store holds streams ----
+
+// A store whose rejections abandon at once and whose target "default" holds its streams.
+std::unique_ptr<Store> OpenHoldingStore(AdminHarness& admin_harness) {
+  RetryPolicy retry;
+  retry.max_attempts = 1;
+  retry.hold_targets = {"default"};
+  return admin_harness.Open(retry, RetentionPolicy{});
+}
+
+std::vector<MessageId> ClaimIds(Store& store, const std::string& owner = "relay-2") {
+  ClaimRequest request;
+  request.owner = owner;
+  request.max_messages = 100;
+  std::vector<MessageId> ids;
+  for (const auto& envelope : store.Claim(request)) ids.push_back(envelope.id);
+  return ids;
+}
+
+TEST_P(PgAdminTest, AHeldStreamPublishesNothingAfterItsAbandonedMessageUntilSkipped) {
+  store_ = OpenHoldingStore(*harness_);
+  const auto held = Enqueue(3, "orders", "order-1");
+  const auto other = Enqueue(1, "orders", "order-2");
+  const auto unkeyed = Enqueue(1, "orders");
+  Abandon({held[0], other[0], unkeyed[0]});
+  EXPECT_EQ(Column(held[0], "holds_stream"), "true");
+  EXPECT_EQ(Column(other[0], "holds_stream"), "true") << "its stream has no later message yet";
+  EXPECT_EQ(Column(unkeyed[0], "holds_stream"), "false") << "no stream to hold";
+  EXPECT_EQ(store_->Stats().streams_held, 2);
+  const auto later_other = Enqueue(1, "orders", "order-2");
+  const auto flowing = Enqueue(2, "orders", "order-3");
+
+  // Only the streams that are not held flow.
+  EXPECT_EQ(ClaimIds(*store_), flowing);
+  // The held ones are listed, and a dry run of the skip changes nothing.
+  MessageFilter held_only;
+  held_only.held = true;
+  const auto page = admin_->List(held_only, 10);
+  ASSERT_EQ(page.messages.size(), 2U);
+  EXPECT_EQ(page.messages[0].id, held[0]);
+  EXPECT_TRUE(page.messages[0].holds_stream);
+  const auto before = harness_->Snapshot();
+  const auto dry = admin_->Skip(ById({held[0]}), /*dry_run=*/true);
+  EXPECT_EQ(dry.ids, std::vector<MessageId>{held[0]});
+  EXPECT_EQ(harness_->Snapshot(), before);
+  EXPECT_TRUE(ClaimIds(*store_).empty());
+
+  // Skipped: the stream goes on past it, telling the consumer what it missed.
+  EXPECT_EQ(admin_->Skip(ById({held[0]}), false).count, 1);
+  EXPECT_EQ(Column(held[0], "status"), "abandoned");
+  EXPECT_EQ(Column(held[0], "holds_stream"), "false");
+  EXPECT_EQ(store_->Stats().streams_held, 1);
+  ClaimRequest request;
+  request.owner = "relay-3";
+  const auto batch = store_->Claim(request);
+  ASSERT_EQ(batch.size(), 2U);
+  EXPECT_EQ(batch[0].id, held[1]);
+  EXPECT_EQ(batch[0].stream_prev_seq, 0) << "seq 1 was abandoned";
+  EXPECT_EQ(batch[1].id, held[2]);
+  // A message that does not hold its stream is not skipped again.
+  EXPECT_EQ(admin_->Skip(ById({held[0], unkeyed[0]}), false).count, 0);
+  EXPECT_EQ(Column(later_other[0], "status"), "pending");
+}
+
+TEST_P(PgAdminTest, AReplayedHeadPublishesFirstAndItsStreamFollowsInOrder) {
+  store_ = OpenHoldingStore(*harness_);
+  const auto ids = Enqueue(3, "orders", "order-1");
+  Abandon({ids[0]});
+  EXPECT_TRUE(ClaimIds(*store_).empty());
+  EXPECT_EQ(admin_->Replay(ById({ids[0]}), /*dry_run=*/true).count, 1);
+  EXPECT_TRUE(ClaimIds(*store_).empty()) << "a dry run releases nothing";
+  EXPECT_EQ(admin_->Replay(ById({ids[0]}), false).count, 1);
+  EXPECT_EQ(Column(ids[0], "holds_stream"), "false");
+  EXPECT_EQ(store_->Stats().streams_held, 0);
+  EXPECT_EQ(ClaimIds(*store_), ids);
+}
+
+TEST_P(PgAdminTest, TheTopicsOnAbandonWinsOverItsTargetsDefault) {
+  Sql(schema().conn(), "INSERT INTO " + schema().name() +
+                           ".topic_settings (topic, on_abandon) VALUES ('loose', 'continue'), "
+                           "('strict', 'hold')");
+  store_ = OpenHoldingStore(*harness_);  // "default" holds
+  const auto loose = Enqueue(2, "loose", "k");
+  const auto strict = Enqueue(2, "strict", "k", "partner");  // "partner" continues by default
+  Abandon({loose[0], strict[0]});
+  EXPECT_EQ(Column(loose[0], "holds_stream"), "false");
+  EXPECT_EQ(Column(strict[0], "holds_stream"), "true");
+  EXPECT_EQ(ClaimIds(*store_), std::vector<MessageId>{loose[1]});
+}
+
+TEST_P(PgAdminTest, AnUnknownOnAbandonIsRefusedByTheDatabase) {
+  try {
+    Sql(schema().conn(), "INSERT INTO " + schema().name() +
+                             ".topic_settings (topic, on_abandon) VALUES ('t', 'stop')");
+    FAIL() << "an unknown policy was accepted";
+  } catch (const std::exception& error) {
+    EXPECT_NE(std::string{error.what()}.find("topic_settings_on_abandon"), std::string::npos)
+        << error.what();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Postgres, PgAdminTest, ::testing::Values(&harness),
                          [](const auto&) { return std::string{"libpq"}; });
 

@@ -23,6 +23,7 @@
 #include "outbox/relay/dispatcher.h"
 #include "outbox/relay/relay.h"
 #include "outbox/store/postgres.h"
+#include "outbox/store/postgres_admin.h"
 #include "outbox/store/postgres_wal.h"
 #include "support/pg_test_support.h"
 #include "support/wait.h"
@@ -410,6 +411,56 @@ TEST_F(WalRelayTest, ARejectedMessageParksItsStreamOthersFlowAndTheTableRelayKee
     return !delivered.empty() && delivered.back().stream_key == std::optional<std::string>{"bad"};
   }));
   EXPECT_EQ(sink->delivered().back().stream_seq, std::optional<std::int64_t>{8});
+}
+
+// on_abandon = "hold" in WAL mode (issue #43): a message abandoned by the WAL relay is parked
+// holding its stream; the stream's later messages are parked behind it (pending, no attempt) while
+// other streams flow from the WAL; the table relay publishes none of them until an operator skips
+// it, then all of them in order, the first naming the gap.
+TEST_F(WalRelayTest, AnAbandonedMessageHoldsItsStreamThroughTheParkedRowsUntilSkipped) {
+  std::string poison;
+  auto owned = std::make_unique<TestSink>([&](const Envelope& envelope) -> std::optional<Failure> {
+    if (envelope.id.ToString() == poison) return Failure{FailureKind::kRejected, "NOT_FOUND"};
+    return std::nullopt;
+  });
+  TestSink* sink = owned.get();
+  auto conn = Connect();
+  poison = Enqueue(conn.get(), "bad");
+  WalRelayOptions options;
+  options.retry.max_attempts = 1;
+  options.retry.hold_targets = {"default"};
+  Start(std::move(owned), options);
+  ASSERT_TRUE(WaitFor([&] {
+    return Count("id = '" + poison + "' AND status = 'abandoned' AND holds_stream") == "1";
+  }));
+  std::vector<std::string> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(Enqueue(conn.get(), "bad"));
+    Enqueue(conn.get(), "good");
+  }
+  ASSERT_TRUE(WaitFor([&] { return Count("stream_key = 'bad' AND status = 'pending'") == "3"; }));
+  ASSERT_TRUE(WaitFor([&] { return sink->delivered().size() >= 3; }));
+  for (const Envelope& envelope : sink->delivered()) {
+    EXPECT_EQ(envelope.stream_key, std::optional<std::string>{"good"}) << "the held stream waits";
+  }
+  EXPECT_EQ(Count("stream_key = 'bad' AND status = 'pending' AND attempts = 0"), "3");
+
+  auto table_owned = std::make_unique<TestSink>();
+  TestSink* table_sink = table_owned.get();
+  StartTableRelay(std::move(table_owned));
+  std::this_thread::sleep_for(milliseconds{300});  // a few of the table relay's sweeps
+  EXPECT_TRUE(table_sink->delivered().empty()) << "the table relay holds the stream too";
+  auto admin = postgres::OpenAdmin(PgUrl(), S());
+  MessageFilter filter;
+  filter.ids = std::vector<MessageId>{*Uuid::Parse(poison)};
+  EXPECT_EQ(admin->Skip(filter, /*dry_run=*/false).count, 1);
+  ASSERT_TRUE(WaitFor([&] { return table_sink->delivered().size() >= 3; }));
+  const auto delivered = table_sink->delivered();
+  ASSERT_EQ(delivered.size(), 3U);
+  for (std::size_t i = 0; i < delivered.size(); ++i) {
+    EXPECT_EQ(delivered[i].id.ToString(), held[i]);
+  }
+  EXPECT_EQ(delivered[0].stream_prev_seq, std::optional<std::int64_t>{0}) << "seq 1 was skipped";
 }
 
 // A batch where one target rejects a message while another target's broker is down: the down

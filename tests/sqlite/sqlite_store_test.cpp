@@ -343,6 +343,16 @@ TEST_F(SqliteWriterTest, BadOptionsAndUnmigratedDatabasesAreRefused) {
   RemoveDatabase(empty);
   EXPECT_THROW(sqlite::OpenStore({.path = "/nonexistent-dir/x.db"}), StoreError);
   EXPECT_THROW(sqlite::Migrate(path_, 0), std::invalid_argument);
+  // on_abandon = "hold" needs the PostgreSQL store (issue #43): refused by the sink's key.
+  RetryPolicy holding;
+  holding.hold_targets = {"orders"};
+  try {
+    (void)sqlite::OpenStore({.path = path_, .retry = holding});
+    ADD_FAILURE() << "a SQLite store accepted on_abandon = \"hold\"";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key(), "sinks.orders.on_abandon");
+    EXPECT_NE(std::string{error.what()}.find("needs the PostgreSQL store"), std::string::npos);
+  }
 }
 
 // Fan-out (issue #24): a message is written once per target, each copy numbered in its own

@@ -405,6 +405,26 @@ TEST_P(AdminContractTest, CountByTopicSumsTheSmallerGroupsPerStatus) {
   }
 }
 
+TEST_P(AdminContractTest, SkipActsOnlyOnHeldMessagesAndNeedsASelection) {
+  const auto ids = Enqueue(2, "orders", "order-1");
+  Abandon({ids[0]});  // this store's targets continue: it holds nothing
+  EXPECT_EQ(admin_->Skip(ById(ids), /*dry_run=*/true).count, 0);
+  EXPECT_EQ(admin_->Skip(ById(ids), false).count, 0);
+  EXPECT_EQ(Column(ids[0], "status"), "abandoned");
+  MessageFilter held;
+  held.held = true;
+  EXPECT_TRUE(admin_->List(held, 10).messages.empty());
+  EXPECT_THROW(admin_->Skip(MessageFilter{}, false), std::invalid_argument);
+  MessageFilter pending;
+  pending.status = MessageStatus::kPending;
+  try {
+    admin_->Skip(pending, false);
+    FAIL() << "skip accepted a pending filter";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_STREQ(error.what(), "skip: acts only on abandoned messages, not on pending ones");
+  }
+}
+
 TEST_P(AdminContractTest, BadFiltersAndArgumentsThrowInvalidArgument) {
   const auto message_of = [](const auto& call) -> std::string {
     try {

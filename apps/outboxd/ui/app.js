@@ -302,6 +302,8 @@
     } else {
       add('status', 'ab-status'); add('topic', 'ab-topic'); add('stream', 'ab-stream');
       add('target', 'ab-target'); add('older_than', 'ab-older');
+      // "held": the abandoned messages that hold their stream (on_abandon = "hold").
+      if (query.get('status') === 'held') { query.set('status', 'abandoned'); query.set('held', 'true'); }
     }
     return query;
   }
@@ -327,7 +329,8 @@
     for (const message of page.messages) {
       const row = el('tr', {class: 'link', 'data-id': message.id},
         el('td', {class: 'mono', text: message.id}), el('td', {class: 'nowrap', text: fmtTime(message.created_at)}),
-        el('td', {}, el('span', {class: 'status ' + message.status, text: message.status})),
+        el('td', {}, el('span', {class: 'status ' + message.status, text: message.status}),
+          message.holds_stream ? el('span', {class: 'muted', text: ' holds its stream'}) : null),
         el('td', {class: 'wrap', text: message.topic}), el('td', {text: message.target}),
         el('td', {text: message.stream_key || ''}), el('td', {class: 'num', text: String(message.attempts)}),
         el('td', {class: 'error-text', text: short(message.last_error, 80)}));
@@ -380,7 +383,7 @@
   async function showAbandoned() {
     const body = $('ab-table').tBodies[0];
     const disabled = state.adminApi === false;
-    for (const id of ['ab-replay', 'ab-abandon', 'ab-reason', 'ab-search']) $(id).disabled = disabled;
+    for (const id of ['ab-replay', 'ab-skip', 'ab-abandon', 'ab-reason', 'ab-search']) $(id).disabled = disabled;
     if (disabled) { readonlyNotice(body, 8); return; }
     const query = filterQuery('ab');
     query.set('limit', String(PAGE_SIZE));
@@ -393,7 +396,8 @@
         'aria-label': 'select ' + message.id});
       body.appendChild(el('tr', {'data-id': message.id}, el('td', {}, box),
         el('td', {class: 'mono', text: message.id}), el('td', {class: 'nowrap', text: fmtTime(message.created_at)}),
-        el('td', {}, el('span', {class: 'status ' + message.status, text: message.status})),
+        el('td', {}, el('span', {class: 'status ' + message.status, text: message.status}),
+          message.holds_stream ? el('span', {class: 'muted', text: ' holds its stream'}) : null),
         el('td', {class: 'wrap', text: message.topic}), el('td', {text: message.target}),
         el('td', {class: 'num', text: String(message.attempts)}),
         el('td', {class: 'error-text', text: short(message.last_error, 100)})));
@@ -431,7 +435,7 @@
     state.pending = {kind, body, count: dry.count};
     setText('ab-confirm-text', 'Dry run: this would ' + kind + ' ' + dry.count + ' message' + (dry.count === 1 ? '' : 's') +
       (kind === 'abandon' ? ' with the reason "' + body.reason + '"' : '') + '.');
-    $('ab-confirm-go').textContent = kind === 'replay' ? 'Replay ' + dry.count : 'Abandon ' + dry.count;
+    $('ab-confirm-go').textContent = {replay: 'Replay ', skip: 'Skip ', abandon: 'Abandon '}[kind] + dry.count;
     $('ab-confirm-go').disabled = dry.count === 0;
     $('ab-confirm').hidden = false;
   }
@@ -442,8 +446,9 @@
     $('ab-confirm').hidden = true;
     if (!pending) return;
     const done = (await api('/api/messages/' + pending.kind, {method: 'POST', body: JSON.stringify(Object.assign({dry_run: false}, pending.body))})).json;
-    setText('ab-result', (pending.kind === 'replay' ? 'Replayed ' : 'Abandoned ') + done.count + ' message' + (done.count === 1 ? '' : 's') +
-      (pending.kind === 'replay' ? ': they are pending again, with their ids unchanged.' : '.'));
+    const said = {replay: ['Replayed ', ': they are pending again, with their ids unchanged.'],
+      skip: ['Skipped ', ': their streams go on past them; they stay abandoned.'], abandon: ['Abandoned ', '.']}[pending.kind];
+    setText('ab-result', said[0] + done.count + ' message' + (done.count === 1 ? '' : 's') + said[1]);
     state.abandoned.after = null;
     await showAbandoned();
   }
@@ -630,6 +635,7 @@
       for (const box of document.querySelectorAll('.ab-select')) box.checked = $('ab-all').checked;
     });
     $('ab-replay').addEventListener('click', () => prepareChange('replay').catch(reportError));
+    $('ab-skip').addEventListener('click', () => prepareChange('skip').catch(reportError));
     $('ab-abandon').addEventListener('click', () => prepareChange('abandon').catch(reportError));
     $('ab-confirm-go').addEventListener('click', () => confirmChange().catch(reportError));
     $('ab-confirm-cancel').addEventListener('click', () => { state.pending = null; $('ab-confirm').hidden = true; });

@@ -131,6 +131,13 @@ class Section {
     AllowOnly(std::span<const std::string_view>{known.begin(), known.size()});
   }
   void AllowOnly(std::span<const std::string_view> known) const;
+  // This table with `keys` read by its owner, which AllowOnly accepts besides its own (outboxd
+  // reads a sink's on_abandon before the sink's type reads the rest of its table).
+  [[nodiscard]] Section WithCommonKeys(std::vector<std::string> keys) const {
+    Section copy = *this;
+    copy.common_keys_ = std::move(keys);
+    return copy;
+  }
 
   [[nodiscard]] const TomlValue* Find(std::string_view key) const;
 
@@ -221,6 +228,7 @@ class Section {
 
   const TomlValue* table_;
   std::string path_;
+  std::vector<std::string> common_keys_;  // see WithCommonKeys
 };
 
 // Writes TOML back (for --check-config): sections and key = value lines.

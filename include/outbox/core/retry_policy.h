@@ -4,6 +4,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "outbox/core/random.h"
 
@@ -20,6 +21,11 @@ struct RetryPolicy {
   double jitter = 0.25;
   // Attempts (spent by rejections, see FailureTreatment) after which a message is abandoned.
   int max_attempts = 10;
+  // The targets whose on_abandon default is "hold" (outboxd: the sinks that say so): there an
+  // abandoned keyed message holds its (target, stream) until an operator replays or skips it,
+  // unless its topic's own on_abandon (PostgreSQL: topic_settings) says otherwise. The others
+  // "continue": the stream goes on past it.
+  std::vector<std::string> hold_targets;
 
   // A description of the first invalid field, naming it; nullopt when the policy is valid.
   [[nodiscard]] std::optional<std::string> Validate() const;

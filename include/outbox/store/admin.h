@@ -54,10 +54,12 @@ struct MessageFilter {
   // Only the copies of one event: the messages whose event id is this (for a message written to
   // one target, its own id).
   std::optional<MessageId> event_id;
+  // Only abandoned messages that hold their stream (on_abandon = "hold"; see Skip).
+  bool held = false;
 
   // True when no criterion is set (the filter matches every message).
   [[nodiscard]] bool MatchesEverything() const {
-    return !status && !topic && !stream_key && !target && !older_than && !ids && !event_id;
+    return !status && !topic && !stream_key && !target && !older_than && !ids && !event_id && !held;
   }
 };
 
@@ -75,6 +77,9 @@ struct MessageSummary {
   std::optional<std::string> type;
   MessageStatus status = MessageStatus::kPending;
   int attempts = 0;
+  // Abandoned under on_abandon = "hold": its (target, stream) publishes nothing after it until an
+  // operator replays or skips it.
+  bool holds_stream = false;
   TimePoint available_at;  // when it is (or was) next claimable
   TimePoint created_at;
   std::optional<std::string> last_error;
@@ -171,6 +176,15 @@ class Admin {
   // The message with this id in full, or nullopt when there is none.
   std::optional<MessageDetail> Show(const MessageId& id) { return Find(id); }
 
+  // Lets the streams held by abandoned messages matching `filter` go on past them (on_abandon =
+  // "hold"): each stays abandoned, no longer holding, as if the policy had been "continue"; the
+  // stream's next message is published with stream_prev_seq naming the gap. Only abandoned
+  // messages that hold their stream are touched (SQLite holds none). A filter status other than
+  // abandoned, or a filter that matches everything, throws std::invalid_argument. With `dry_run`,
+  // changes nothing and returns what it would skip. (Replay, the other way out, publishes the
+  // message again first.)
+  ChangeResult Skip(const MessageFilter& filter, bool dry_run);
+
   // Makes abandoned and failed messages matching `filter` pending again: attempts = 0,
   // available_at = now, abandoned_at cleared, last_error = "replayed by operator; was: <old
   // error>". The id (and stream_key and stream_seq) stay the same, so consumers deduplicate a
@@ -212,7 +226,7 @@ class Admin {
   std::optional<WalStatus> Wal() { return ReadWal(); }
 
  protected:
-  enum class ChangeKind : std::uint8_t { kReplay, kAbandon };
+  enum class ChangeKind : std::uint8_t { kReplay, kAbandon, kSkip };
 
   // One chunk of Replay or Abandon: the next `limit` candidates (rows matching `filter` whose
   // status the change acts on) after the id `after`, in id order, and unless `dry_run` the change

@@ -134,6 +134,9 @@ struct StoreStats {
   // many partitions no live relay holds (nobody publishes those; 0 with no relay sharing).
   std::int64_t live_relays = 0;
   std::int64_t unowned_partitions = 0;
+  // (target, stream) pairs held by an abandoned message under on_abandon = "hold": none of their
+  // later messages is published until an operator replays or skips it (Admin::Skip).
+  std::int64_t streams_held = 0;
   // True when a count was too large to take exactly and is the database's estimate.
   bool counts_estimated = false;
 };

@@ -121,6 +121,10 @@ struct ParkedMessage {
   int attempts = 0;  // attempts spent (kFailed: at least 1)
   std::chrono::milliseconds available_in{0};
   std::string error;  // last_error
+  // kAbandoned: whether its target's on_abandon default is "hold" (RetryPolicy::hold_targets);
+  // the topic's topic_settings.on_abandon wins, as in table mode. A held stream's later messages
+  // are parked to wait behind it (StreamStates: blocked) until an operator replays or skips it.
+  bool hold_by_default = false;
 };
 
 // What one WalLedger::Commit makes durable, in one transaction.

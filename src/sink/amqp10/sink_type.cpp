@@ -20,8 +20,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   const config::GetenvFn& getenv) {
   sink.AllowOnly({"type", "url", "address", "sasl_mechanisms", "max_in_flight", "connect_timeout",
                   "idle_timeout", "max_message_bytes", "durable", "tls_ca_file", "tls_cert_file",
-                  "tls_key_file", "tls_server_name", "envelope", "max_rate", "max_burst",
-                  "cloudevents_mode", "cloudevents_source"});
+                  "tls_key_file", "tls_server_name", "envelope", "cloudevents_mode", "cloudevents_source"});
   SinkOptions options;
   options.url.clear();
   config::ValueSource url =

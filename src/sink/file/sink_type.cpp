@@ -5,7 +5,7 @@ namespace {
 
 std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink, std::string_view,
                                                   const config::GetenvFn&) {
-  sink.AllowOnly({"type", "path", "fsync", "envelope", "max_rate", "max_burst", "cloudevents_mode",
+  sink.AllowOnly({"type", "path", "fsync", "envelope", "cloudevents_mode",
                   "cloudevents_source"});
   SinkOptions options;
   if (sink.Read("path", options.path) &&

@@ -43,8 +43,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   std::string_view name,
                                                   const config::GetenvFn& getenv) {
   sink.AllowOnly({"type", "brokers", "topic", "compression", "linger", "max_in_flight",
-                  "header_style", "max_message_bytes", "envelope", "max_rate", "max_burst",
-                  "cloudevents_mode", "cloudevents_source", "librdkafka"});
+                  "header_style", "max_message_bytes", "envelope", "cloudevents_mode", "cloudevents_source", "librdkafka"});
   SinkOptions options;
   options.brokers.clear();
 

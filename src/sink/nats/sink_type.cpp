@@ -46,8 +46,6 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                   "tls_key_file",
                   "tls_server_name",
                   "envelope",
-                  "max_rate",
-                  "max_burst",
                   "cloudevents_mode",
                   "cloudevents_source"});
   SinkOptions options;

@@ -20,7 +20,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   const config::GetenvFn& getenv) {
   sink.AllowOnly({"type", "url", "exchange", "routing_key", "mandatory", "persistent",
                   "confirm_window", "connect_timeout", "heartbeat", "declare_exchange_type",
-                  "max_message_bytes", "envelope", "max_rate", "max_burst", "cloudevents_mode",
+                  "max_message_bytes", "envelope", "cloudevents_mode",
                   "cloudevents_source"});
   SinkOptions options;
   options.url.clear();

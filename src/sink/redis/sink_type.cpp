@@ -16,8 +16,7 @@ std::unique_ptr<const outbox::SinkSettings> Parse(const config::Section& sink,
                                                   std::string_view name,
                                                   const config::GetenvFn& getenv) {
   sink.AllowOnly({"type", "url", "stream", "max_len", "dedup", "dedup_window", "dedup_prefix",
-                  "pipeline", "connect_timeout", "max_message_bytes", "envelope", "max_rate",
-                  "max_burst", "cloudevents_mode", "cloudevents_source"});
+                  "pipeline", "connect_timeout", "max_message_bytes", "envelope", "cloudevents_mode", "cloudevents_source"});
   SinkOptions options;
   options.url.clear();
   const config::ValueSource url =

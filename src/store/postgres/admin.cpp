@@ -23,14 +23,16 @@ constexpr const char* kFilter = R"(
   AND ($4::text IS NULL OR m.target = $4::text)
   AND ($5::bigint IS NULL OR m.created_at < now() - $5::bigint * interval '1 second')
   AND ($6::uuid[] IS NULL OR m.id = ANY($6::uuid[]))
-  AND ($7::uuid IS NULL OR m.event_id = $7::uuid OR m.id = $7::uuid))";
+  AND ($7::uuid IS NULL OR m.event_id = $7::uuid OR m.id = $7::uuid)__HELD_ONLY__)";
+// Appended to kFilter when the filter asks for held messages only (MessageFilter::held).
+constexpr const char* kHeldOnly = " AND m.status = 'abandoned' AND m.holds_stream";
 
 // The columns of a MessageSummary, in its order.
 constexpr const char* kSummaryColumns = R"(
   m.id, coalesce(m.event_id, m.id), m.topic, m.stream_key, m.stream_seq, m.partition, m.target, m.type, m.status, m.attempts,
   m.available_at, m.created_at, m.last_error, m.lease_owner, m.lease_until,
-  octet_length(m.payload)::bigint)";
-constexpr int kSummaryColumnCount = 16;
+  octet_length(m.payload)::bigint, m.holds_stream)";
+constexpr int kSummaryColumnCount = 17;
 
 // $8 after (uuid or NULL), $9 limit. One row even when no message matches, for now().
 constexpr const char* kList = R"(
@@ -58,13 +60,13 @@ FROM __TABLE__ m WHERE m.id = $1::uuid)";
 constexpr const char* kChangeChunkSql = R"(
 WITH candidates AS (
   SELECT m.id FROM __TABLE__ m
-  WHERE __FILTER__ AND m.status IN (__ELIGIBLE__) AND ($8::uuid IS NULL OR m.id > $8::uuid)
+  WHERE __FILTER__ AND __ELIGIBLE__ AND ($8::uuid IS NULL OR m.id > $8::uuid)
   ORDER BY m.id
   LIMIT $9::integer),
 changed AS (
   UPDATE __TABLE__ m SET __SET__
   FROM candidates c
-  WHERE m.id = c.id AND m.status IN (__ELIGIBLE__)
+  WHERE m.id = c.id AND __ELIGIBLE__
   RETURNING m.id)
 SELECT (SELECT count(*) FROM candidates),
        (SELECT c.id FROM candidates c ORDER BY c.id DESC LIMIT 1),
@@ -75,26 +77,30 @@ SELECT (SELECT count(*) FROM candidates),
 constexpr const char* kChangeDryRun = R"(
 WITH candidates AS (
   SELECT m.id FROM __TABLE__ m
-  WHERE __FILTER__ AND m.status IN (__ELIGIBLE__) AND ($8::uuid IS NULL OR m.id > $8::uuid)
+  WHERE __FILTER__ AND __ELIGIBLE__ AND ($8::uuid IS NULL OR m.id > $8::uuid)
   ORDER BY m.id
   LIMIT $9::integer)
 SELECT (SELECT count(*) FROM candidates),
        (SELECT c.id FROM candidates c ORDER BY c.id DESC LIMIT 1),
        array(SELECT id FROM candidates ORDER BY id))";
 
-constexpr const char* kReplayEligible = "'abandoned', 'failed'";
+constexpr const char* kReplayEligible = "m.status IN ('abandoned', 'failed')";
 // The old error is kept after the note; a second replay before any new attempt keeps the note as
 // it is rather than nesting it. The epoch moves on so that the message counts as returned, never
 // as fresh, even if it was abandoned before its first claim (sql/004_claim_cursor.sql).
 constexpr const char* kReplaySet = R"(
-  status = 'pending', attempts = 0, available_at = now(), abandoned_at = NULL,
+  status = 'pending', attempts = 0, available_at = now(), abandoned_at = NULL, holds_stream = false,
   lease_owner = NULL, lease_until = NULL, lease_epoch = m.lease_epoch + 1,
   last_error = CASE
     WHEN m.last_error IS NULL THEN 'replayed by operator'
     WHEN m.last_error LIKE 'replayed by operator%' THEN m.last_error
     ELSE 'replayed by operator; was: ' || m.last_error END)";
 
-constexpr const char* kAbandonEligible = "'pending', 'failed'";
+// Skip: only held rows; the stream goes on past them.
+constexpr const char* kSkipEligible = "m.status = 'abandoned' AND m.holds_stream";
+constexpr const char* kSkipSet = R"(holds_stream = false)";
+
+constexpr const char* kAbandonEligible = "m.status IN ('pending', 'failed')";
 // $10 reason.
 constexpr const char* kAbandonSet = R"(
   status = 'abandoned', abandoned_at = now(), lease_owner = NULL, lease_until = NULL,
@@ -141,6 +147,7 @@ MessageSummary ReadSummary(const PGresult* rows, int row) {
   message.lease_owner = OptionalText(rows, row, 13);
   message.lease_until = OptionalTime(rows, row, 14);
   message.payload_bytes = ReadInt64(PQgetvalue(rows, row, 15));
+  message.holds_stream = *PQgetvalue(rows, row, 16) != 0;  // binary bool
   return message;
 }
 
@@ -248,6 +255,9 @@ class PostgresAdmin final : public Admin {
     abandon_ = Build(ReplaceAll(ReplaceAll(kChangeChunkSql, "__SET__", kAbandonSet), "__ELIGIBLE__",
                                 kAbandonEligible));
     abandon_dry_run_ = Build(ReplaceAll(kChangeDryRun, "__ELIGIBLE__", kAbandonEligible));
+    skip_ = Build(ReplaceAll(ReplaceAll(kChangeChunkSql, "__SET__", kSkipSet), "__ELIGIBLE__",
+                             kSkipEligible));
+    skip_dry_run_ = Build(ReplaceAll(kChangeDryRun, "__ELIGIBLE__", kSkipEligible));
     count_groups_ = Build(kCountGroups);
     relays_ = ReplaceAll(kRelays, "__SCHEMA__", QuoteSchema(schema));
   }
@@ -261,7 +271,8 @@ class PostgresAdmin final : public Admin {
     const std::string limit_text = std::to_string(limit);
     params.push_back(after ? Param{after_text} : Param{});
     params.push_back(Param{limit_text});
-    const auto result = Exec(connection_.Ready(), "list", list_, params, /*binary_results=*/true);
+    const auto result = Exec(connection_.Ready(), "list", WithHeldOnly(list_, filter), params,
+                             /*binary_results=*/true);
     const PGresult* rows = result.get();
     MessagePage page;
     for (int row = 0; row < PQntuples(rows); ++row) {
@@ -295,16 +306,21 @@ class PostgresAdmin final : public Admin {
                           const std::optional<MessageId>& after, int limit,
                           const std::string& reason, bool dry_run) override {
     const bool replay = kind == ChangeKind::kReplay;
-    const std::string& sql =
-        replay ? (dry_run ? replay_dry_run_ : replay_) : (dry_run ? abandon_dry_run_ : abandon_);
+    const bool skip = kind == ChangeKind::kSkip;
+    const std::string& sql = replay ? (dry_run ? replay_dry_run_ : replay_)
+                             : skip ? (dry_run ? skip_dry_run_ : skip_)
+                                    : (dry_run ? abandon_dry_run_ : abandon_);
     const FilterParams filter_params{filter};
     auto params = filter_params.params();
     const std::string after_text = after ? after->ToString() : "";
     const std::string limit_text = std::to_string(limit);
     params.push_back(after ? Param{std::string_view{after_text}} : Param{});
     params.push_back(Param{limit_text});
-    if (!replay && !dry_run) params.push_back(Param{std::string_view{reason}});
-    const auto result = Exec(connection_.Ready(), replay ? "replay" : "abandon", sql, params);
+    if (kind == ChangeKind::kAbandon && !dry_run) {
+      params.push_back(Param{std::string_view{reason}});
+    }
+    const auto result = Exec(connection_.Ready(), replay ? "replay" : (skip ? "skip" : "abandon"),
+                             WithHeldOnly(sql, filter), params);
     const PGresult* row = result.get();
     ChunkResult chunk;
     chunk.candidates = std::stoll(PQgetvalue(row, 0, 0));
@@ -390,6 +406,11 @@ class PostgresAdmin final : public Admin {
  private:
   static void Rollback(PGconn* conn) { RollbackQuietly(conn); }
 
+  // `sql` (built with kFilter) with the held-only criterion when the filter asks for it.
+  static std::string WithHeldOnly(const std::string& sql, const MessageFilter& filter) {
+    return ReplaceAll(sql, "__HELD_ONLY__", filter.held ? kHeldOnly : "");
+  }
+
   std::string Build(const std::string& sql) const {
     return ReplaceAll(ReplaceAll(ReplaceAll(ReplaceAll(sql, "__SUMMARY__", kSummaryColumns),
                                             "__FILTER__", kFilter),
@@ -407,6 +428,8 @@ class PostgresAdmin final : public Admin {
   std::string replay_dry_run_;
   std::string abandon_;
   std::string abandon_dry_run_;
+  std::string skip_;
+  std::string skip_dry_run_;
   std::string count_groups_;
   std::string relays_;
 };

@@ -40,6 +40,10 @@ constexpr const char* kFenced = R"(
 // target, the transaction's start, the oldest running transaction id, this transaction's id). The
 // cursor thus passes a paused target's backlog once instead of walking it on every claim; it
 // starts from the oldest again when the target resumes (claim_cursor.h).
+// An abandoned message that holds its stream (on_abandon = 'hold', sql/016_hold_on_abandon.sql)
+// blocks its (target, stream) like a head waiting for its retry, until an operator replays or
+// skips it; while no row holds one, that costs one probe per claim (the InitPlan), else one probe
+// of the small index of held rows per keyed candidate.
 // The clock is read once per claim (the `clock` CTE): read per row, a stream's failed head that
 // became due during a long claim was "not due" where it was scanned and "due" (so no longer
 // blocking) where its successor was checked, and the successor went out alone, ahead of it.
@@ -52,6 +56,12 @@ constexpr const char* kHeadOfLine = R"(
       SELECT 1 FROM __TABLE__ e
       WHERE e.stream_key = m.stream_key AND e.target = m.target AND e.id < m.id
         AND e.status = 'processing' AND e.lease_owner <> $3))
+    AND (m.stream_key IS NULL
+      OR NOT (SELECT EXISTS (SELECT 1 FROM __TABLE__ WHERE status = 'abandoned' AND holds_stream))
+      OR NOT EXISTS (
+      SELECT 1 FROM __TABLE__ e
+      WHERE e.stream_key = m.stream_key AND e.target = m.target AND e.id < m.id
+        AND e.status = 'abandoned' AND e.holds_stream))
     AND m.target <> ALL ($7::text[]))";
 
 constexpr const char* kInHeld = R"(
@@ -175,9 +185,16 @@ FROM unnest($2::uuid[], $3::bigint[]) __FENCED__ RETURNING m.id)";
 // A message that must wait (a retry's backoff, or a destination's Retry-After with no attempt
 // spent) is 'failed' until it is due, so that the later messages of its stream wait behind it
 // (kHeadOfLine); with no delay it is 'pending' at once. Fenced as kFenced is (no status test).
+// An abandoned keyed message holds its stream when its topic's on_abandon says 'hold', or the
+// topic says nothing and its target is among $8 (the targets whose default is 'hold',
+// RetryPolicy::hold_targets): the topic's setting wins (sql/016_hold_on_abandon.sql).
 constexpr const char* kFail = R"(
 UPDATE __TABLE__ m SET
   status = CASE WHEN c.abandon THEN 'abandoned' WHEN c.spend OR c.delay_ms > 0 THEN 'failed' ELSE 'pending' END,
+  holds_stream = CASE WHEN c.abandon AND m.stream_key IS NOT NULL THEN coalesce(
+    (SELECT t.on_abandon FROM __SCHEMA__.topic_settings t WHERE t.topic = m.topic),
+    CASE WHEN m.target = ANY ($8::text[]) THEN 'hold' ELSE 'continue' END) = 'hold'
+    ELSE false END,
   attempts = m.attempts + CASE WHEN c.spend THEN 1 ELSE 0 END,
   available_at = now() + c.delay_ms * interval '1 millisecond',
   abandoned_at = CASE WHEN c.abandon THEN now() END,
@@ -198,13 +215,15 @@ UPDATE __TABLE__ m SET status = 'pending', lease_owner = NULL, lease_until = NUL
 WHERE m.status = 'processing' AND (m.lease_until < now() OR ($5::boolean AND m.lease_owner = $3))
   AND m.id <> ALL ($1::uuid[]) __IN_HELD__)";
 
+// A message that holds its stream is never purged: that would release the stream behind the
+// operator's back; it waits for a replay or a skip.
 constexpr const char* kPurge = R"(
 DELETE FROM __TABLE__ WHERE id IN (
   SELECT id FROM (
     (SELECT id FROM __TABLE__ WHERE status = 'published'
        AND published_at < now() - $1::bigint * interval '1 second' LIMIT $3::integer)
     UNION ALL
-    (SELECT id FROM __TABLE__ WHERE status = 'abandoned'
+    (SELECT id FROM __TABLE__ WHERE status = 'abandoned' AND NOT holds_stream
        AND abandoned_at < now() - $2::bigint * interval '1 second' LIMIT $3::integer)
   ) doomed LIMIT $3::integer))";
 
@@ -245,7 +264,9 @@ SELECT
   (SELECT count(*) FROM __SCHEMA__.relay_instances WHERE expires_at > now()),
   (SELECT CASE WHEN EXISTS (SELECT 1 FROM __SCHEMA__.relay_instances WHERE expires_at > now())
           THEN count(*) ELSE 0 END
-   FROM __SCHEMA__.partition_leases WHERE owner IS NULL OR lease_until <= now()))";
+   FROM __SCHEMA__.partition_leases WHERE owner IS NULL OR lease_until <= now()),
+  (SELECT count(*) FROM (SELECT DISTINCT target, stream_key FROM __TABLE__
+                          WHERE status = 'abandoned' AND holds_stream LIMIT $1) x))";
 
 }  // namespace
 

@@ -55,7 +55,8 @@ class PostgresStore final : public Store {
       : options_(std::move(options)),
         connection_(options_.conninfo),
         writer_(options_.schema),
-        sql_(options_.schema, options_.retention.published.count() > 0) {
+        sql_(options_.schema, options_.retention.published.count() > 0),
+        hold_targets_(TextArray(options_.retry.hold_targets)) {
     if (!options_.random) options_.random = DefaultRandom();
     RequireSchemaVersion(connection_.Ready(), options_.schema, connection_.description());
   }
@@ -191,10 +192,11 @@ class PostgresStore final : public Store {
     SettleResult outcome;
     if (ids.empty()) return outcome;
     const std::string owner_text{owner};
-    const auto result = Exec(connection_.Ready(), "fail", sql_.fail,
-                             {Param{owner_text}, Param{UuidArray(ids)}, Param{NumberArray(epochs)},
-                              Param{BoolArray(abandon)}, Param{BoolArray(spend)},
-                              Param{NumberArray(delays)}, Param{TextArray(errors)}});
+    const auto result =
+        Exec(connection_.Ready(), "fail", sql_.fail,
+             {Param{owner_text}, Param{UuidArray(ids)}, Param{NumberArray(epochs)},
+              Param{BoolArray(abandon)}, Param{BoolArray(spend)}, Param{NumberArray(delays)},
+              Param{TextArray(errors)}, Param{hold_targets_}});
     return Tally(result.get(), ids);
   }
 
@@ -239,6 +241,7 @@ class PostgresStore final : public Store {
     stats.active_leases = number(6);
     stats.live_relays = number(12);
     stats.unowned_partitions = number(13);
+    stats.streams_held = number(14);
     // A capped count is replaced by the planner's estimate of the table's rows in that state.
     const auto limit = options_.exact_count_limit;
     std::int64_t* counts[] = {&stats.pending, &stats.processing, &stats.failed, &stats.abandoned,
@@ -323,6 +326,7 @@ class PostgresStore final : public Store {
   Connection connection_;
   Writer writer_;
   Statements sql_;
+  std::string hold_targets_;  // options_.retry.hold_targets as a text[] literal, for kFail's $8
   ClaimCursor cursor_;
 };
 

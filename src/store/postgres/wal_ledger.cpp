@@ -80,11 +80,12 @@ class PostgresWalLedger final : public WalLedger {
                 " ORDER BY u.n";
     // A stream waits while a message of it is leased (messages_in_flight) or waiting in the
     // table: parked here, failed, or written there in table mode before a change of delivery
-    // (messages_waiting_streams, by target and stream). An abandoned message holds nothing back (as
-    // in table mode: see Envelope::stream_prev_seq); when the one just before the stream's first
-    // message here is abandoned, prev is the seq below that run, by the claim's own expression
-    // (PrevSeqSql), its "no abandoned row at all" guard included. Only the streams with something
-    // to say come back.
+    // (messages_waiting_streams, by target and stream), or abandoned holding its stream
+    // (on_abandon = 'hold', sql/016_hold_on_abandon.sql). Any other abandoned message holds
+    // nothing back (as in table mode: see Envelope::stream_prev_seq); when the one just before the
+    // stream's first message here is abandoned, prev is the seq below that run, by the claim's own
+    // expression (PrevSeqSql), its "no abandoned row at all" guard included. Only the streams with
+    // something to say come back.
     states_sql_ =
         "SELECT n, blocked, prev FROM (SELECT c.n,"
         " EXISTS (SELECT 1 FROM " +
@@ -94,6 +95,10 @@ class PostgresWalLedger final : public WalLedger {
         " OR EXISTS (SELECT 1 FROM " +
         s +
         ".messages m WHERE m.status IN ('pending', 'failed') AND m.stream_key IS NOT NULL"
+        " AND m.target = c.target AND m.stream_key = c.stream_key)"
+        " OR EXISTS (SELECT 1 FROM " +
+        s +
+        ".messages m WHERE m.status = 'abandoned' AND m.holds_stream"
         " AND m.target = c.target AND m.stream_key = c.stream_key) AS blocked, " +
         PrevSeqSql(s + ".messages") +
         " AS prev FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY"
@@ -156,12 +161,18 @@ class PostgresWalLedger final : public WalLedger {
     park_sql_ = "INSERT INTO " + s +
                 ".messages (id, topic, stream_key, stream_seq, partition, target, type, payload,"
                 " content_type, headers, event_id, created_at, status, attempts, available_at,"
-                " last_error, abandoned_at, lease_epoch)"
+                " last_error, abandoned_at, lease_epoch, holds_stream)"
                 " VALUES ($1::uuid, $2, $3, $4::bigint, $5::integer, $6, $7, $8::bytea, $9,"
                 " $10::jsonb, $11::uuid,"
                 " timestamptz 'epoch' + $12::bigint * interval '1 microsecond', $13,"
                 " $14::integer, now() + $15::bigint * interval '1 millisecond', $16,"
-                " CASE WHEN $13 = 'abandoned' THEN now() END, 1)"
+                " CASE WHEN $13 = 'abandoned' THEN now() END, 1,"
+                // The rule of the table's kFail: the topic's on_abandon, else the target's default.
+                " CASE WHEN $13 = 'abandoned' AND $3::text IS NOT NULL THEN coalesce("
+                "(SELECT t.on_abandon FROM " +
+                s +
+                ".topic_settings t WHERE t.topic = $2),"
+                " CASE WHEN $17::boolean THEN 'hold' ELSE 'continue' END) = 'hold' ELSE false END)"
                 " ON CONFLICT (id) DO NOTHING";
   }
 
@@ -389,7 +400,8 @@ class PostgresWalLedger final : public WalLedger {
           Param{partition}, Param{e.target}, optional(e.type), Param{e.payload, /*binary=*/true},
           Param{e.content_type}, Param{headers_json}, e.event_id ? Param{event} : Param{},
           Param{created}, Param{status}, Param{attempts}, Param{delay},
-          parked.error.empty() ? Param{} : Param{parked.error}});
+          parked.error.empty() ? Param{} : Param{parked.error},
+          Param{parked.hold_by_default ? "true" : "false"}});
   }
 
   Connection connection_;

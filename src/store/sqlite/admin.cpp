@@ -33,8 +33,10 @@ const std::string kFilter =
 constexpr const char* kEventFilter = " AND (m.event_id = ?9 OR m.id = ?9)";
 
 // The WHERE clause of `filter` (without the keyword).
+// No SQLite message holds its stream (on_abandon = "hold" is refused there): a held-only filter
+// matches nothing.
 std::string Where(const MessageFilter& filter) {
-  return filter.event_id ? kFilter + kEventFilter : kFilter;
+  return (filter.event_id ? kFilter + kEventFilter : kFilter) + (filter.held ? " AND 0" : "");
 }
 
 // The columns of a MessageSummary, in its order.
@@ -214,6 +216,7 @@ class SqliteAdmin final : public Admin {
   ChunkResult ChangeChunk(ChangeKind kind, const MessageFilter& filter,
                           const std::optional<MessageId>& after, int limit,
                           const std::string& reason, bool dry_run) override {
+    if (kind == ChangeKind::kSkip) return {};  // nothing holds its stream here (see Where)
     const bool replay = kind == ChangeKind::kReplay;
     const std::string eligible = replay ? kReplayEligible : kAbandonEligible;
     const auto select = [&] {

@@ -353,6 +353,13 @@ class LocalWakeup final : public Wakeup {
 std::unique_ptr<Store> OpenStore(StoreOptions options) {
   if (options.path.empty()) throw ConfigError("database.path", "must not be empty");
   if (auto error = options.retry.Validate()) throw ConfigError("retry", *error);
+  // A held stream needs the claim's check and the operator's skip, which only the PostgreSQL
+  // store has.
+  if (!options.retry.hold_targets.empty()) {
+    throw ConfigError("sinks." + options.retry.hold_targets.front() + ".on_abandon",
+                      "\"hold\" needs the PostgreSQL store; the SQLite store only continues "
+                      "a stream past an abandoned message (on_abandon = \"continue\")");
+  }
   if (options.retention.published.count() < 0 || options.retention.abandoned.count() < 0) {
     throw ConfigError("retention", "must not be negative");
   }
