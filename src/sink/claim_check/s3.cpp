@@ -4,7 +4,6 @@
 
 #include <array>
 #include <ctime>
-#include <mutex>
 #include <stdexcept>
 #include <utility>
 
@@ -45,15 +44,6 @@ std::string S3Response::Describe() const {
   return text;
 }
 
-void InitCurlOnce() {
-  static std::once_flag once;
-  static CURLcode result = CURLE_OK;
-  std::call_once(once, [] { result = curl_global_init(CURL_GLOBAL_DEFAULT); });
-  if (result != CURLE_OK) {
-    throw std::runtime_error(std::string{"libcurl could not start: "} + curl_easy_strerror(result));
-  }
-}
-
 std::string Sha256Hex(std::string_view data) {
   std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
   unsigned int length = 0;
@@ -71,7 +61,7 @@ std::string Sha256Hex(std::string_view data) {
 }
 
 S3Client::S3Client(StoreOptions store) : store_(std::move(store)) {
-  InitCurlOnce();
+  curl::InitCurlOnce();
   easy_.reset(curl_easy_init());
   if (!easy_) throw std::runtime_error("curl_easy_init failed");
 }

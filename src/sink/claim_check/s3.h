@@ -12,17 +12,12 @@
 #include <vector>
 
 #include "outbox/sink/claim_check.h"
+#include "sink/curl_handles.h"
 
 namespace outbox::claim_check {
 
-struct EasyDeleter {
-  void operator()(CURL* easy) const { curl_easy_cleanup(easy); }
-};
-struct SlistDeleter {
-  void operator()(curl_slist* list) const { curl_slist_free_all(list); }
-};
-using EasyPtr = std::unique_ptr<CURL, EasyDeleter>;
-using SlistPtr = std::unique_ptr<curl_slist, SlistDeleter>;
+using curl::EasyPtr;
+using curl::SlistPtr;
 
 struct S3Response {
   long status = 0;  // the HTTP status; 0 when no answer came (transport_error says why)
@@ -69,8 +64,5 @@ std::vector<ListedObject> ParseListing(std::string_view xml, std::string& next_c
 
 // `text` with every byte but A-Z a-z 0-9 - _ . ~ as %XX: SigV4's encoding of a query value.
 std::string UriEncode(std::string_view text);
-
-// curl_global_init, once per process.
-void InitCurlOnce();
 
 }  // namespace outbox::claim_check

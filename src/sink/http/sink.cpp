@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "classify.h"
-#include "handles.h"
 #include "headers.h"
 #include "outbox/core/ascii.h"
 #include "outbox/core/error.h"
@@ -34,6 +33,7 @@
 #include "outbox/sink/name_template.h"
 #include "outbox/sink/sink_base.h"
 #include "signature.h"
+#include "sink/curl_handles.h"
 #include "url.h"
 
 namespace outbox::webhook {
@@ -154,8 +154,8 @@ class HttpSink final : public SinkBase {
   struct Request {
     std::size_t index = 0;
     HostState* host = nullptr;
-    EasyPtr easy;
-    SlistPtr headers;
+    curl::EasyPtr easy;
+    curl::SlistPtr headers;
     std::string url;
     CloudEvent event;        // with envelope = "cloudevents"
     std::string body_start;  // the start of the answer's body
@@ -207,7 +207,7 @@ class HttpSink final : public SinkBase {
 
   CURLM* Multi() {
     if (!multi_) {
-      InitCurlOnce();
+      curl::InitCurlOnce();
       multi_.reset(curl_multi_init());
       if (!multi_) throw std::runtime_error("libcurl: curl_multi_init failed");
       const long per_host = static_cast<long>(options_.max_in_flight);
@@ -273,12 +273,12 @@ class HttpSink final : public SinkBase {
   // structured: content-type application/cloudevents+json), with Standard Webhooks' headers
   // (signed over the body sent) and the configured ones. The envelope's headers go only as the
   // extensions the mapping makes of them.
-  SlistPtr CloudEventHeaders(const Envelope& envelope, const CloudEvent& event) const {
+  curl::SlistPtr CloudEventHeaders(const Envelope& envelope, const CloudEvent& event) const {
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
     const std::string id = envelope.id.ToString();
-    SlistPtr list;
+    curl::SlistPtr list;
     const auto add = [&list](const std::string& line) {
       curl_slist* head = curl_slist_append(list.get(), line.c_str());
       if (head == nullptr) throw std::bad_alloc();  // `list` is left whole, freed by its owner
@@ -302,12 +302,12 @@ class HttpSink final : public SinkBase {
     return list;
   }
 
-  SlistPtr Headers(const Envelope& envelope) const {
+  curl::SlistPtr Headers(const Envelope& envelope) const {
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
     const std::string id = envelope.id.ToString();
-    SlistPtr list;
+    curl::SlistPtr list;
     const auto add = [&list](const std::string& line) {
       curl_slist* head = curl_slist_append(list.get(), line.c_str());
       if (head == nullptr) throw std::bad_alloc();  // `list` is left whole, freed by its owner
@@ -728,8 +728,8 @@ class HttpSink final : public SinkBase {
   std::string user_agent_;
   std::optional<std::string> fixed_host_;  // when every message goes to the same host
   std::vector<std::string> static_headers_;
-  MultiPtr multi_;
-  std::vector<EasyPtr> idle_;
+  curl::MultiPtr multi_;
+  std::vector<curl::EasyPtr> idle_;
   std::vector<std::unique_ptr<Request>> running_;
   std::map<std::string, HostState, std::less<>> hosts_;
   std::optional<Plan> plan_;  // of the Publish call in progress
@@ -805,16 +805,9 @@ void HttpSink::Finish(Batch& /*verdicts*/, Deadline /*deadline*/) {
 
 }  // namespace
 
-void InitCurlOnce() {
-  static const CURLcode code = curl_global_init(CURL_GLOBAL_DEFAULT);
-  if (code != CURLE_OK) {
-    throw std::runtime_error(std::string{"libcurl could not start: "} + curl_easy_strerror(code));
-  }
-}
-
 std::unique_ptr<Sink> OpenSink(SinkOptions options) {
   ValidateOptions(options);
-  InitCurlOnce();
+  curl::InitCurlOnce();
   return std::make_unique<HttpSink>(std::move(options));
 }
 

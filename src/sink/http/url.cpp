@@ -4,9 +4,9 @@
 
 #include <string>
 
-#include "handles.h"
 #include "outbox/core/percent_decode.h"
 #include "outbox/sink/http.h"
+#include "sink/curl_handles.h"
 
 namespace outbox::webhook {
 namespace {
@@ -24,16 +24,16 @@ std::size_t AuthorityEnd(std::string_view text, std::size_t* start) {
 std::string Part(CURLU* url, CURLUPart part, unsigned flags = 0) {
   char* text = nullptr;
   if (curl_url_get(url, part, &text, flags) != CURLUE_OK || text == nullptr) return {};
-  const CurlString owned{text};
+  const curl::CurlString owned{text};
   return owned.get();
 }
 
 }  // namespace
 
 UrlCheck CheckUrl(std::string_view url) {
-  InitCurlOnce();
+  curl::InitCurlOnce();
   UrlCheck check;
-  const UrlPtr parsed{curl_url()};
+  const curl::UrlPtr parsed{curl_url()};
   if (!parsed) {
     check.problem = "out of memory";
     return check;

@@ -1,11 +1,14 @@
 #pragma once
-// RAII for libcurl's handles, and its one global initialisation.
+// RAII for libcurl's handles, and its one global initialisation: for the webhook sink and the
+// claim check's S3 client, which link libcurl PRIVATE and include this from src/.
 
 #include <curl/curl.h>
 
 #include <memory>
+#include <stdexcept>
+#include <string>
 
-namespace outbox::webhook {
+namespace outbox::curl {
 
 struct MultiDeleter {
   void operator()(CURLM* multi) const { curl_multi_cleanup(multi); }
@@ -31,6 +34,11 @@ using CurlString = std::unique_ptr<char, CurlStringDeleter>;
 
 // curl_global_init, once per process, before the first handle (thread-safe: libcurl >= 7.84 is
 // built "threadsafe" in Debian). Throws std::runtime_error when libcurl cannot start.
-void InitCurlOnce();
+inline void InitCurlOnce() {
+  static const CURLcode code = curl_global_init(CURL_GLOBAL_DEFAULT);
+  if (code != CURLE_OK) {
+    throw std::runtime_error(std::string{"libcurl could not start: "} + curl_easy_strerror(code));
+  }
+}
 
-}  // namespace outbox::webhook
+}  // namespace outbox::curl
