@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "outbox/relay/relay_config.h"  // the linger defaults it prints
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_libpq.h"  // the store's RAII over libpq
 #include "support/child_process.h"
@@ -424,10 +425,10 @@ class CpuUse {
 inline void PrintRelayConditions(const Env& env) {
   std::printf(
       "relay: %s as a child process, its defaults: batch_size 500, confirm_window 1000, "
-      "sweep_interval 10s, linger 25ms, lease 30s, HTTP listener on (stats every 5s), "
-      "retention.published 0s "
-      "(a confirmed message is deleted)\n",
-      env.outboxd.c_str());
+      "sweep_interval 10s, linger %lldms (WAL mode %lldms), lease 30s, HTTP listener on (stats "
+      "every 5s), retention.published 0s (a confirmed message is deleted)\n",
+      env.outboxd.c_str(), static_cast<long long>(outbox::kTableLinger.count()),
+      static_cast<long long>(outbox::kWalLinger.count()));
 }
 
 // The relay's own store calls without a broker: Claim (lease) then Complete (delete).

@@ -167,7 +167,7 @@ TEST(ConfigTest, WalModeIsReadAndDescribed) {
   EXPECT_NE(Describe(Parse(kMinimal)).find("mode = \"table\""), std::string::npos);
   // Each mode has its own default linger (issue #49); a file's value holds in either.
   EXPECT_EQ(config.relay.linger, kWalLinger);
-  EXPECT_NE(Describe(config).find("linger = \"24ms\""), std::string::npos) << Describe(config);
+  EXPECT_NE(Describe(config).find("linger = \"26ms\""), std::string::npos) << Describe(config);
   EXPECT_EQ(Parse(kMinimal).relay.linger, kTableLinger);
   EXPECT_EQ(Parse("[database]\nurl = \"x\"\nmode = \"wal\"\n[relay]\nlinger = \"7ms\"\n"
                   "[sinks.default]\ntype = \"file\"\n")

@@ -29,7 +29,7 @@ namespace outbox {
 // because its linger counts from when a batch's first transaction was read, which may be before
 // the last batch finished publishing.
 inline constexpr std::chrono::milliseconds kTableLinger{22};
-inline constexpr std::chrono::milliseconds kWalLinger{24};
+inline constexpr std::chrono::milliseconds kWalLinger{26};
 
 // [relay], as read (every key is documented in apps/outboxd/outbox.example.toml).
 struct RelaySection {
