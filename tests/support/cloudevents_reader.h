@@ -19,28 +19,14 @@
 #include "outbox/core/clock.h"
 #include "outbox/core/message.h"
 #include "outbox/core/percent_decode.h"
+#include "support/npm_package.h"
 
 namespace outbox::testing {
 
 // The SDK in OUTBOX_CE_NODE_DIR, installed with npm on first use: "" when it is there, else why
-// not. Several test programs may ask at once (ctest -j): one installs under a lock (flock, from
-// util-linux), the others wait for it and find it there.
+// not.
 inline std::string EnsureCloudEventsSdk() {
-  const std::string dir = OUTBOX_CE_NODE_DIR;
-  if (std::system("command -v node >/dev/null 2>&1") != 0) {
-    return "node (Node.js) is not installed: the reader of this test is npm's cloudevents on "
-           "Node.js (Debian: apt-get install nodejs npm)";
-  }
-  if (std::filesystem::exists(dir + "/node_modules/cloudevents/package.json")) return {};
-  std::filesystem::create_directories(dir);
-  if (std::system(
-          ("flock '" + dir + "/.install.lock' sh -c '[ -f \"$0/node_modules/cloudevents/" +
-           "package.json\" ] || npm install --prefix \"$0\" --no-audit --no-fund --silent " +
-           "cloudevents@8' '" + dir + "' >/dev/null 2>&1")
-              .c_str()) != 0) {
-    return "npm install cloudevents@8 into " + dir + " failed (is the npm registry reachable?)";
-  }
-  return {};
+  return EnsureNpmPackage(OUTBOX_CE_NODE_DIR, "cloudevents", "8", "the reader of this test");
 }
 
 // One message as the broker delivered it, for cloudevents_reader.js: `binding` is http, kafka,

@@ -21,6 +21,7 @@
 
 #include "support/child_process.h"
 #include "support/free_port.h"
+#include "support/npm_package.h"
 
 namespace outbox::testing {
 
@@ -28,22 +29,9 @@ inline constexpr const char* kS3rverAccessKey = "S3RVER";
 inline constexpr const char* kS3rverSecretKey = "S3RVER";
 
 // s3rver in OUTBOX_S3RVER_NODE_DIR, installed with npm on first use: "" when it is there, else why
-// not. Several test programs may ask at once (ctest -j): one installs under a lock (flock).
+// not.
 inline std::string EnsureS3rver() {
-  const std::string dir = OUTBOX_S3RVER_NODE_DIR;
-  if (std::system("command -v node >/dev/null 2>&1") != 0) {
-    return "node (Node.js) is not installed: the S3 server of this test is npm's s3rver "
-           "(Debian: apt-get install nodejs npm)";
-  }
-  if (std::filesystem::exists(dir + "/node_modules/s3rver/package.json")) return {};
-  std::filesystem::create_directories(dir);
-  if (std::system(("flock '" + dir + "/.install.lock' sh -c '[ -f \"$0/node_modules/s3rver/" +
-                   "package.json\" ] || npm install --prefix \"$0\" --no-audit --no-fund " +
-                   "--silent s3rver@3.7.1' '" + dir + "' >/dev/null 2>&1")
-                      .c_str()) != 0) {
-    return "npm install s3rver@3.7.1 into " + dir + " failed (is the npm registry reachable?)";
-  }
-  return {};
+  return EnsureNpmPackage(OUTBOX_S3RVER_NODE_DIR, "s3rver", "3.7.1", "the S3 server of this test");
 }
 
 // One s3rver with bucket `bucket`, for the life of the object.
