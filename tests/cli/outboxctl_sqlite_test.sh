@@ -121,7 +121,7 @@ cat >"$dir/type.toml" <<EOF
 [database]
 type = "oracle"
 EOF
-expect 2 "database.type: unknown store type \"oracle\"; expected \"postgres\" or \"sqlite\"" --config "$dir/type.toml" status
+expect 2 "database.type: unknown store type \"oracle\"; expected \"postgres\", \"sqlite\" or \"mariadb\"" --config "$dir/type.toml" status
 printf '[database\ntype = "sqlite"\n' >"$dir/broken.toml"
 expect 2 "is not valid TOML" --config "$dir/broken.toml" status
 # The counts did not move through any of it.

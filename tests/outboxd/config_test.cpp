@@ -18,6 +18,7 @@
 #include "outbox/core/error.h"
 #include "outbox/sink/file_type.h"
 #include "outbox/sink/rabbitmq_type.h"
+#include "outbox/store/mariadb_type.h"
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_type.h"
 #include "outbox/store/sqlite_type.h"
@@ -660,7 +661,7 @@ TEST(ConfigTest, SqliteNeedsAPathAndNoUrl) {
   ExpectError("[database]\nurl = \"postgresql://db/app\"\npath = \"a.db\"\n" + sink,
               "database.path", "is only for type = \"sqlite\"");
   ExpectError("[database]\ntype = \"mysql\"\nurl = \"x\"\n" + sink, "database.type",
-              "unknown store type \"mysql\"; expected \"postgres\" or \"sqlite\"");
+              "unknown store type \"mysql\"; expected \"postgres\", \"sqlite\" or \"mariadb\"");
   ExpectError("[database]\ntype = \"sqlite\"\npaht = \"a.db\"\n" + sink, "database.paht",
               "did you mean \"database.path\"");
 }
@@ -681,6 +682,98 @@ TEST(ConfigTest, SqliteDescribeParsesBack) {
   EXPECT_EQ(described.find("url = "), std::string::npos) << described;
   EXPECT_EQ(described.find("schema = "), std::string::npos) << described;
   EXPECT_EQ(Describe(Parse(described)), described);
+}
+
+// ---- [database] type = "mariadb" (issue #45): read and checked without a server ----
+
+constexpr std::string_view kMariaDb = R"(
+[database]
+type = "mariadb"
+url = "mariadb://outbox:s%3Acret@db:3307/app?connect_timeout=5"
+
+[sinks.default]
+type = "file"
+)";
+
+const mariadb::StoreSettings& Maria(const Config& config) {
+  return dynamic_cast<const mariadb::StoreSettings&>(*config.database);
+}
+
+TEST(ConfigTest, MariaDbTakesAUrlASchemaAndADeadline) {
+  const Config config = Parse(kMariaDb);
+  EXPECT_EQ(config.database_type, "mariadb");
+  EXPECT_EQ(Maria(config).url(), "mariadb://outbox:s%3Acret@db:3307/app?connect_timeout=5");
+  EXPECT_EQ(Maria(config).schema(), "outbox");
+  EXPECT_EQ(Maria(config).statement_deadline(), seconds{15});
+  EXPECT_EQ(config.database->Description(), "MariaDB database outbox on db:3307");
+  // The poll wakes the relay for every new message; the sweep is for what it cannot see.
+  EXPECT_EQ(config.relay.sweep_interval, seconds{5});
+  const Config mysql = Parse(
+      "[database]\ntype = \"mariadb\"\nurl = \"mysql://u@h/app\"\nschema = \"Outbox_2\"\n"
+      "statement_deadline = \"2m\"\nmode = \"table\"\n[sinks.default]\ntype = \"file\"\n");
+  EXPECT_EQ(Maria(mysql).schema(), "Outbox_2");
+  EXPECT_EQ(Maria(mysql).statement_deadline(), seconds{120});
+  // The environment's url wins, as for PostgreSQL.
+  const Config from_env = Parse(kMariaDb, {{"OUTBOX_DATABASE_URL", "mysql://env@h2/app"}});
+  EXPECT_EQ(Maria(from_env).url(), "mysql://env@h2/app");
+}
+
+TEST(ConfigTest, MariaDbDescribeMasksThePasswordAndParsesBack) {
+  const Config config = Parse(kMariaDb);
+  const std::string described = Describe(config);
+  EXPECT_NE(described.find("type = \"mariadb\"\nurl = "
+                           "\"mariadb://outbox:***@db:3307/app?connect_timeout=5\"\n"
+                           "schema = \"outbox\"\nmode = \"table\"\nstatement_deadline = \"15s\"\n"),
+            std::string::npos)
+      << described;
+  EXPECT_EQ(described.find("cret"), std::string::npos) << described;
+  EXPECT_EQ(Describe(Parse(described)), described);
+  // The password as the server may quote it back (decoded) and as written.
+  EXPECT_EQ(config.database->Secrets(), (std::vector<std::string>{"s:cret", "s%3Acret"}));
+  EXPECT_TRUE(Parse("[database]\ntype = \"mariadb\"\nurl = \"mariadb://h/app\"\n"
+                    "[sinks.default]\ntype = \"file\"\n")
+                  .database->Secrets()
+                  .empty());
+}
+
+TEST(ConfigTest, MariaDbRefusesBadTablesNamingTheKey) {
+  const std::string sink = "[sinks.default]\ntype = \"file\"\n";
+  const std::string head = "[database]\ntype = \"mariadb\"\n";
+  const std::string url = "url = \"mariadb://u:pw@h/app\"\n";
+  ExpectError(head + sink, "database.url", "is required (or set OUTBOX_DATABASE_URL)");
+  ExpectError(head + "url = \"postgresql://u:pw@h/app\"\n" + sink, "database.url",
+              "must start with mariadb:// or mysql://");
+  ExpectError(head + "url = \"mariadb://u:pw@h:99999/app\"\n" + sink, "database.url",
+              "bad port '99999'");
+  ExpectError(head + "url = \"mariadb://u:pw@h/app?sslmode=require\"\n" + sink, "database.url",
+              "unknown URL option 'sslmode'");
+  ExpectError(head + sink, "database.url", "(from OUTBOX_DATABASE_URL) the URL must start with",
+              {{"OUTBOX_DATABASE_URL", "postgres://u:pw@h/app"}});
+  ExpectError(head + url + "mode = \"wal\"\n" + sink, "database.mode", "MariaDB has no WAL mode");
+  ExpectError(head + url + "mode = \"fast\"\n" + sink, "database.mode",
+              "must be \"table\" (MariaDB's only mode), got \"fast\"");
+  ExpectError(head + url + "schema = \"out-box\"\n" + sink, "database.schema",
+              "must be a plain identifier");
+  ExpectError(head + url + "schema = \"\"\n" + sink, "database.schema",
+              "must be a plain identifier");
+  ExpectError(head + url + "path = \"a.db\"\n" + sink, "database.path",
+              "is only for type = \"sqlite\"");
+  ExpectError(head + url + "shema = \"x\"\n" + sink, "database.shema",
+              "did you mean \"database.schema\"");
+  ExpectError(head + url + "statement_deadline = \"0s\"\n" + sink, "database.statement_deadline",
+              "must be at least 1s");
+  ExpectError(head + url + "statement_deadline = \"2h\"\n" + sink, "database.statement_deadline",
+              "");
+  // No message quotes the password.
+  for (const std::string bad : {"url = \"postgresql://u:pw-secret@h/app\"\n",
+                                "url = \"mariadb://u:pw-secret@h:0/app\"\n"}) {
+    try {
+      Parse(head + bad + sink);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const ConfigError& error) {
+      EXPECT_EQ(std::string{error.what()}.find("pw-secret"), std::string::npos) << error.what();
+    }
+  }
 }
 
 // ---- [http] ----
@@ -1276,12 +1369,14 @@ TEST(SinkRegistryTest, NamesItsTypesAndRefusesASecondOfTheSameName) {
   EXPECT_EQ(SinkSecretEnv("audit-log", "url"), "OUTBOX_SINK_AUDIT_LOG_URL");
 }
 
-// A store type registers once, like a sink type; outboxd knows PostgreSQL and SQLite.
+// A store type registers once, like a sink type; outboxd knows PostgreSQL, SQLite and MariaDB.
 TEST(StoreRegistryTest, NamesItsTypesAndRefusesASecondOfTheSameName) {
   StoreRegistry registry;
   registry.Add(postgres::Type());
   registry.Add(sqlite::Type());
   EXPECT_EQ(registry.Names(), "\"postgres\" or \"sqlite\"");
+  registry.Add(mariadb::Type());
+  EXPECT_EQ(registry.Names(), "\"postgres\", \"sqlite\" or \"mariadb\"");
   EXPECT_NE(registry.Find("sqlite"), nullptr);
   EXPECT_EQ(registry.Find("mysql"), nullptr);
   EXPECT_THROW(registry.Add(sqlite::Type()), std::logic_error);

@@ -45,18 +45,18 @@ class MariaDbTestSchema {
   explicit MariaDbTestSchema(bool migrate = true) : conn_(MariaDbConnect()) {
     std::random_device device;
     name_ = "t_" + std::to_string(device()) + "_" + std::to_string(device() % 100000);
-    if (migrate) {
-      mariadb::Migrate(conn_.Ready(), name_);
-    } else {
+    if (!migrate) {
       conn_.Execute("test", "CREATE DATABASE " + name_);
+      return;
     }
-  }
-  ~MariaDbTestSchema() {
     try {
-      conn_.Execute("test", "DROP DATABASE IF EXISTS " + name_);
-    } catch (...) {  // NOLINT(bugprone-empty-catch): the server may be down on purpose
+      mariadb::Migrate(conn_.Ready(), name_);
+    } catch (...) {
+      Drop();  // the destructor does not run for a constructor that throws
+      throw;
     }
   }
+  ~MariaDbTestSchema() { Drop(); }
   MariaDbTestSchema(const MariaDbTestSchema&) = delete;
   MariaDbTestSchema& operator=(const MariaDbTestSchema&) = delete;
 
@@ -64,6 +64,13 @@ class MariaDbTestSchema {
   mariadb::Connection& conn() { return conn_; }
 
  private:
+  void Drop() {
+    try {
+      conn_.Execute("test", "DROP DATABASE IF EXISTS " + name_);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the server may be down on purpose
+    }
+  }
+
   mariadb::Connection conn_;
   std::string name_;
 };

@@ -104,6 +104,10 @@ std::int64_t ToInt64(const std::optional<std::string>& text, std::string_view wh
 TimePoint ToTime(const std::optional<std::string>& text, std::string_view what);
 // A BINARY(16) id.
 MessageId ToId(const std::optional<std::string>& bytes, std::string_view what);
+// The headers column (a JSON object) as Headers; a value that is not a string is kept as its JSON
+// text. NULL: none. Anything but an object throws MariaDbError(kPermanent) naming `what`.
+Headers ParseHeadersColumn(const std::optional<std::string>& text,
+                           std::string_view what = "headers");
 // An id as a BINARY(16) parameter.
 Bytes IdBytes(const MessageId& id);
 // A time as the DATETIME(6) text MariaDB reads.

@@ -72,6 +72,29 @@ std::vector<std::string> SplitStatements(std::string_view script,
 
 int LatestSchemaVersion() { return Migrations().back().version; }
 
+void RequireSchemaVersion(Connection& connection, const std::string& schema) {
+  const Value name{schema};
+  const auto exists =
+      connection.Run("check schema",
+                     "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND "
+                     "TABLE_NAME = 'schema_version'",
+                     {&name, 1});
+  std::int64_t version = 0;
+  if (ToInt64(exists.sets.at(0).rows.at(0).at(0), "check schema") > 0) {
+    const auto result = connection.Run("check schema", "SELECT COALESCE(MAX(version), 0) FROM " +
+                                                           QuoteSchema(schema) + ".schema_version");
+    version = ToInt64(result.sets.at(0).rows.at(0).at(0), "check schema");
+  }
+  if (version < LatestSchemaVersion()) {
+    throw StoreError(
+        FailureKind::kPermanent,
+        "the outbox schema `" + schema + "` is " +
+            (version == 0 ? std::string{"not migrated"} : "at version " + std::to_string(version)) +
+            " on " + connection.description() + "; this build needs version " +
+            std::to_string(LatestSchemaVersion()) + ": run outboxctl migrate");
+  }
+}
+
 std::string MigrationScript(const std::string& schema, int from) {
   const std::string quoted = QuoteSchema(schema);
   if (from < 0 || from > LatestSchemaVersion()) {
@@ -89,7 +112,7 @@ std::string MigrationScript(const std::string& schema, int from) {
               std::string{migration.name} + "\n";
     script += ReplaceAll(std::string{migration.sql}, "__SCHEMA__", quoted);
     if (!script.ends_with('\n')) script += '\n';
-    script += "INSERT INTO " + quoted + ".schema_version VALUES (" +
+    script += "INSERT IGNORE INTO " + quoted + ".schema_version VALUES (" +
               std::to_string(migration.version) + ", '" + std::string{migration.name} +
               "', UTC_TIMESTAMP(6));\n";
   }

@@ -9,6 +9,8 @@
 
 namespace outbox::mariadb {
 
+class Connection;
+
 struct Migration {
   int version;
   std::string_view name;
@@ -22,5 +24,9 @@ const std::vector<Migration>& Migrations();
 // with `__SCHEMA__` replaced by `quoted_schema`; comment lines (starting with --) are dropped. A
 // statement ends on a line that ends with the current delimiter.
 std::vector<std::string> SplitStatements(std::string_view script, const std::string& quoted_schema);
+
+// Throws StoreError(kPermanent) telling the operator to run `outboxctl migrate` unless `schema`
+// is at LatestSchemaVersion() (what every Open* checks before it serves).
+void RequireSchemaVersion(Connection& connection, const std::string& schema);
 
 }  // namespace outbox::mariadb
