@@ -713,6 +713,11 @@ TEST(ConfigTest, MariaDbTakesAUrlASchemaAndADeadline) {
       "statement_deadline = \"2m\"\nmode = \"table\"\n[sinks.default]\ntype = \"file\"\n");
   EXPECT_EQ(Maria(mysql).schema(), "Outbox_2");
   EXPECT_EQ(Maria(mysql).statement_deadline(), seconds{120});
+  EXPECT_EQ(Maria(config).idle_poll(), std::chrono::milliseconds{200});
+  EXPECT_EQ(Maria(Parse("[database]\ntype = \"mariadb\"\nurl = \"mysql://u@h/app\"\n"
+                        "idle_poll = \"50ms\"\n[sinks.default]\ntype = \"file\"\n"))
+                .idle_poll(),
+            std::chrono::milliseconds{50});
   // The environment's url wins, as for PostgreSQL.
   const Config from_env = Parse(kMariaDb, {{"OUTBOX_DATABASE_URL", "mysql://env@h2/app"}});
   EXPECT_EQ(Maria(from_env).url(), "mysql://env@h2/app");
@@ -723,7 +728,8 @@ TEST(ConfigTest, MariaDbDescribeMasksThePasswordAndParsesBack) {
   const std::string described = Describe(config);
   EXPECT_NE(described.find("type = \"mariadb\"\nurl = "
                            "\"mariadb://outbox:***@db:3307/app?connect_timeout=5\"\n"
-                           "schema = \"outbox\"\nmode = \"table\"\nstatement_deadline = \"15s\"\n"),
+                           "schema = \"outbox\"\nmode = \"table\"\nstatement_deadline = \"15s\"\n"
+                           "idle_poll = \"200ms\"\n"),
             std::string::npos)
       << described;
   EXPECT_EQ(described.find("cret"), std::string::npos) << described;
@@ -764,6 +770,9 @@ TEST(ConfigTest, MariaDbRefusesBadTablesNamingTheKey) {
               "must be at least 1s");
   ExpectError(head + url + "statement_deadline = \"2h\"\n" + sink, "database.statement_deadline",
               "");
+  ExpectError(head + url + "idle_poll = \"1ms\"\n" + sink, "database.idle_poll",
+              "must be between 5ms and 1m");
+  ExpectError(head + url + "idle_poll = 100\n" + sink, "database.idle_poll", "(a string)");
   // No message quotes the password.
   for (const std::string bad : {"url = \"postgresql://u:pw-secret@h/app\"\n",
                                 "url = \"mariadb://u:pw-secret@h:0/app\"\n"}) {

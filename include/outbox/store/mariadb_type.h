@@ -24,12 +24,18 @@ namespace outbox::mariadb {
 
 // The environment variable that wins over [database] url (as for type = "postgres").
 inline constexpr const char* kDatabaseUrlEnv = "OUTBOX_DATABASE_URL";
+// [database] idle_poll's default: an idle relay asks for new messages 5 times a second, so a
+// message written by another process waits 100 ms on average (bench/RESULTS.md).
+inline constexpr std::chrono::milliseconds kDefaultIdlePoll{200};
 
 class StoreSettings final : public outbox::StoreSettings {
  public:
   // `url` and `schema` as Parse checks them; throws std::invalid_argument otherwise.
+  // `idle_poll`: the longest the wake-up waits between two looks for new messages (it looks every
+  // 5 ms just after work and backs off to this while idle).
   StoreSettings(std::string url, std::string schema,
-                std::chrono::milliseconds statement_deadline = std::chrono::seconds{15});
+                std::chrono::milliseconds statement_deadline = std::chrono::seconds{15},
+                std::chrono::milliseconds idle_poll = kDefaultIdlePoll);
   void Describe(config::TomlWriter& out) const override;
   // "MariaDB database <schema> on <host>:<port>" (no secret).
   [[nodiscard]] std::string Description() const override;
@@ -53,11 +59,13 @@ class StoreSettings final : public outbox::StoreSettings {
   [[nodiscard]] const std::string& url() const { return url_; }
   [[nodiscard]] const std::string& schema() const { return schema_; }
   [[nodiscard]] std::chrono::milliseconds statement_deadline() const { return deadline_; }
+  [[nodiscard]] std::chrono::milliseconds idle_poll() const { return idle_poll_; }
 
  private:
   std::string url_;
   std::string schema_;
   std::chrono::milliseconds deadline_;
+  std::chrono::milliseconds idle_poll_;
 };
 
 // type = "mariadb".

@@ -33,7 +33,7 @@ Span PasswordSpan(std::string_view url) {
 
 std::unique_ptr<const outbox::StoreSettings> Parse(const config::Section& database,
                                                    const config::GetenvFn& getenv) {
-  database.AllowOnly({"type", "url", "schema", "path", "mode", "statement_deadline"});
+  database.AllowOnly({"type", "url", "schema", "path", "mode", "statement_deadline", "idle_poll"});
   // Another store type's key is a mistake worth naming, not an unknown key.
   if (const config::TomlValue* path = database.Find("path")) {
     config::Fail(
@@ -95,14 +95,25 @@ std::unique_ptr<const outbox::StoreSettings> Parse(const config::Section& databa
                    value);
     }
   }
-  return std::make_unique<const StoreSettings>(std::move(url), std::move(schema), deadline);
+  // MariaDB has no NOTIFY: the wake-up looks for new messages, every 5 ms just after work, backing
+  // off to this while idle (the cost of a quiet relay against the wait of a message written by
+  // another process).
+  std::chrono::milliseconds idle_poll = kDefaultIdlePoll;
+  database.ReadDuration("idle_poll", std::chrono::milliseconds{5}, std::chrono::minutes{1},
+                        idle_poll);
+  return std::make_unique<const StoreSettings>(std::move(url), std::move(schema), deadline,
+                                               idle_poll);
 }
 
 }  // namespace
 
 StoreSettings::StoreSettings(std::string url, std::string schema,
-                             std::chrono::milliseconds statement_deadline)
-    : url_(std::move(url)), schema_(std::move(schema)), deadline_(statement_deadline) {
+                             std::chrono::milliseconds statement_deadline,
+                             std::chrono::milliseconds idle_poll)
+    : url_(std::move(url)),
+      schema_(std::move(schema)),
+      deadline_(statement_deadline),
+      idle_poll_(idle_poll) {
   ParseUrl(url_);
   QuoteSchema(schema_);
 }
@@ -116,6 +127,7 @@ void StoreSettings::Describe(config::TomlWriter& out) const {
   out.String("schema", schema_);
   out.String("mode", "table");
   out.Duration("statement_deadline", deadline_);
+  out.Duration("idle_poll", idle_poll_);
 }
 
 std::string StoreSettings::Description() const {
@@ -149,6 +161,8 @@ std::unique_ptr<Wakeup> StoreSettings::OpenWakeup() const {
   options.url = url_;
   options.schema = schema_;
   options.statement_deadline = deadline_;
+  options.max_poll = idle_poll_;
+  options.min_poll = std::min(options.min_poll, idle_poll_);
   return mariadb::OpenWakeup(std::move(options));
 }
 
