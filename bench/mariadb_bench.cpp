@@ -151,7 +151,7 @@ void PrintConditions(const Env& env) {
   Connection conn{env.url, std::chrono::milliseconds{0}};
   const auto row = conn.Run("conditions",
                             "SELECT VERSION(), @@innodb_flush_log_at_trx_commit, "
-                            "@@innodb_buffer_pool_size DIV 1048576, @@log_bin, @@sync_binlog")
+                            "@@innodb_buffer_pool_size DIV 1048576, @@log_bin, @@innodb_doublewrite")
                        .sets.at(0)
                        .rows.at(0);
   std::ifstream loadavg("/proc/loadavg");
@@ -159,10 +159,11 @@ void PrintConditions(const Env& env) {
   loadavg >> one >> five >> fifteen;
   std::printf(
       "conditions: %u cores shared by MariaDB, RabbitMQ, outboxd and this benchmark; MariaDB "
-      "%s, innodb_flush_log_at_trx_commit=%s (durable), buffer pool %s MiB, binary log %s; load "
+      "%s, innodb_flush_log_at_trx_commit=%s, doublewrite %s, buffer pool %s MiB, binary log %s; load "
       "average %s %s %s\n",
       std::thread::hardware_concurrency(), row[0].value_or("?").c_str(),
-      row[1].value_or("?").c_str(), row[2].value_or("?").c_str(),
+      row[1].value_or("?").c_str(), row[4].value_or("0") == "1" ? "on" : "off",
+      row[2].value_or("?").c_str(),
       row[3].value_or("0") == "1" ? "on" : "off", one.c_str(), five.c_str(), fifteen.c_str());
   std::fflush(stdout);
 }
