@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "outbox/core/error.h"
 #include "outbox/core/percent_decode.h"
 
 namespace outbox::mariadb {
@@ -322,6 +323,22 @@ std::string DescribeUrl(const Url& url) {
   if (!url.database.empty()) out += "/" + url.database;
   if (!url.user.empty()) out += " user " + url.user;
   return out;
+}
+
+void CheckConnectionOptions(const std::string& url, const std::string& schema,
+                            std::chrono::milliseconds statement_deadline) {
+  if (url.empty()) throw ConfigError("url", "must not be empty");
+  try {
+    ParseUrl(url);
+  } catch (const std::invalid_argument& error) {
+    throw ConfigError("url", error.what());
+  }
+  try {
+    QuoteSchema(schema);
+  } catch (const std::invalid_argument& error) {
+    throw ConfigError("schema", error.what());
+  }
+  if (statement_deadline.count() < 1) throw ConfigError("statement_deadline", "must be positive");
 }
 
 std::string QuoteSchema(const std::string& name) {

@@ -67,6 +67,11 @@ Url ParseUrl(std::string_view url);
 // "host:port/database user u" for messages; never the password.
 std::string DescribeUrl(const Url& url);
 
+// What every Open* checks before it connects: a URL that parses, a plain schema name, a positive
+// deadline; ConfigError naming the option ("url", "schema", "statement_deadline") otherwise.
+void CheckConnectionOptions(const std::string& url, const std::string& schema,
+                            std::chrono::milliseconds statement_deadline);
+
 // `name` backquoted for SQL; throws std::invalid_argument unless it is a plain identifier
 // ([A-Za-z_][A-Za-z0-9_]*, at most 64 bytes).
 std::string QuoteSchema(const std::string& name);

@@ -98,18 +98,7 @@ class MariaDbPartitionLeases final : public PartitionLeases {
 std::unique_ptr<PartitionLeases> OpenPartitionLeases(const std::string& url,
                                                      const std::string& schema,
                                                      std::chrono::milliseconds statement_deadline) {
-  if (url.empty()) throw ConfigError("url", "must not be empty");
-  try {
-    ParseUrl(url);
-  } catch (const std::invalid_argument& error) {
-    throw ConfigError("url", error.what());
-  }
-  try {
-    QuoteSchema(schema);
-  } catch (const std::invalid_argument& error) {
-    throw ConfigError("schema", error.what());
-  }
-  if (statement_deadline.count() < 1) throw ConfigError("statement_deadline", "must be positive");
+  CheckConnectionOptions(url, schema, statement_deadline);
   return std::make_unique<MariaDbPartitionLeases>(url, schema, statement_deadline);
 }
 

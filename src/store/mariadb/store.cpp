@@ -369,26 +369,13 @@ class MariaDbStore final : public Store {
 }  // namespace
 
 std::unique_ptr<Store> OpenStore(StoreOptions options) {
-  if (options.url.empty()) throw ConfigError("url", "must not be empty");
-  try {
-    ParseUrl(options.url);
-  } catch (const std::invalid_argument& error) {
-    throw ConfigError("url", error.what());
-  }
-  try {
-    QuoteSchema(options.schema);
-  } catch (const std::invalid_argument& error) {
-    throw ConfigError("schema", error.what());
-  }
+  CheckConnectionOptions(options.url, options.schema, options.statement_deadline);
   if (auto error = options.retry.Validate()) throw ConfigError("retry", *error);
   if (options.retention.published.count() < 0) {
     throw ConfigError("retention.published", "must not be negative");
   }
   if (options.retention.abandoned.count() < 0) {
     throw ConfigError("retention.abandoned", "must not be negative");
-  }
-  if (options.statement_deadline.count() < 1) {
-    throw ConfigError("statement_deadline", "must be positive");
   }
   return std::make_unique<MariaDbStore>(std::move(options));
 }

@@ -183,23 +183,10 @@ class MariaDbWakeup final : public Wakeup {
 }  // namespace
 
 std::unique_ptr<Wakeup> OpenWakeup(WakeupOptions options) {
-  if (options.url.empty()) throw ConfigError("url", "must not be empty");
-  try {
-    ParseUrl(options.url);
-  } catch (const std::invalid_argument& error) {
-    throw ConfigError("url", error.what());
-  }
-  try {
-    QuoteSchema(options.schema);
-  } catch (const std::invalid_argument& error) {
-    throw ConfigError("schema", error.what());
-  }
+  CheckConnectionOptions(options.url, options.schema, options.statement_deadline);
   if (options.min_poll.count() < 1) throw ConfigError("min_poll", "must be at least 1 ms");
   if (options.max_poll < options.min_poll) {
     throw ConfigError("max_poll", "must not be below min_poll");
-  }
-  if (options.statement_deadline.count() < 1) {
-    throw ConfigError("statement_deadline", "must be positive");
   }
   return std::make_unique<MariaDbWakeup>(std::move(options));
 }
