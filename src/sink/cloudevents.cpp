@@ -18,7 +18,7 @@ using Json = nlohmann::ordered_json;
 
 // The context attributes of the spec (required, optional, and v1.0's data members), and the
 // extensions the mapping sets itself: a user header never takes one of these names.
-constexpr std::array<std::string_view, 15> kTakenNames = {"specversion",
+constexpr std::array<std::string_view, 16> kTakenNames = {"specversion",
                                                           "id",
                                                           "source",
                                                           "type",
@@ -32,7 +32,8 @@ constexpr std::array<std::string_view, 15> kTakenNames = {"specversion",
                                                           "schemaurl",
                                                           "eventid",
                                                           "streamseq",
-                                                          "streamprevseq"};
+                                                          "streamprevseq",
+                                                          "outboxdatabase"};
 constexpr std::string_view kPartition = "partition";
 
 // The outbox's well-known headers whose names CloudEvents does not allow as they are.
@@ -102,6 +103,7 @@ std::optional<std::string> Mapper::Attributes(const Envelope& envelope,
   add("eventid", envelope.EventId().ToString());
   if (envelope.stream_seq) add("streamseq", std::to_string(*envelope.stream_seq));
   if (envelope.stream_prev_seq) add("streamprevseq", std::to_string(*envelope.stream_prev_seq));
+  if (!envelope.database.empty()) add("outboxdatabase", envelope.database);
   add(kPartition, std::to_string(envelope.partition));
   const std::size_t fixed = out.size();
   for (const auto& [name, value] : envelope.headers) {

@@ -40,6 +40,7 @@ TEST(Amqp10SinkTest, ConsumerReceivesTheDocumentedMessage) {
   envelope.stream_prev_seq = 40;
   envelope.partition = 3;
   envelope.attempts = 2;
+  envelope.database = "tenant-7";  // from a relay serving several databases
   envelope.event_id = NewUuidV7();
   envelope.headers = {
       {"correlation_id", "corr-1"}, {"traceparent", "00-abc-def-01"}, {"outbox-topic", "forged"}};
@@ -73,8 +74,10 @@ TEST(Amqp10SinkTest, ConsumerReceivesTheDocumentedMessage) {
                                                     {"outbox-stream-prev-seq", "40"},
                                                     {"outbox-partition", "3"},
                                                     {"outbox-attempts", "2"},
-                                                    {"outbox-target", envelope.target}};
+                                                    {"outbox-target", envelope.target},
+                                                    {"outbox-database", "tenant-7"}};
   EXPECT_EQ(m.properties, expected);
+  EXPECT_EQ(m.property_types.at("outbox-database"), "string");
   EXPECT_EQ(m.property_types.at("outbox-stream-seq"), "long");
   EXPECT_EQ(m.property_types.at("outbox-partition"), "int");
   EXPECT_EQ(m.property_types.at("event_id"), "string");
@@ -95,6 +98,7 @@ TEST(Amqp10SinkTest, ExternalEnvelopeSendsNoOutboxProperties) {
   Envelope envelope = MakeEnvelope(queue);
   envelope.stream_key = "k";
   envelope.stream_seq = 1;
+  envelope.database = "tenant-7";
   envelope.headers = {{"tenant_id", "t1"}};
   const std::vector<Envelope> batch{envelope};
   auto sink = Open("/amq/queue/{topic}", EnvelopeStyle::kExternal);
@@ -105,6 +109,20 @@ TEST(Amqp10SinkTest, ExternalEnvelopeSendsNoOutboxProperties) {
                                                     {"event_id", envelope.id.ToString()}};
   EXPECT_EQ(arrived[0].properties, expected);
   EXPECT_EQ(arrived[0].id, envelope.id.ToString());
+}
+
+// From a relay serving one database (an empty Envelope::database): no outbox-database property.
+TEST(Amqp10SinkTest, NoDatabasePropertyFromARelayServingOneDatabase) {
+  Admin admin;
+  const std::string queue = UniqueName("amqp10-one-db");
+  admin.DeclareQueue(queue);
+  const std::vector<Envelope> batch{MakeEnvelope(queue)};
+  auto sink = Open("/amq/queue/{topic}");
+  ASSERT_TRUE(sink->Publish(batch, In(milliseconds{5000}))[0].published());
+  const auto arrived = ReceiveAmqp10(Amqp10Url(), "/amq/queue/" + queue, 1, kLimit, kIdle);
+  ASSERT_EQ(arrived.size(), 1U);
+  EXPECT_EQ(arrived[0].properties.count("outbox-target"), 1U) << "the full envelope";
+  EXPECT_EQ(arrived[0].properties.count("outbox-database"), 0U);
 }
 
 // A queue full with x-overflow=reject-publish: RabbitMQ 3.10's plugin gives that delivery no

@@ -130,6 +130,7 @@ TEST_F(FileSinkTest, FullStyleCarriesTheSharedEventId) {
   copy.stream_key = "order-42";
   copy.stream_seq = 5;
   copy.target = "audit";
+  copy.database = "tenant-7";  // from a relay serving several databases
   copy.attempts = 2;
   // Refused by the stores; left out so that they cannot pass for ours.
   copy.headers = {{"event_id", "forged"}, {"Event_Id", "forged"}, {"correlation_id", "corr-1"}};
@@ -147,8 +148,11 @@ TEST_F(FileSinkTest, FullStyleCarriesTheSharedEventId) {
   EXPECT_EQ(first["stream_key"], "order-42");
   EXPECT_EQ(first["stream_seq"], 5);
   EXPECT_EQ(first["target"], "audit");
+  EXPECT_EQ(first["database"], "tenant-7");
   EXPECT_EQ(first["attempts"], 2);
-  EXPECT_EQ(nlohmann::json::parse(lines[1])["event_id"], single.id.ToString());
+  const auto second = nlohmann::json::parse(lines[1]);
+  EXPECT_EQ(second["event_id"], single.id.ToString());
+  EXPECT_FALSE(second.contains("database")) << "from a relay serving one database: no key";
 }
 
 TEST_F(FileSinkTest, ExternalStyleWritesNothingInternal) {
@@ -160,6 +164,7 @@ TEST_F(FileSinkTest, ExternalStyleWritesNothingInternal) {
   envelope.stream_seq = 5;
   envelope.stream_prev_seq = 3;
   envelope.target = "partner";
+  envelope.database = "tenant-7";
   envelope.attempts = 2;
   envelope.type = "OrderPlaced";
   envelope.content_type = "application/vnd.test+json";

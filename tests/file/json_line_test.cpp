@@ -123,6 +123,7 @@ TEST(JsonLineTest, ExternalStyleLeavesOutTheInternalKeys) {
   envelope.stream_seq = 7;
   envelope.stream_prev_seq = 4;
   envelope.target = "audit";
+  envelope.database = "tenant-7";
   envelope.attempts = 3;
   envelope.type = "OrderPlaced";
   envelope.headers = {{"correlation_id", "corr-1"}, {"outbox-partition", "forged"}};
@@ -139,7 +140,7 @@ TEST(JsonLineTest, ExternalStyleLeavesOutTheInternalKeys) {
   AppendJsonLine(envelope, line, EnvelopeStyle::kFull);
   const nlohmann::json full = nlohmann::json::parse(line);
   for (const char* key : {"topic", "stream_key", "stream_seq", "stream_prev_seq", "partition",
-                          "target", "attempts"}) {
+                          "target", "database", "attempts"}) {
     EXPECT_TRUE(full.contains(key)) << key;
   }
 }
@@ -156,6 +157,19 @@ TEST(JsonLineTest, StreamPrevSeqOnlyWhenSet) {
       << line;
   envelope.stream_prev_seq = 0;  // every earlier message of the stream was abandoned
   EXPECT_EQ(Render(envelope).at("stream_prev_seq"), 0);
+}
+
+// The database a message was read from: only from a relay serving several databases (an empty
+// name is no key at all), right after the target.
+TEST(JsonLineTest, DatabaseOnlyWhenSet) {
+  Envelope envelope = Sample();
+  EXPECT_FALSE(Render(envelope).contains("database"));
+  envelope.database = "tenant-7";
+  std::string line;
+  AppendJsonLine(envelope, line);
+  EXPECT_NE(line.find(R"("target":"default","database":"tenant-7","type":null,)"),
+            std::string::npos)
+      << line;
 }
 
 TEST(JsonLineTest, PayloadEmbeddedOnlyWhenItIsExactJson) {

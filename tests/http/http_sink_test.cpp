@@ -262,6 +262,7 @@ TEST(HttpSinkTest, EveryDocumentedHeaderWithItsValue) {
   full.stream_prev_seq = 5;
   full.partition = 3;
   full.attempts = 2;
+  full.database = "tenant-7";  // from a relay serving several databases
   full.headers = {
       {"traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
       {"correlation_id", "c-1"},
@@ -319,6 +320,8 @@ TEST(HttpSinkTest, EveryDocumentedHeaderWithItsValue) {
       {"outbox-stream-prev-seq", "5"},
       {"outbox-partition", "3"},
       {"outbox-attempts", "2"},
+      {"outbox-target", "default"},
+      {"outbox-database", "tenant-7"},
       {"authorization", "Bearer static-token"},
       {"x-static", "static value"},
       {"traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
@@ -342,48 +345,28 @@ TEST(HttpSinkTest, EveryDocumentedHeaderWithItsValue) {
             std::optional<std::string>{webhook::Sign({SharedSecret()}, id, sent_at, full.payload)});
   EXPECT_EQ(got->Header("user-agent").value_or("").rfind("outbox/", 0), 0U);
 
-  // Nothing else: no reserved header of the envelope's, nothing the sink does not document.
-  const std::set<std::string> allowed = {"content-type",
-                                         "webhook-id",
-                                         "webhook-timestamp",
-                                         "webhook-signature",
-                                         "event_id",
-                                         "outbox-topic",
-                                         "outbox-type",
-                                         "outbox-stream-key",
-                                         "outbox-stream-seq",
-                                         "outbox-stream-prev-seq",
-                                         "outbox-partition",
-                                         "outbox-attempts",
-                                         "outbox-target",
-                                         "authorization",
-                                         "x-static",
-                                         "traceparent",
-                                         "correlation_id",
-                                         "x-custom",
-                                         "x-empty",
-                                         "content-length",
-                                         "host",
-                                         "user-agent",
-                                         "accept"};
-  for (const std::string& name : got->header_names) {
-    EXPECT_TRUE(allowed.contains(name))
-        << "unexpected header " << name << ": " << got->Header(name).value_or("");
-  }
-
   // In the documented order: the sink's own, then the configured ones, then the envelope's.
-  const auto position = [&got](const std::string& name) {
-    const auto found = std::find(got->header_names.begin(), got->header_names.end(), name);
-    return static_cast<std::size_t>(found - got->header_names.begin());
-  };
   const std::vector<std::string> order = {"content-type",      "webhook-id",
                                           "webhook-timestamp", "webhook-signature",
                                           "event_id",          "outbox-topic",
                                           "outbox-type",       "outbox-stream-key",
                                           "outbox-stream-seq", "outbox-stream-prev-seq",
                                           "outbox-partition",  "outbox-attempts",
-                                          "outbox-target",     "authorization",
-                                          "x-static"};
+                                          "outbox-target",     "outbox-database",
+                                          "authorization",     "x-static"};
+  // Nothing else: no reserved header of the envelope's, nothing the sink does not document.
+  std::set<std::string> allowed(order.begin(), order.end());
+  allowed.insert({"traceparent", "correlation_id", "x-custom", "x-empty", "content-length", "host",
+                  "user-agent", "accept"});
+  for (const std::string& name : got->header_names) {
+    EXPECT_TRUE(allowed.contains(name))
+        << "unexpected header " << name << ": " << got->Header(name).value_or("");
+  }
+
+  const auto position = [&got](const std::string& name) {
+    const auto found = std::find(got->header_names.begin(), got->header_names.end(), name);
+    return static_cast<std::size_t>(found - got->header_names.begin());
+  };
   for (std::size_t i = 1; i < order.size(); ++i) {
     EXPECT_LT(position(order[i - 1]), position(order[i])) << order[i - 1] << " / " << order[i];
   }
@@ -402,8 +385,8 @@ TEST(HttpSinkTest, EveryDocumentedHeaderWithItsValue) {
   EXPECT_EQ(plain->Header("event_id"), std::optional<std::string>{bare.id.ToString()});
   EXPECT_EQ(plain->Header("outbox-partition"), std::optional<std::string>{"0"});
   EXPECT_EQ(plain->Header("outbox-attempts"), std::optional<std::string>{"0"});
-  for (const std::string absent :
-       {"outbox-type", "outbox-stream-key", "outbox-stream-seq", "outbox-stream-prev-seq"}) {
+  for (const std::string absent : {"outbox-type", "outbox-stream-key", "outbox-stream-seq",
+                                   "outbox-stream-prev-seq", "outbox-database"}) {
     EXPECT_FALSE(plain->Header(absent).has_value()) << absent;
   }
   EXPECT_EQ(plain->signature_ok, std::optional<bool>{true});
@@ -1364,10 +1347,13 @@ TEST(HttpSinkTest, WhatAHeaderCannotCarryIsPermanentForThatMessageOnly) {
   bad_stream.stream_key = "s\n1";
   Envelope bad_content_type = Make(destination.name());
   bad_content_type.content_type = "text/plain\r\nX-Injected: 1";
+  Envelope bad_database = Make(destination.name());
+  bad_database.database = "tenant\r\nX-Injected: 1";
   Envelope good_after = Make(destination.name());
   good_after.headers = {{"X-Note", "fine: with a colon\tand a tab"}};
-  const std::vector<Envelope> batch{
-      good_before, crlf, lf, nul, bad_name, bad_type, bad_stream, bad_content_type, good_after};
+  const std::vector<Envelope> batch{good_before,  crlf,      lf,         nul,
+                                    bad_name,     bad_type,  bad_stream, bad_content_type,
+                                    bad_database, good_after};
   const auto outcomes = Publish(SharedOptions(), batch);
   ASSERT_EQ(outcomes.size(), batch.size());
   EXPECT_TRUE(outcomes.front().published()) << Describe(outcomes.front());

@@ -225,6 +225,7 @@ TEST(KafkaSinkTest, ConfirmedBatchIsInTheTopicWithKeyValueTimestampAndHeaders) {
   batch[0].type = "OrderPlaced";
   batch[0].partition = 11;
   batch[0].attempts = 2;
+  batch[0].database = "tenant-7";  // from a relay serving several databases
   batch[0].headers = {{"correlation_id", "corr-1"}, {"traceparent", "00-abc-def-01"}};
   batch[0].created_at = std::chrono::system_clock::time_point{milliseconds{1700000000123}};
   batch[1].payload = std::string("\0\x01binary\xff", 9);
@@ -259,7 +260,8 @@ TEST(KafkaSinkTest, ConfirmedBatchIsInTheTopicWithKeyValueTimestampAndHeaders) {
       {"outbox-stream-prev-seq", "2"},
       {"outbox-partition", "11"},
       {"outbox-attempts", "2"},
-      {"outbox-target", "default"}};
+      {"outbox-target", "default"},
+      {"outbox-database", "tenant-7"}};
   EXPECT_EQ(first.headers, expected_headers);
 
   const Record& second = by_id.at(batch[1].id.ToString());
@@ -269,6 +271,7 @@ TEST(KafkaSinkTest, ConfirmedBatchIsInTheTopicWithKeyValueTimestampAndHeaders) {
   EXPECT_FALSE(second.Header("type").has_value());
   EXPECT_FALSE(second.Header("outbox-stream-key").has_value());
   EXPECT_FALSE(second.Header("outbox-stream-seq").has_value());
+  EXPECT_FALSE(second.Header("outbox-database").has_value()) << "no database: no header";
   EXPECT_FALSE(second.Header("id").has_value()) << "only the debezium style writes `id`";
 
   const Record& third = by_id.at(batch[2].id.ToString());

@@ -168,6 +168,7 @@ TEST(NatsSinkTest, ConsumersReceiveTheDocumentedSubjectAndHeaders) {
   full.stream_prev_seq = 5;
   full.partition = 3;
   full.attempts = 2;
+  full.database = "tenant-7";  // from a relay serving several databases
   full.headers = {{"traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
                   {"correlation_id", "c-1"},
                   {"X-Custom", "custom value: with colon"},
@@ -205,7 +206,8 @@ TEST(NatsSinkTest, ConsumersReceiveTheDocumentedSubjectAndHeaders) {
       {"outbox-stream-prev-seq", "5"},
       {"outbox-partition", "3"},
       {"outbox-attempts", "2"},
-      {"outbox-target", "default"}};
+      {"outbox-target", "default"},
+      {"outbox-database", "tenant-7"}};
   EXPECT_EQ(stored[0].headers, expected);
 
   EXPECT_EQ(stored[1].subject, stream.subject() + ".Bare");

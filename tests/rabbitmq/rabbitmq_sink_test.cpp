@@ -212,9 +212,10 @@ TEST(RabbitSinkTest, FullEnvelopeSendsTheEventIdAndTheInternalHeaders) {
   ASSERT_EQ(received.size(), 2U);
   EXPECT_EQ(received[0].message_id, copy.id.ToString());
   EXPECT_EQ(received[0].header_kinds.at(std::string{wire::kEventId}), 'S');
-  ExpectTheFullEnvelope(received[0].headers, copy);
+  ExpectTheFullEnvelope(received[0].headers, copy);  // outbox-database: tenant-7
+  EXPECT_EQ(received[0].header_kinds.at(std::string{wire::kDatabaseHeader}), 'S');
   EXPECT_EQ(received[1].message_id, single.id.ToString());
-  ExpectTheFullEnvelope(received[1].headers, single);
+  ExpectTheFullEnvelope(received[1].headers, single);  // no database: no outbox-database
 }
 
 // envelope = external: the event and its context, nothing of how the outbox moved it.
@@ -292,6 +293,7 @@ TEST(RabbitSinkTest, MinimalEnvelopeAndTransientDelivery) {
   EXPECT_FALSE(received[0].headers.contains(std::string{wire::kStreamKeyHeader}));
   EXPECT_FALSE(received[0].headers.contains(std::string{wire::kStreamSeqHeader}));
   EXPECT_FALSE(received[0].headers.contains(std::string{wire::kStreamPrevSeqHeader}));
+  EXPECT_FALSE(received[0].headers.contains(std::string{wire::kDatabaseHeader}));
 }
 
 // outbox-stream-prev-seq travels as a long long, like outbox-stream-seq, and only when set.

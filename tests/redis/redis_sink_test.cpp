@@ -139,6 +139,7 @@ TEST_F(RedisSinkTest, EntryHoldsTheDocumentedFieldsAndBytes) {
   full.stream_prev_seq = 5;
   full.partition = 11;
   full.attempts = 2;
+  full.database = "tenant-7";  // from a relay serving several databases
   full.headers = {{"traceparent", "00-abc-def-01"},
                   {"correlation_id", "c-1"},
                   {"custom", std::string("v\xc3\x28\x00", 4)},
@@ -156,13 +157,21 @@ TEST_F(RedisSinkTest, EntryHoldsTheDocumentedFieldsAndBytes) {
   const auto typed = client_.ReadStream(prefix_ + "orders.audit.OrderPlaced");
   ASSERT_EQ(typed.size(), 1U);
   const std::vector<std::pair<std::string, std::string>> expected = {
-      {"id", full.id.ToString()},        {"event_id", full.id.ToString()},
-      {"payload", full.payload},         {"content_type", "application/octet-stream"},
-      {"type", "OrderPlaced"},           {"outbox-topic", "orders"},
-      {"outbox-stream-key", "order-42"}, {"outbox-stream-seq", "7"},
-      {"outbox-stream-prev-seq", "5"},   {"outbox-partition", "11"},
-      {"outbox-attempts", "2"},          {"outbox-target", "audit"},
-      {"correlation_id", "c-1"},         {"custom", std::string("v\xc3\x28\x00", 4)},
+      {"id", full.id.ToString()},
+      {"event_id", full.id.ToString()},
+      {"payload", full.payload},
+      {"content_type", "application/octet-stream"},
+      {"type", "OrderPlaced"},
+      {"outbox-topic", "orders"},
+      {"outbox-stream-key", "order-42"},
+      {"outbox-stream-seq", "7"},
+      {"outbox-stream-prev-seq", "5"},
+      {"outbox-partition", "11"},
+      {"outbox-attempts", "2"},
+      {"outbox-target", "audit"},
+      {"outbox-database", "tenant-7"},
+      {"correlation_id", "c-1"},
+      {"custom", std::string("v\xc3\x28\x00", 4)},
       {"traceparent", "00-abc-def-01"}};
   EXPECT_EQ(typed[0].fields, expected);
 
@@ -170,8 +179,8 @@ TEST_F(RedisSinkTest, EntryHoldsTheDocumentedFieldsAndBytes) {
   const auto untyped = client_.ReadStream(prefix_ + "orders.audit.");
   ASSERT_EQ(untyped.size(), 1U);
   const std::vector<std::pair<std::string, std::string>> minimal = {
-      {"id", bare.id.ToString()},  {"event_id", bare.id.ToString()}, {"payload", ""},
-      {"outbox-topic", "orders"},  {"outbox-partition", "0"},        {"outbox-attempts", "0"},
+      {"id", bare.id.ToString()}, {"event_id", bare.id.ToString()}, {"payload", ""},
+      {"outbox-topic", "orders"}, {"outbox-partition", "0"},        {"outbox-attempts", "0"},
       {"outbox-target", "audit"}};
   EXPECT_EQ(untyped[0].fields, minimal);
 }

@@ -62,6 +62,7 @@ TEST(CloudEventsTest, FullEnvelopeAndTheHeaderRule) {
   envelope.stream_seq = 5000000000;  // over 32 bits: a string
   envelope.stream_prev_seq = 4;
   envelope.partition = 7;
+  envelope.database = "tenant-7";  // a relay serving several databases
   envelope.content_type.clear();
   envelope.headers = {
       {"traceparent", "00-ab-cd-01"},   // legal: as it is
@@ -76,6 +77,7 @@ TEST(CloudEventsTest, FullEnvelopeAndTheHeaderRule) {
       {"source", "x"},                  // the same
       {"data", "x"},                    // reserved by the spec
       {"partition", "x"},               // an extension the mapping sets
+      {"outboxdatabase", "forged"},     // the same
       {"region2", "eu"},                // legal
   };
   Options options;
@@ -90,6 +92,7 @@ TEST(CloudEventsTest, FullEnvelopeAndTheHeaderRule) {
       {"eventid", "0191f2a0-0000-7000-8000-0000000000ff"},
       {"streamseq", "5000000000"},
       {"streamprevseq", "4"},
+      {"outboxdatabase", "tenant-7"},
       {"partition", "7"},
       {"traceparent", "00-ab-cd-01"},
       {"correlationid", "c1"},
@@ -109,6 +112,8 @@ TEST(CloudEventsTest, ExtensionNames) {
   EXPECT_EQ(ExtensionName("message_id"), std::nullopt);
   EXPECT_EQ(ExtensionName("outbox-topic"), std::nullopt);
   EXPECT_EQ(ExtensionName("specversion"), std::nullopt);
+  EXPECT_EQ(ExtensionName("streamprevseq"), std::nullopt);
+  EXPECT_EQ(ExtensionName("outboxdatabase"), std::nullopt);
   EXPECT_EQ(ExtensionName("a2345678901234567890"), "a2345678901234567890");  // 20: legal
   EXPECT_EQ(ExtensionName("a23456789012345678901"), std::nullopt);
   EXPECT_EQ(ExtensionName(""), std::nullopt);
@@ -126,6 +131,14 @@ TEST(CloudEventsTest, StructuredJsonEmbedsJsonElseTextElseBase64) {
             R"("datacontenttype":"application/json",)"
             R"("eventid":"0191f2a0-0000-7000-8000-000000000001","partition":"0",)"
             R"("traceparent":"00-ab-cd-01","data":{"n":1}})");
+  // From a relay serving several databases: after the stream extensions, before partition.
+  envelope.database = "tenant-7";
+  ASSERT_FALSE(mapper.StructuredJson(envelope, out).has_value());
+  EXPECT_NE(out.find(R"("eventid":"0191f2a0-0000-7000-8000-000000000001",)"
+                     R"("outboxdatabase":"tenant-7","partition":"0",)"),
+            std::string::npos)
+      << out;
+  envelope.database.clear();
   envelope.payload = "{not json";
   ASSERT_FALSE(mapper.StructuredJson(envelope, out).has_value());
   EXPECT_NE(out.find(R"("data":"{not json")"), std::string::npos) << out;

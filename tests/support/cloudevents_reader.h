@@ -93,12 +93,18 @@ inline void ExpectCloudEventOf(const nlohmann::json& result, const Envelope& env
   }
   EXPECT_EQ(event.value("partition", ""), std::to_string(envelope.partition));
   EXPECT_EQ(event.value("data", nlohmann::json{}), data) << event.dump();
-  // The well-known headers under their extension names; a legal name as it is; others left out.
   const auto text = [&](const char* name) {
     const std::string value = event.value(name, "");
     return percent_encoded ? PercentDecode(value).value_or("(bad percent-encoding) " + value)
                            : value;
   };
+  // The database the message was read from, only when the relay serves several.
+  if (!envelope.database.empty()) {
+    EXPECT_EQ(text("outboxdatabase"), envelope.database);
+  } else {
+    EXPECT_FALSE(event.contains("outboxdatabase")) << event.dump();
+  }
+  // The well-known headers under their extension names; a legal name as it is; others left out.
   for (const auto& [name, value] : envelope.headers) {
     if (name == kCorrelationIdHeader) {
       EXPECT_EQ(text("correlationid"), value);
@@ -111,13 +117,15 @@ inline void ExpectCloudEventOf(const nlohmann::json& result, const Envelope& env
   EXPECT_FALSE(event.contains("xtraceid"));
 }
 
-// The envelope the CloudEvents tests publish: a type, a stream, a seq, the well-known headers, a
-// legal and an illegal extension name, and a value that HTTP and NATS must percent-encode.
+// The envelope the CloudEvents tests publish: a type, a stream, a seq, a database (as from a
+// relay serving several), the well-known headers, a legal and an illegal extension name, and a
+// value that HTTP and NATS must percent-encode.
 inline void DecorateForCloudEvents(Envelope& envelope, std::int64_t seq) {
   envelope.type = "OrderPlaced";
   envelope.stream_key = "order-42";
   envelope.stream_seq = seq;
   envelope.partition = 3;
+  envelope.database = "tenant-7";
   envelope.headers["traceparent"] = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
   envelope.headers["correlation_id"] = "corr 1 \"quoted\" 100% caf\xC3\xA9";
   envelope.headers["X-Trace-Id"] = "left-out";

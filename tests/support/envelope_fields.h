@@ -40,7 +40,8 @@ inline NameValues UserHeadersSent() {
 // Sets every field of `envelope` that a sink may send, each to a value of its own: the event id
 // (as for a copy of a message written to several targets), type "OrderPlaced", content type
 // "application/vnd.test+json", stream key "order-42", stream seq 7 after 5, partition 3,
-// attempts 2, created at 1700000000 s, and the user headers of UserHeadersSent plus two with
+// attempts 2, database "tenant-7" (as from a relay serving several databases), created at
+// 1700000000 s, and the user headers of UserHeadersSent plus two with
 // reserved names (forged: the stores refuse them, the sinks leave them out in either style).
 // With every field set, a test checks the full and the external styles against one list: what
 // the external style leaves out is left out for sure, not just unset. The id, topic and payload
@@ -55,6 +56,7 @@ inline void SetEveryField(Envelope& envelope) {
   envelope.stream_prev_seq = 5;
   envelope.partition = 3;
   envelope.attempts = 2;
+  envelope.database = "tenant-7";
   envelope.created_at = std::chrono::system_clock::time_point{std::chrono::seconds{1700000000}};
   envelope.headers.clear();
   for (auto& [name, value] : UserHeadersSent()) envelope.headers.emplace(name, std::move(value));
@@ -78,10 +80,11 @@ void ExpectEachOnce(const Sent& sent, const NameValues& expected) {
 }
 
 // What a sink sent for `envelope` in the full style (the default): its event id (its own id
-// unless it is a copy), the outbox's internal headers with its values (the stream ones when
-// set, none when not) and its user headers of names that are not reserved, each once, and no
-// value "forged" (a user header of a reserved name, e.g. of SetEveryField). The names as the
-// envelope spells them: lower-case ones for a sink whose consumer reads them lower-cased (HTTP).
+// unless it is a copy), the outbox's internal headers with its values (the stream ones and
+// outbox-database when set, none when not) and its user headers of names that are not reserved,
+// each once, and no value "forged" (a user header of a reserved name, e.g. of SetEveryField). The
+// names as the envelope spells them: lower-case ones for a sink whose consumer reads them
+// lower-cased (HTTP).
 template <typename Sent>
 void ExpectTheFullEnvelope(const Sent& sent, const Envelope& envelope) {
   NameValues expected = {{std::string{wire::kEventId}, envelope.EventId().ToString()},
@@ -101,6 +104,8 @@ void ExpectTheFullEnvelope(const Sent& sent, const Envelope& envelope) {
   add_if_set(wire::kStreamKeyHeader, envelope.stream_key);
   add_if_set(wire::kStreamSeqHeader, number(envelope.stream_seq));
   add_if_set(wire::kStreamPrevSeqHeader, number(envelope.stream_prev_seq));
+  add_if_set(wire::kDatabaseHeader,
+             envelope.database.empty() ? std::nullopt : std::optional{envelope.database});
   for (const auto& [name, value] : envelope.headers) {
     if (!wire::IsReservedName(name)) expected.emplace_back(name, value);
   }

@@ -94,6 +94,10 @@ struct Envelope {
   std::optional<std::int64_t> stream_prev_seq;
   int partition = 0;
   std::string target{kDefaultTarget};
+  // The name of the database (tenant) the message was read from, when one relay serves several
+  // databases (outboxd's `[[databases]]` / `[discovery]`): sinks send it as wire::kDatabaseHeader.
+  // Empty when the relay serves one database; then nothing is sent for it.
+  std::string database;
   std::optional<std::string> type;
   std::string payload;
   std::string content_type{kJsonContentType};

@@ -18,6 +18,10 @@
 //   outbox-attempts         int     attempts spent before this one
 //   outbox-target           string  the target (sink name) that sent this copy: stream_seq counts
 //                                   per (target, stream), so an inbox keeps its marks per target
+//   outbox-database         string  only when the relay serves several databases (tenants): the
+//                                   name of the database the message was read from. The same
+//                                   stream key in two databases is two streams, and stream_seq
+//                                   counts per (database, target, stream)
 
 #include <string_view>
 
@@ -45,5 +49,6 @@ inline constexpr std::string_view kStreamPrevSeqHeader = "outbox-stream-prev-seq
 inline constexpr std::string_view kPartitionHeader = "outbox-partition";
 inline constexpr std::string_view kAttemptsHeader = "outbox-attempts";
 inline constexpr std::string_view kTargetHeader = "outbox-target";
+inline constexpr std::string_view kDatabaseHeader = "outbox-database";
 
 }  // namespace outbox::wire

@@ -19,7 +19,8 @@
 //                 "outbox-", in any case, is left out), event_id (string), and with `envelope`
 //                 kFull (the default) also outbox-topic (string), outbox-stream-key (string, when
 //                 set), outbox-stream-seq (long, when set), outbox-stream-prev-seq (long, when
-//                 set), outbox-partition (int), outbox-attempts (int), outbox-target (string)
+//                 set), outbox-partition (int), outbox-attempts (int), outbox-target (string),
+//                 outbox-database (string, when set: the relay serves several databases)
 //   body          one data section: the payload bytes as stored
 // With `envelope` kCloudEvents (sink/cloudevents.h, docs/cloudevents.md), the AMQP binding of
 // CloudEvents: in binary mode (the default) each attribute as a string application property

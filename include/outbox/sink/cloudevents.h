@@ -21,6 +21,8 @@
 //   eventid          e.EventId(): the same for every copy of a message written to several targets
 //   streamseq        e.stream_seq in decimal, when set
 //   streamprevseq    e.stream_prev_seq in decimal, when set (see Envelope)
+//   outboxdatabase   e.database, when not empty: the relay serves several databases (tenants),
+//                    and the same stream key in two of them is two streams
 //   partition        e.partition in decimal
 // The numbers are strings: a stream_seq is 64-bit, CloudEvents' Integer only 32-bit.
 // Then each user header whose ExtensionName() is set, as an extension of that name with the

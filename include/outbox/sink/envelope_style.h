@@ -13,8 +13,8 @@ namespace outbox {
 enum class EnvelopeStyle : std::uint8_t {
   // Everything: the message id, the event id (wire::kEventId), type, content type, the user's
   // headers, and the outbox's internal headers (outbox-topic, outbox-stream-key,
-  // outbox-stream-seq, outbox-stream-prev-seq, outbox-partition, outbox-attempts, outbox-target;
-  // wire_names.h).
+  // outbox-stream-seq, outbox-stream-prev-seq, outbox-partition, outbox-attempts, outbox-target,
+  // outbox-database; wire_names.h).
   kFull,
   // The same without any outbox-* header: payload, message id, event id, type, content type and
   // the user's headers (correlation_id, causation_id, traceparent, ...).

@@ -6,7 +6,8 @@
 //   id, event_id (Envelope::EventId(): the same for every copy of a message written to several
 //   targets, else the id), topic, stream_key, stream_seq, stream_prev_seq (only when set: the
 //   messages just before this one in its stream were abandoned, see Envelope), partition, target,
-//   type, content_type, headers (a user header named message_id or event_id or starting with
+//   database (only when e.database is not empty: the relay serves several databases), type,
+//   content_type, headers (a user header named message_id or event_id or starting with
 //   "outbox-", in any case, is left out), attempts, created_at (RFC 3339 UTC with milliseconds,
 //   e.g. "2024-05-01T12:34:56.789Z"), and then
 //   payload: the payload embedded as JSON when content_type is application/json (parameters
@@ -15,9 +16,9 @@
 //   payload_base64 (instead of payload): the payload bytes in standard base64 otherwise.
 // Absent optional fields (stream_key, stream_seq, type) are null.
 // With `envelope` kExternal the outbox's internal keys are left out (topic, stream_key,
-// stream_seq, stream_prev_seq, partition, target, attempts): id, event_id, type, content_type,
-// headers, created_at and the payload remain. With `envelope` kCloudEvents each line is instead
-// one structured-mode CloudEvent in the JSON event format (sink/cloudevents.h,
+// stream_seq, stream_prev_seq, partition, target, database, attempts): id, event_id, type,
+// content_type, headers, created_at and the payload remain. With `envelope` kCloudEvents each
+// line is instead one structured-mode CloudEvent in the JSON event format (sink/cloudevents.h,
 // docs/cloudevents.md): the attributes, then data or data_base64.
 //
 // Publish writes the whole batch, then fsyncs it when asked, and only then reports the messages

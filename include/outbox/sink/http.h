@@ -31,6 +31,7 @@
 //     outbox-partition        e.partition (the outbox's)
 //     outbox-attempts         e.attempts
 //     outbox-target           e.target (the sink's target name)
+//     outbox-database         e.database, when not empty (the relay serves several databases)
 //   then the configured `headers` (the same on every request), then the envelope's own headers
 //   (traceparent, correlation_id, ...). An envelope header the sink sets itself or that HTTP
 //   reserves is left out: content-type, content-length, host, transfer-encoding, connection,

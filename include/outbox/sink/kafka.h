@@ -23,6 +23,8 @@
 //                outbox-partition        e.partition (the outbox's, not Kafka's partition)
 //                outbox-attempts         e.attempts
 //                outbox-target           e.target (the sink's target name)
+//                outbox-database         e.database, when not empty (the relay serves several
+//                                        databases)
 //              with header_style kDebezium also `id` = e.id, as Debezium's outbox event router
 //              writes it (its record key is the aggregate id: e.stream_key, as above), in either
 //              envelope style. A user header with one of the names the sink sets for this

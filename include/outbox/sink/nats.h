@@ -26,6 +26,8 @@
 //                outbox-partition        e.partition (the outbox's)
 //                outbox-attempts         e.attempts
 //                outbox-target           e.target (the sink's target name)
+//                outbox-database         e.database, when not empty (the relay serves several
+//                                        databases)
 //              A user header named like one the sink sets for this message, message_id or
 //              event_id (any case), or starting with "outbox-" or "Nats-" (any case: JetStream
 //              acts on Nats-* headers, e.g. Nats-Rollup) is left out.

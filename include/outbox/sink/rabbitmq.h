@@ -13,8 +13,9 @@
 //               message), and with `envelope` kFull (the default) also outbox-topic (string),
 //               outbox-stream-key (string, when set), outbox-stream-seq (int64, when set),
 //               outbox-stream-prev-seq (int64, when set), outbox-partition (int32),
-//               outbox-attempts (int32), outbox-target (string). With kExternal no outbox-*
-//               header is sent.
+//               outbox-attempts (int32), outbox-target (string), outbox-database (string, when
+//               e.database is not empty: the relay serves several databases). With kExternal no
+//               outbox-* header is sent.
 //   with `envelope` kCloudEvents (sink/cloudevents.h, docs/cloudevents.md) instead, after the
 //   AMQP binding of CloudEvents (written for AMQP 1.0; 0-9-1 has none): in binary mode (the
 //   default) each attribute as a string header cloudEvents_<name> (the binding's preferred

@@ -21,6 +21,7 @@
 //   outbox-partition        e.partition (the outbox's)
 //   outbox-attempts         e.attempts
 //   outbox-target           e.target (the sink's target name)
+//   outbox-database         e.database, when not empty (the relay serves several databases)
 // and in both styles:
 //   <name>                  every user header (traceparent, correlation_id, ...), after the
 //                           above. A user header named id, payload, content_type or type (the

@@ -730,6 +730,9 @@ std::optional<Failure> Amqp10Sink::Prepare(const Envelope& envelope, std::string
     properties.put(std::string{wire::kPartitionHeader}, std::int32_t{envelope.partition});
     properties.put(std::string{wire::kAttemptsHeader}, std::int32_t{envelope.attempts});
     properties.put(std::string{wire::kTargetHeader}, envelope.target);
+    if (!envelope.database.empty()) {
+      properties.put(std::string{wire::kDatabaseHeader}, envelope.database);
+    }
   }
   return std::nullopt;
 }

@@ -28,6 +28,7 @@ void AppendJsonLine(const Envelope& envelope, std::string& out, EnvelopeStyle st
     if (envelope.stream_prev_seq) line["stream_prev_seq"] = *envelope.stream_prev_seq;
     line["partition"] = envelope.partition;
     line["target"] = envelope.target;
+    if (!envelope.database.empty()) line["database"] = envelope.database;
   }
   line["type"] = envelope.type ? Json(*envelope.type) : Json(nullptr);
   line["content_type"] = envelope.content_type;

@@ -233,8 +233,9 @@ class HttpSink final : public SinkBase {
     const auto optional_text = [](const std::optional<std::string>& text) {
       return text ? std::string_view{*text} : std::string_view{};
     };
-    const std::array<std::pair<std::string_view, std::string_view>, 4> fields{{
+    const std::array<std::pair<std::string_view, std::string_view>, 5> fields{{
         {"topic", envelope.topic},
+        {"database", envelope.database},
         {"content_type", envelope.content_type},
         {"stream_key", optional_text(envelope.stream_key)},
         {"type", optional_text(envelope.type)},
@@ -335,6 +336,7 @@ class HttpSink final : public SinkBase {
       add(HeaderLine(wire::kPartitionHeader, std::to_string(envelope.partition)));
       add(HeaderLine(wire::kAttemptsHeader, std::to_string(envelope.attempts)));
       add(HeaderLine(wire::kTargetHeader, envelope.target));
+      if (!envelope.database.empty()) add(HeaderLine(wire::kDatabaseHeader, envelope.database));
     }
     add("Expect:");  // no 100-continue round trip before large bodies
     for (const std::string& line : static_headers_) add(line);

@@ -385,7 +385,7 @@ std::optional<Failure> KafkaSink::Prepare(const Envelope& envelope, Record& out)
   const bool debezium = options_.header_style == HeaderStyle::kDebezium;
   const bool has_type = envelope.type && !envelope.type->empty();
   const bool has_content_type = !envelope.content_type.empty();
-  out.headers.reset(rd_kafka_headers_new(envelope.headers.size() + 11));
+  out.headers.reset(rd_kafka_headers_new(envelope.headers.size() + 13));
   rd_kafka_headers_t* headers = out.headers.get();
   const auto add = [headers](std::string_view name, std::string_view value) {
     rd_kafka_header_add(headers, name.data(), static_cast<ssize_t>(name.size()), value.data(),
@@ -421,6 +421,7 @@ std::optional<Failure> KafkaSink::Prepare(const Envelope& envelope, Record& out)
   out.numbers[3] = std::to_string(envelope.attempts);
   add(wire::kAttemptsHeader, out.numbers[3]);
   add(wire::kTargetHeader, envelope.target);
+  if (!envelope.database.empty()) add(wire::kDatabaseHeader, envelope.database);
   return std::nullopt;
 }
 

@@ -623,6 +623,7 @@ std::optional<Failure> NatsSink::Prepare(const Envelope& envelope, MsgPtr& out,
     headers.emplace_back(wire::kPartitionHeader, std::to_string(envelope.partition));
     headers.emplace_back(wire::kAttemptsHeader, std::to_string(envelope.attempts));
     headers.emplace_back(wire::kTargetHeader, envelope.target);
+    if (!envelope.database.empty()) headers.emplace_back(wire::kDatabaseHeader, envelope.database);
   }
 
   // "NATS/1.0\r\n", a "name: value\r\n" line each, "\r\n": as the server counts them against

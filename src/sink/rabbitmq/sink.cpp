@@ -381,6 +381,8 @@ std::optional<Failure> RabbitSink::Prepare(const Envelope& envelope, Prepared& o
     out.headers.push_back(Int32Entry(wire::kPartitionHeader, envelope.partition));
     out.headers.push_back(Int32Entry(wire::kAttemptsHeader, envelope.attempts));
     out.headers.push_back(StringEntry(wire::kTargetHeader, envelope.target));
+    if (!envelope.database.empty())
+      out.headers.push_back(StringEntry(wire::kDatabaseHeader, envelope.database));
   }
 
   amqp_basic_properties_t& p = out.properties;

@@ -324,6 +324,7 @@ std::optional<Failure> RedisSink::Prepare(const Envelope& envelope) {
     attempts_ = Number(envelope.attempts);
     field(wire::kAttemptsHeader, attempts_);
     field(wire::kTargetHeader, envelope.target);
+    if (!envelope.database.empty()) field(wire::kDatabaseHeader, envelope.database);
   }
   for (const auto& [name, value] : envelope.headers) {
     if (!IsOwnField(name)) field(name, value);
