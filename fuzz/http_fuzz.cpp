@@ -35,8 +35,8 @@ struct Fixture {
             "[sinks.default]\ntype = \"file\"\npath = \"/dev/null\"\n",
         "fuzz.toml", [](const char*) -> const char* { return nullptr; });
     config.database->Prepare();
-    operations =
-        std::make_unique<outbox::outboxd::Operations>(config, registry, counters, outbox::LogFn{});
+    operations = std::make_unique<outbox::outboxd::Operations>(
+        config, registry, outbox::outboxd::Operations::TotalsOf(counters), outbox::LogFn{});
   }
   ~Fixture() { std::remove(path.c_str()); }
   Fixture(const Fixture&) = delete;

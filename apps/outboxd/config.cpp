@@ -19,6 +19,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <span>
 #include <sstream>
 #include <system_error>
@@ -55,7 +56,108 @@ constexpr milliseconds kHour{std::chrono::hours{1}};
 constexpr milliseconds kDay{std::chrono::hours{24}};
 constexpr milliseconds kYear{std::chrono::hours{24 * 365}};
 
+// The settings a store type reads from `table`, its `type` read here first ("postgres" when it
+// names none).
+std::shared_ptr<const StoreSettings> ParseStore(const Section& table, const GetenvFn& getenv,
+                                                std::string& type_name) {
+  const StoreRegistry& types = StoreTypes();
+  table.Read("type", type_name);
+  const StoreType* type = types.Find(type_name);
+  if (type == nullptr) {
+    Fail(table.Key("type"),
+         "unknown store type " + Quoted(type_name) + "; expected " + types.Names(),
+         table.Find("type"));
+  }
+  return type->parse(table, getenv);
+}
+
+// What tells one database's settings from another's (NamedDatabase::fingerprint).
+std::string Fingerprint(const std::string& type, const StoreSettings& settings) {
+  config::TomlWriter out;
+  out.String("type", type);
+  settings.Describe(out);
+  return out.Take();
+}
+
+// [[databases]]: each a [database] table with a `name`. OUTBOX_DATABASE_URL is [database]'s
+// alone: with many databases it would name them all.
+void ParseDatabaseList(const Section& root, const GetenvFn& getenv, Config& config) {
+  const TomlValue* list = root.Find("databases");
+  if (list == nullptr) return;
+  if (!list->is_array()) {
+    Fail("databases", "expected an array of tables ([[databases]]), got " + TypeName(list->type()),
+         list);
+  }
+  const GetenvFn without_url = [&getenv](const char* name) -> const char* {
+    return std::string_view{name} == "OUTBOX_DATABASE_URL" ? nullptr : getenv(name);
+  };
+  std::set<std::string> names;
+  std::size_t index = 0;
+  for (const TomlValue& entry : list->as_array()) {
+    const std::string path = "databases[" + std::to_string(index++) + "]";
+    if (!entry.is_table()) Fail(path, "expected a table, got " + TypeName(entry.type()), &entry);
+    const Section table{&entry, path};
+    NamedDatabase database;
+    if (!table.Read("name", database.name)) Fail(table.Key("name"), "is required", &entry);
+    try {
+      ValidateDatabaseName(database.name);
+    } catch (const ConfigError& error) {
+      Fail(table.Key("name"), error.message(), table.Find("name"));
+    }
+    if (!names.insert(database.name).second) {
+      Fail(table.Key("name"), Quoted(database.name) + " names two databases", table.Find("name"));
+    }
+    std::string type = "postgres";
+    database.settings = ParseStore(table.WithCommonKeys({"name"}), without_url, type);
+    database.fingerprint = Fingerprint(type, *database.settings);
+    config.databases.push_back(std::move(database));
+  }
+  if (config.databases.empty() && root.Find("discovery") == nullptr) {
+    Fail("databases", "names no database", list);
+  }
+}
+
+void ParseDiscovery(const Section& root, const GetenvFn& getenv, Config& config) {
+  const TomlValue* table = root.Find("discovery");
+  if (table == nullptr) return;
+  if (!table->is_table())
+    Fail("discovery", "expected a table, got " + TypeName(table->type()), table);
+  const Section discovery{table, "discovery"};
+  discovery.AllowOnly({"url", "query", "interval", "type", "statement_deadline"});
+  DiscoveryConfig out;
+  discovery.ReadSecret("url", "OUTBOX_DISCOVERY_URL", getenv, out.url, /*required=*/true);
+  if (!discovery.Read("query", out.query) ||
+      out.query.find_first_not_of(" \t\r\n") == std::string::npos) {
+    Fail(discovery.Key("query"),
+         "is required: a query returning the columns name and url (and optionally schema)",
+         discovery.Find("query"));
+  }
+  discovery.ReadDuration("interval", std::chrono::seconds{1}, kHour, out.interval);
+  discovery.ReadDuration("statement_deadline", std::chrono::seconds{1}, kHour,
+                         out.statement_deadline);
+  discovery.Read("type", out.type);
+  if (StoreTypes().Find(out.type) == nullptr) {
+    Fail(discovery.Key("type"),
+         "unknown store type " + Quoted(out.type) + "; expected " + StoreTypes().Names(),
+         discovery.Find("type"));
+  }
+  config.discovery = std::move(out);
+}
+
 void ParseDatabase(const Section& root, const GetenvFn& getenv, Config& config) {
+  const TomlValue* many = root.Find("databases");
+  if (many == nullptr) many = root.Find("discovery");
+  if (many != nullptr) {
+    if (root.Find("database") != nullptr) {
+      Fail("database",
+           "[database] names one database; [[databases]] and [discovery] name many: use one or "
+           "the other",
+           root.Find("database"));
+    }
+    ParseDatabaseList(root, getenv, config);
+    ParseDiscovery(root, getenv, config);
+    return;
+  }
   const Section database = root.Table("database");
   const StoreRegistry& types = StoreTypes();
   database.Read("type", config.database_type);
@@ -69,6 +171,10 @@ void ParseDatabase(const Section& root, const GetenvFn& getenv, Config& config) 
 }
 
 void ParseRelay(const Section& root, Config& config) {
+  if (config.many_databases()) {
+    config.relay = ReadRelaySection(root.Table("relay"), kManyDatabasesSweep, kTableLinger);
+    return;
+  }
   config.relay = ReadRelaySection(root.Table("relay"), config.database->DefaultSweepInterval(),
                                   config.database->WalMode() ? kWalLinger : kTableLinger);
 }
@@ -331,7 +437,8 @@ namespace {
 Config ParseText(std::string_view toml_text, const std::string& origin, const GetenvFn& getenv) {
   const TomlValue root = config::ParseToml(toml_text, origin);
   const Section top{&root, ""};
-  top.AllowOnly({"database", "relay", "retry", "retention", "log", "http", "claim_check", "sinks"});
+  top.AllowOnly({"database", "databases", "discovery", "relay", "retry", "retention", "log", "http",
+                 "claim_check", "sinks"});
   Config config;
   ParseDatabase(top, getenv, config);
   ParseRelay(top, config);
@@ -380,6 +487,16 @@ std::vector<std::string> Secrets(const Config& config) {
     for (std::string& secret : more) secrets.push_back(std::move(secret));
   };
   if (config.database) add(config.database->Secrets());
+  for (const NamedDatabase& database : config.databases) add(database.settings->Secrets());
+  if (config.discovery) {
+    // The catalog's password, in the forms a PostgreSQL store quotes it.
+    try {
+      add(DiscoveredDatabase(*config.discovery, {.name = "catalog", .url = config.discovery->url})
+              .settings->Secrets());
+    } catch (const ConfigError&) {
+      secrets.push_back(config.discovery->url);
+    }
+  }
   for (const SinkConfig& sink : config.sinks) {
     if (sink.settings) add(sink.settings->Secrets());
   }
@@ -387,11 +504,47 @@ std::vector<std::string> Secrets(const Config& config) {
   return secrets;
 }
 
+NamedDatabase DiscoveredDatabase(const DiscoveryConfig& discovery, const CatalogEntry& entry) {
+  ValidateDatabaseName(entry.name);
+  config::TomlWriter table;
+  table.String("type", discovery.type);
+  table.String(discovery.type == "sqlite" ? "path" : "url", entry.url);
+  if (entry.schema) table.String("schema", *entry.schema);
+  const std::string text = table.Take();
+  const TomlValue root = config::ParseToml(text, "the catalog's row " + Quoted(entry.name));
+  NamedDatabase database{.name = entry.name};
+  std::string type = discovery.type;
+  const GetenvFn no_environment = [](const char*) -> const char* { return nullptr; };
+  try {
+    database.settings = ParseStore(Section{&root, ""}, no_environment, type);
+  } catch (const ConfigError& error) {
+    // The store type names its key ("url", "schema"): the catalog's column of that name.
+    throw ConfigError(error.key() == "path" ? "url" : error.key(), error.message());
+  }
+  database.fingerprint = text;
+  return database;
+}
+
 std::string Describe(const Config& config) {
   config::TomlWriter out;
-  out.Header("database");
-  out.String("type", config.database_type);
-  config.database->Describe(out);
+  if (config.database) {
+    out.Header("database");
+    out.String("type", config.database_type);
+    config.database->Describe(out);
+  }
+  for (const NamedDatabase& database : config.databases) {
+    out.ArrayHeader("databases");
+    out.String("name", database.name);
+    out.Raw(database.fingerprint);
+  }
+  if (config.discovery) {
+    out.Header("discovery");
+    out.String("url", MaskPassword(config.discovery->url));
+    out.String("query", config.discovery->query);
+    out.Duration("interval", config.discovery->interval);
+    out.String("type", config.discovery->type);
+    out.Duration("statement_deadline", config.discovery->statement_deadline);
+  }
 
   DescribeRelaySection(out, config.relay);
 

@@ -27,8 +27,10 @@
 #include "outbox/core/retry_policy.h"
 #include "outbox/relay/dispatcher.h"
 #include "outbox/relay/relay_config.h"
+#include "outbox/relay/tenant_relays.h"
 #include "outbox/sink/claim_check.h"
 #include "outbox/sink/registry.h"
+#include "outbox/store/catalog.h"
 #include "outbox/store/registry.h"
 #include "outbox/store/store.h"
 
@@ -80,11 +82,29 @@ struct HttpConfig {
 // The store types outboxd knows, one registration line each (stores.cpp).
 const StoreRegistry& StoreTypes();
 
+// [discovery]: the databases to serve, read from a catalog every `interval` (catalog.h).
+struct DiscoveryConfig {
+  std::string url;    // the catalog, PostgreSQL; OUTBOX_DISCOVERY_URL wins over the file
+  std::string query;  // returns the columns name, url and optionally schema
+  std::chrono::milliseconds interval{30000};
+  std::string type = "postgres";  // the store type of the databases it names
+  // How long a read of the catalog may take.
+  std::chrono::milliseconds statement_deadline{15000};
+};
+
 struct Config {
   // [database]: a store of a registered type (StoreTypes()), "postgres" unless `type` says
-  // otherwise, with the settings its type read (url and schema; or path for "sqlite").
+  // otherwise, with the settings its type read (url and schema; or path for "sqlite"). Null when
+  // the file names many databases instead (many_databases()).
   std::string database_type = "postgres";
   std::shared_ptr<const StoreSettings> database;
+
+  // [[databases]]: the databases one outboxd serves, each a [database] table with a `name`
+  // (tenant_relays.h); and/or [discovery], which names more while outboxd runs. Either or both
+  // instead of [database].
+  std::vector<NamedDatabase> databases;
+  std::optional<DiscoveryConfig> discovery;
+  [[nodiscard]] bool many_databases() const { return !databases.empty() || discovery; }
 
   RelaySection relay;  // [relay], read by the relay library (outbox/relay/relay_config.h)
 
@@ -127,6 +147,11 @@ Config LoadConfig(
 // LoadConfig on text already read (the same limits apply); `origin` names it in messages
 // (usually the path).
 Config ParseConfig(std::string_view toml_text, const std::string& origin, const GetenvFn& getenv);
+
+// A database the catalog of `discovery` names, read by its store type as a [[databases]] table of
+// `type`, `name`, `url` (`path` for "sqlite") and `schema` would be. Throws ConfigError naming
+// the catalog row's field ("name", "url", "schema") for a value its store type refuses.
+NamedDatabase DiscoveredDatabase(const DiscoveryConfig& discovery, const CatalogEntry& entry);
 
 // The effective configuration as TOML (it parses back to the same values), with every password
 // in a URL or connection string replaced by ***. For --check-config.

@@ -13,7 +13,9 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -25,6 +27,7 @@
 #include <thread>
 
 #include "config.h"
+#include "discovery.h"
 #include "operations.h"
 #include "outbox/core/error.h"
 #include "outbox/core/log_text.h"
@@ -32,6 +35,7 @@
 #include "outbox/core/version.h"
 #include "outbox/observe/metrics.h"
 #include "outbox/relay/relay_config.h"
+#include "outbox/store/postgres_catalog.h"
 #include "service_manager.h"
 #include "version_line.h"
 
@@ -126,13 +130,22 @@ outbox::RelayGroup::Settings RelaySettingsOf(const outbox::outboxd::Config& conf
 // database or the network can tell (reachable, migrated, the listen port free) is not checked.
 void CheckStart(const outbox::outboxd::Config& config) {
   const outbox::SinkMap sinks = OpenSinks(config, outbox::SinkContext{});
-  outbox::RelayGroup::Check(RelaySettingsOf(config), *config.database);
+  if (config.database) outbox::RelayGroup::Check(RelaySettingsOf(config), *config.database);
+  for (const auto& database : config.databases) {
+    try {
+      outbox::RelayGroup::Check(RelaySettingsOf(config), *database.settings);
+    } catch (const outbox::ConfigError& error) {
+      throw outbox::ConfigError("databases." + database.name + "." + error.key(), error.message());
+    }
+  }
   outbox::observe::Registry registry;
   const outbox::RelayCounters counters;
-  const outbox::outboxd::Operations operations(config, registry, counters, outbox::LogFn{});
+  const outbox::outboxd::Operations operations(
+      config, registry, outbox::outboxd::Operations::TotalsOf(counters), outbox::LogFn{});
 }
 
 // What main will exit with once its drain is done; kDraining until then.
+// (RunManyDatabases, below Shutdown, relays many databases.)
 constexpr int kDraining = -1;
 
 // What the signal thread needs of main: how to stop the relays while they exist, and the code main
@@ -175,18 +188,25 @@ void HandleSignals(Shutdown& shutdown, const outbox::LogFn& log,
     if (shutdown.operations != nullptr) shutdown.operations->BeginDrain();
     shutdown.stop();
   }
-  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(shutdown_timeout);
-  const timespec timeout{
-      .tv_sec = static_cast<time_t>(seconds.count()),
-      .tv_nsec = static_cast<long>(std::chrono::nanoseconds{shutdown_timeout - seconds}.count())};
-  signal = sigtimedwait(&signals, nullptr, &timeout);
+  // Waits out the rest of the timeout when interrupted (EINTR): a tracer attaching does that
+  // (LeakSanitizer's check at exit, a debugger), and main may have returned by then, its log
+  // function gone.
+  const auto until = std::chrono::steady_clock::now() + shutdown_timeout;
+  do {
+    const auto left = std::max(std::chrono::nanoseconds{0},
+                               std::chrono::nanoseconds{until - std::chrono::steady_clock::now()});
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(left);
+    const timespec timeout{.tv_sec = static_cast<time_t>(seconds.count()),
+                           .tv_nsec = static_cast<long>((left - seconds).count())};
+    signal = sigtimedwait(&signals, nullptr, &timeout);
+  } while (signal < 0 && errno == EINTR);
   if (signal > 0) {
     log(outbox::LogLevel::kWarn,
         "received " + std::string{strsignal(signal)} + " again: exiting without draining");
     logger->flush();
     _exit(kExitSecondSignal);
   }
-  // Timed out (EAGAIN; EINTR cannot happen with every other signal's default action). Main may
+  // Timed out (EAGAIN). Main may
   // be on its way out already, or stuck closing after its drain: end it either way.
   if (const int code = exit_code.load(); code != kDraining) {
     log(outbox::LogLevel::kWarn,
@@ -201,6 +221,86 @@ void HandleSignals(Shutdown& shutdown, const outbox::LogFn& log,
           " ms): exiting; what it held is published again once its leases expire");
   logger->flush();
   _exit(kExitFailure);
+}
+
+// Many databases ([[databases]], [discovery]): one dispatcher over the sinks, a relay per
+// database (TenantRelays), the discovery keeping the set current, the operations side on them.
+int RunManyDatabases(const outbox::outboxd::Config& config, Shutdown& shutdown,
+                     const outbox::LogFn& log_fn, const std::shared_ptr<spdlog::logger>& logger) {
+  try {
+    outbox::observe::Registry registry;
+    outbox::TenantRelays relays(RelaySettingsOf(config),
+                                OpenSinks(config, {.log = log_fn, .lease = config.relay.lease}),
+                                registry, log_fn);
+    std::unique_ptr<outbox::Catalog> catalog;
+    if (config.discovery) {
+      catalog = outbox::OpenPostgresCatalog(config.discovery->url, config.discovery->query,
+                                            config.discovery->statement_deadline);
+    }
+    outbox::outboxd::Discovery discovery(config, std::move(catalog), relays, log_fn);
+    std::optional<outbox::outboxd::Operations> operations;
+    operations.emplace(
+        config, registry,
+        [&relays] {
+          const auto totals = relays.CountersTotal();
+          return outbox::observe::RelayTotals{
+              .published = totals.published,
+              .failed = totals.failed,
+              .unconfirmed = totals.unconfirmed,
+              .takeovers = totals.takeovers,
+              .partitions_owned = totals.partitions_owned,
+              .broker_unavailable = relays.dispatcher().AnyPaused(),
+          };
+        },
+        log_fn, [&relays] { return relays.paused_targets(); });
+    operations->SetManyDatabases(
+        {.states = [&relays] { return relays.States(); },
+         .find = [&discovery](const std::string& name) { return discovery.Find(name); },
+         .discovery_problem = [&discovery] { return discovery.Problem(); }});
+    operations->Start();
+    const std::string relaying =
+        "relaying " + std::to_string(config.databases.size()) + " database(s)" +
+        (config.discovery ? " and those the catalog names (every " +
+                                std::to_string(config.discovery->interval.count()) + " ms)"
+                          : std::string{}) +
+        " as " + config.relay.instance + " to " + std::to_string(config.sinks.size()) + " sink(s)";
+    log_fn(outbox::LogLevel::kInfo, "outboxd " + std::string{outbox::kVersion} + " " + relaying);
+    struct Armed {
+      Shutdown& shutdown;
+      ~Armed() {
+        std::lock_guard lock(shutdown.mutex);
+        shutdown.stop = nullptr;
+        shutdown.operations = nullptr;
+      }
+    } armed{shutdown};
+    {
+      std::lock_guard lock(shutdown.mutex);
+      shutdown.stop = [&relays, &discovery] {
+        discovery.Stop();
+        relays.Stop();
+      };
+      shutdown.operations = &*operations;
+    }
+    discovery.Start();
+    outbox::outboxd::NotifyReady(relaying);
+    relays.Run();  // until a signal; then every database drains
+    discovery.Stop();
+    shutdown.exit_code = 0;
+    operations->Stop();
+    const auto totals = relays.CountersTotal();
+    log_fn(outbox::LogLevel::kInfo, "published " + std::to_string(totals.published) +
+                                        " messages, " + std::to_string(totals.failed) +
+                                        " failed attempts, " + std::to_string(totals.unconfirmed) +
+                                        " republished; bye");
+    logger->flush();
+    return 0;
+  } catch (const outbox::ConfigError& error) {
+    log_fn(outbox::LogLevel::kError, std::string{"configuration: "} + error.what());
+    return kExitUsage;
+  } catch (const std::exception& error) {
+    log_fn(outbox::LogLevel::kError, error.what());
+    return kExitFailure;
+  }
 }
 
 }  // namespace
@@ -272,6 +372,7 @@ int main(int argc, char** argv) {
   std::thread signal_thread(
       [&] { HandleSignals(shutdown, log_fn, logger, signals, config.relay.shutdown_timeout); });
   signal_thread.detach();  // it either exits the process or waits forever
+  if (config.many_databases()) return RunManyDatabases(config, shutdown, log_fn, logger);
   try {
     // The relay and the operations side write into one registry; only it renders.
     outbox::observe::Registry registry;
@@ -282,8 +383,8 @@ int main(int argc, char** argv) {
     // The operations side (stats thread, HTTP listener), on connections of its own to the same
     // database, PostgreSQL or SQLite.
     std::optional<outbox::outboxd::Operations> operations;
-    operations.emplace(config, registry, relays.counters(), log_fn,
-                       [&relays] { return relays.paused_targets(); });
+    operations.emplace(config, registry, outbox::outboxd::Operations::TotalsOf(relays.counters()),
+                       log_fn, [&relays] { return relays.paused_targets(); });
     if (relays.wal_mode()) operations->SetWalCheck([&relays] { return relays.SlotProblem(); });
     operations->Start();
     const std::string sinks = std::to_string(config.sinks.size()) + " sink(s)";

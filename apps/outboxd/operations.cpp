@@ -161,10 +161,10 @@ ListQuery ParseListQuery(const http::Request& request) {
       }
     } else if (key == "after") {
       query.after = apps::ParseMessageId(value);
-    } else {
+    } else if (key != "database") {  // which database: WithAdmin reads it
       throw std::invalid_argument("unknown parameter " + Quoted(key) +
                                   " (known: status, topic, stream, target, event, older_than, "
-                                  "held, limit, after)");
+                                  "held, limit, after, database)");
     }
   }
   return query;
@@ -281,38 +281,58 @@ observe::StatusOptions StatusOptionsOf(const Config& config) {
 
 class Operations::Impl {
  public:
-  Impl(const Config& config, observe::Registry& registry, const RelayCounters& relay, LogFn log,
+  Impl(const Config& config, observe::Registry& registry, RelayTotalsFn relay, LogFn log,
        PausedTargetsFn paused_targets)
       : config_(config),
         registry_(registry),
         log_(log),
-        status_(
-            StatusOptionsOf(config), config.database, ProbedSinks(config), registry, log,
-            [&relay] {
-              return observe::RelayTotals{
-                  .published = relay.published.load(),
-                  .failed = relay.failed.load(),
-                  .unconfirmed = relay.unconfirmed.load(),
-                  .takeovers = relay.takeovers.load(),
-                  .partitions_owned = relay.partitions_owned.load(),
-                  .broker_unavailable = relay.broker_unavailable.load(),
-              };
-            },
-            [paused = std::move(paused_targets)] {
-              std::vector<observe::PausedTarget> targets;
-              if (!paused) return targets;
-              for (Relay::PausedTarget& target : paused()) {
-                targets.push_back(
-                    {.name = std::move(target.name), .reason = std::move(target.reason)});
-              }
-              return targets;
-            }) {}
+        status_(StatusOptionsOf(config), config.database, ProbedSinks(config), registry, log,
+                std::move(relay), [paused = std::move(paused_targets)] {
+                  std::vector<observe::PausedTarget> targets;
+                  if (!paused) return targets;
+                  for (Relay::PausedTarget& target : paused()) {
+                    targets.push_back(
+                        {.name = std::move(target.name), .reason = std::move(target.reason)});
+                  }
+                  return targets;
+                }) {}
 
   ~Impl() { Stop(); }
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
   void SetWalCheck(WalCheckFn check) { status_.SetWalCheck(std::move(check)); }
+
+  void SetManyDatabases(ManyDatabases many) {
+    many_ = std::move(many);
+    status_.SetExtraCheck([this] { return DatabaseLines(); });
+  }
+
+  // /readyz with many databases: one line for all, one per database not relayed (not failing:
+  // one database down of 500 is not the process's to answer for), and the discovery's problem.
+  // Not ready only when databases are named and none is relayed.
+  std::vector<observe::StatusService::CheckLine> DatabaseLines() const {
+    std::vector<observe::StatusService::CheckLine> lines;
+    const std::vector<TenantRelays::DatabaseState> states =
+        many_.states ? many_.states() : std::vector<TenantRelays::DatabaseState>{};
+    std::size_t relaying = 0;
+    for (const auto& state : states) relaying += state.relaying ? 1 : 0;
+    lines.push_back({.ok = states.empty() || relaying > 0,
+                     .text = "databases: " + std::to_string(relaying) + " of " +
+                             std::to_string(states.size()) + " relayed"});
+    for (const auto& state : states) {
+      if (state.relaying) continue;
+      lines.push_back(
+          {.ok = true,
+           .text = "database " + state.name + ": not relayed: " + MaskPassword(state.problem)});
+    }
+    if (many_.discovery_problem) {
+      if (auto problem = many_.discovery_problem()) {
+        lines.push_back({.ok = true, .text = "discovery: " + MaskPassword(*problem)});
+      }
+    }
+    return lines;
+  }
 
   void Start() {
     status_.Start();
@@ -491,8 +511,9 @@ class Operations::Impl {
     add("GET", "/api/outbox/relay", Lane::kInline,
         [this](const Request&) { return JsonReply(200, RelayJson()); });
     // Every live relay of the database with the partitions it holds (the store's Admin::Relays).
-    add("GET", "/api/outbox/relays", Lane::kWorker, [this](const Request&) {
-      return WithAdmin([&](Admin& admin) { return JsonReply(200, RelaysJson(admin.Relays())); });
+    add("GET", "/api/outbox/relays", Lane::kWorker, [this](const Request& request) {
+      return WithAdmin(request,
+                       [&](Admin& admin) { return JsonReply(200, RelaysJson(admin.Relays())); });
     });
     // The dashboard: "/ui" and "/ui/" are its page, "/ui/<file>" its files (compiled in).
     add("GET", "/ui", Lane::kInline,
@@ -510,7 +531,7 @@ class Operations::Impl {
     add("GET", "/api/messages", Lane::kWorker, [this](const Request& request) {
       return BadInputIs400([&] {
         const ListQuery query = ParseListQuery(request);
-        return WithAdmin([&](Admin& admin) {
+        return WithAdmin(request, [&](Admin& admin) {
           const MessagePage page = admin.List(query.filter, query.limit, query.after);
           Json messages = Json::array();
           for (const auto& message : page.messages) messages.push_back(apps::SummaryJson(message));
@@ -530,7 +551,7 @@ class Operations::Impl {
                 std::string_view{request.path}.substr(std::string_view{"/api/messages/"}.size());
             CheckValue("the message id", text, /*text=*/false);
             const MessageId id = apps::ParseMessageId(text);
-            return WithAdmin([&](Admin& admin) {
+            return WithAdmin(request, [&](Admin& admin) {
               const auto found = admin.Show(id);
               if (!found) return ErrorReply(404, "message " + id.ToString() + " not found");
               return JsonReply(200, apps::DetailJson(*found));
@@ -565,7 +586,7 @@ class Operations::Impl {
         }
         change.filter.held = true;  // only held messages are skipped
       }
-      return WithAdmin([&](Admin& admin) {
+      return WithAdmin(request, [&](Admin& admin) {
         const ChangeResult result =
             kind == ChangeKind::kReplay ? admin.Replay(change.filter, change.dry_run)
             : kind == ChangeKind::kSkip
@@ -609,14 +630,32 @@ class Operations::Impl {
   // maps its errors: bad input 400, database unreachable or busy 503, else 500 (the database's
   // error in the log, not in the reply). One request at a time: another one meanwhile gets 503 at
   // once rather than holding a worker while it waits.
+  // With many databases, the request's `database` parameter names the one (400 without it, 404
+  // for a name not served); the connection is kept for the next request to the same database.
   template <typename Work>
-  Response WithAdmin(Work&& work) {
+  Response WithAdmin(const http::Request& request, Work&& work) {
+    std::shared_ptr<const StoreSettings> store = config_.database;
+    std::string name;
+    if (config_.many_databases()) {
+      if (request.QueryCount("database") != 1) {
+        return ErrorReply(400, "outboxd relays many databases: name one with ?database=NAME");
+      }
+      for (const auto& [key, value] : request.query) {
+        if (key == "database") name = value;
+      }
+      store = many_.find ? many_.find(name) : nullptr;
+      if (!store) return ErrorReply(404, "no database named " + Quoted(name) + " is relayed here");
+    }
     std::unique_lock lock(admin_mutex_, std::try_to_lock);
     if (!lock.owns_lock()) {
       return ErrorReply(503, "busy: another admin request is still running; try again");
     }
     try {
-      if (!admin_) admin_ = config_.database->OpenAdmin(kAdminStatementTimeout);
+      if (admin_ && admin_database_ != name) admin_.reset();
+      if (!admin_) {
+        admin_ = store->OpenAdmin(kAdminStatementTimeout);
+        admin_database_ = name;
+      }
       return work(*admin_);
     } catch (const std::invalid_argument& bad) {
       return ErrorReply(400, bad.what());
@@ -635,20 +674,37 @@ class Operations::Impl {
   const Config& config_;
   observe::Registry& registry_;
   LogFn log_;
+  ManyDatabases many_;  // set before Start
   observe::StatusService status_;
 
   // The admin API's Admin (and connection), opened on first use; one request at a time.
   std::mutex admin_mutex_;
   std::unique_ptr<Admin> admin_;  // guarded by admin_mutex_
+  std::string admin_database_;    // whose admin_ is (many databases); guarded likewise
 
   std::unique_ptr<http::Server> server_;
   std::vector<http::Route> raw_routes_;  // AnswerRaw's, built on first use
 };
 
-Operations::Operations(const Config& config, observe::Registry& registry,
-                       const RelayCounters& relay, LogFn log, PausedTargetsFn paused_targets)
-    : impl_(std::make_unique<Impl>(config, registry, relay, std::move(log),
+Operations::Operations(const Config& config, observe::Registry& registry, RelayTotalsFn relay,
+                       LogFn log, PausedTargetsFn paused_targets)
+    : impl_(std::make_unique<Impl>(config, registry, std::move(relay), std::move(log),
                                    std::move(paused_targets))) {}
+
+Operations::RelayTotalsFn Operations::TotalsOf(const RelayCounters& relay) {
+  return [&relay] {
+    return observe::RelayTotals{
+        .published = relay.published.load(),
+        .failed = relay.failed.load(),
+        .unconfirmed = relay.unconfirmed.load(),
+        .takeovers = relay.takeovers.load(),
+        .partitions_owned = relay.partitions_owned.load(),
+        .broker_unavailable = relay.broker_unavailable.load(),
+    };
+  };
+}
+
+void Operations::SetManyDatabases(ManyDatabases many) { impl_->SetManyDatabases(std::move(many)); }
 
 Operations::~Operations() = default;
 

@@ -29,6 +29,7 @@
 #include "outbox/observe/metrics.h"
 #include "outbox/observe/status.h"
 #include "outbox/relay/relay.h"
+#include "outbox/relay/tenant_relays.h"
 
 namespace outbox::outboxd {
 
@@ -45,9 +46,24 @@ class Operations {
   // The targets whose sink is paused right now (Relay::paused_targets), for /readyz.
   using PausedTargetsFn = std::function<std::vector<Relay::PausedTarget>()>;
 
-  // Registers its gauges in `registry`; starts nothing. `relay` must outlive this object.
-  Operations(const Config& config, observe::Registry& registry, const RelayCounters& relay,
-             LogFn log, PausedTargetsFn paused_targets = {});
+  // The relays' counters now, added up over every database.
+  using RelayTotalsFn = observe::StatusService::RelayTotalsFn;
+  // Registers its gauges in `registry`; starts nothing.
+  Operations(const Config& config, observe::Registry& registry, RelayTotalsFn relay, LogFn log,
+             PausedTargetsFn paused_targets = {});
+
+  // The totals of one relay's counters (a process that relays one database).
+  static RelayTotalsFn TotalsOf(const RelayCounters& relay);
+
+  // Many databases (Config::many_databases): each one's state for /readyz and
+  // /api/outbox/relay, the settings of one by name for the admin API (its `database` parameter),
+  // and what is wrong with the discovery, if anything. Set before Start().
+  struct ManyDatabases {
+    std::function<std::vector<TenantRelays::DatabaseState>()> states;
+    std::function<std::shared_ptr<const StoreSettings>(const std::string& name)> find;
+    std::function<std::optional<std::string>()> discovery_problem;
+  };
+  void SetManyDatabases(ManyDatabases many);
   ~Operations();
   Operations(const Operations&) = delete;
   Operations& operator=(const Operations&) = delete;

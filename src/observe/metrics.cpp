@@ -497,4 +497,26 @@ std::string Registry::RenderJson() const {
   return out;
 }
 
+Labels Scope::Prefixed(std::string_view name, const Labels& labels) const {
+  if (labels_.empty()) return labels;
+  registry_.AllowSeries(name, series_limit_);
+  Labels all = labels_;
+  all.insert(all.end(), labels.begin(), labels.end());
+  return all;
+}
+
+Counter& Scope::AddCounter(std::string_view name, std::string_view help,
+                           const Labels& labels) const {
+  return registry_.AddCounter(name, help, Prefixed(name, labels));
+}
+
+Gauge& Scope::AddGauge(std::string_view name, std::string_view help, const Labels& labels) const {
+  return registry_.AddGauge(name, help, Prefixed(name, labels));
+}
+
+Histogram& Scope::AddHistogram(std::string_view name, std::string_view help,
+                               std::vector<double> bounds, const Labels& labels) const {
+  return registry_.AddHistogram(name, help, std::move(bounds), Prefixed(name, labels));
+}
+
 }  // namespace outbox::observe

@@ -159,6 +159,7 @@ class StatusService::Impl {
   Impl& operator=(const Impl&) = delete;
 
   void SetWalCheck(WalCheckFn check) { wal_check_ = std::move(check); }
+  void SetExtraCheck(ExtraCheckFn check) { extra_check_ = std::move(check); }
 
   void Start() {
     stats_thread_ = std::thread([this] { StatsLoop(); });
@@ -189,7 +190,9 @@ class StatusService::Impl {
     };
     std::lock_guard lock(mutex_);
     if (draining_) line(false, "relay: draining (shutting down)");
-    if (!stats_ok_at_) {
+    if (!store_settings_) {
+      // No counts to be read: the extra check speaks for the databases.
+    } else if (!stats_ok_at_) {
       line(false, "database: not reached yet" + (stats_error_.empty() ? "" : ": " + stats_error_));
     } else if (!stats_error_.empty()) {
       line(false, "database: the last read of the counts failed: " + stats_error_);
@@ -211,6 +214,9 @@ class StatusService::Impl {
       } else {
         line(true, name + "broker accepts TCP connections");
       }
+    }
+    if (extra_check_) {
+      for (const CheckLine& check : extra_check_()) line(check.ok, check.text);
     }
     if (wal_check_) {
       if (const auto problem = wal_check_()) {
@@ -278,7 +284,7 @@ class StatusService::Impl {
   void StatsLoop() {
     std::unique_ptr<Store> store;
     for (;;) {
-      if (options_.serving) {
+      if (options_.serving && store_settings_) {
         if (const auto stats = ReadStats(store)) ReadTopicCounts(*stats);
       }
       ProbeBrokers();
@@ -443,7 +449,8 @@ class StatusService::Impl {
   LogFn log_;
   RelayTotalsFn relay_;
   PausedTargetsFn paused_targets_;
-  WalCheckFn wal_check_;  // set before Start, read by the stats thread and requests
+  WalCheckFn wal_check_;      // set before Start, read by the stats thread and requests
+  ExtraCheckFn extra_check_;  // likewise
   Gauge& ready_;
   Gauge& stats_age_;
   Gauge& stats_duration_;
@@ -488,6 +495,7 @@ StatusService::StatusService(StatusOptions options, std::shared_ptr<const StoreS
 StatusService::~StatusService() = default;
 
 void StatusService::SetWalCheck(WalCheckFn check) { impl_->SetWalCheck(std::move(check)); }
+void StatusService::SetExtraCheck(ExtraCheckFn check) { impl_->SetExtraCheck(std::move(check)); }
 void StatusService::Start() { impl_->Start(); }
 void StatusService::BeginDrain() { impl_->BeginDrain(); }
 void StatusService::Stop() { impl_->Stop(); }

@@ -50,8 +50,9 @@ class Relay::Engine : private TablePipeline::Stages {
   Engine(RelayOptions options, std::unique_ptr<Store> store, std::unique_ptr<Wakeup> wakeup,
          std::shared_ptr<Dispatcher> dispatcher, LogFn log, RelayCounters& counters)
       : own_registry_(options.metrics == nullptr ? std::make_unique<observe::Registry>() : nullptr),
-        report_(options.metrics != nullptr ? *options.metrics : *own_registry_, counters,
-                std::move(log)),
+        report_(observe::Scope(options.metrics != nullptr ? *options.metrics : *own_registry_,
+                               options.metric_labels, options.metric_series_limit),
+                counters, std::move(log)),
         options_(std::move(options)),
         store_(std::move(store)),
         wakeup_(std::move(wakeup)),
@@ -268,6 +269,9 @@ class Relay::Engine : private TablePipeline::Stages {
       next_due_.reset();
       if (round.next_due) next_due_ = last_claim_at_ + *round.next_due;
       auto& batch = round.messages;
+      if (!options_.database.empty()) {
+        for (auto& envelope : batch) envelope.database = options_.database;
+      }
       last_claim_size_ = static_cast<int>(batch.size());
       linger_.Observe(SteadyClock::now(), batch.size());
       if (static_cast<int>(batch.size()) < request.max_messages) {

@@ -142,7 +142,24 @@ void RelayGroup::Check(const Settings& settings, const StoreSettings& store) {
   }
 }
 
+std::shared_ptr<Dispatcher> RelayGroup::MakeDispatcher(const Settings& settings, SinkMap sinks,
+                                                       observe::Registry& metrics,
+                                                       const LogFn& log) {
+  RelayOptions options =
+      TableRelayOptionsOf(settings.relay, settings.retry, settings.retention, metrics);
+  options.rate_limits = settings.rate_limits;
+  return DispatcherFor(std::move(sinks), options, log);
+}
+
+// One dispatcher for both relays: one connection, one pause and one memory of what its broker
+// asked (an HTTP endpoint's Retry-After) per target, whoever publishes.
 RelayGroup::RelayGroup(const Settings& settings, const StoreSettings& store, SinkMap sinks,
+                       observe::Registry& metrics, LogFn log)
+    : RelayGroup(settings, store, MakeDispatcher(settings, std::move(sinks), metrics, log),
+                 Source{}, metrics, log) {}
+
+RelayGroup::RelayGroup(const Settings& settings, const StoreSettings& store,
+                       std::shared_ptr<Dispatcher> dispatcher, const Source& source,
                        observe::Registry& metrics, LogFn log)
     : log_(std::move(log)) {
   store.Prepare();
@@ -153,17 +170,20 @@ RelayGroup::RelayGroup(const Settings& settings, const StoreSettings& store, Sin
   partition_leases_ = store.OpenPartitionLeases();
   options.partition_leases = partition_leases_.get();
   options.rate_limits = settings.rate_limits;
-  // One dispatcher for both relays: one connection, one pause and one memory of what its broker
-  // asked (an HTTP endpoint's Retry-After) per target, whoever publishes.
-  auto dispatcher = DispatcherFor(std::move(sinks), options, log_);
+  options.database = source.database;
+  options.metric_labels = source.metric_labels;
+  options.metric_series_limit = source.metric_series_limit;
   table_ = std::make_unique<Relay>(options, store.OpenStore(settings.retry, settings.retention),
                                    store.OpenWakeup(), dispatcher, log_);
   // WAL mode: a second relay reads the slot; the table relay still publishes what WAL mode parks
   // in the table (and the topics left in table mode).
   if (store.WalMode()) {
-    wal_ =
-        std::make_unique<WalRelay>(WalRelayOptionsOf(settings.relay, settings.retry, metrics),
-                                   store.OpenWalSource(), store.OpenWalLedger(), dispatcher, log_);
+    WalRelayOptions wal = WalRelayOptionsOf(settings.relay, settings.retry, metrics);
+    wal.database = source.database;
+    wal.metric_labels = source.metric_labels;
+    wal.metric_series_limit = source.metric_series_limit;
+    wal_ = std::make_unique<WalRelay>(wal, store.OpenWalSource(), store.OpenWalLedger(),
+                                      std::move(dispatcher), log_);
   }
 }
 

@@ -11,8 +11,8 @@ observe::Labels Reason(FailureKind kind) { return {{"reason", std::string{NameOf
 
 }  // namespace
 
-RelayMetrics::RelayMetrics(observe::Registry& into)
-    : registry(into),
+RelayMetrics::RelayMetrics(const observe::Scope& into)
+    : registry(into.registry()),
       claimed(into.AddCounter("outbox_relay_claimed_total",
                               "Messages claimed (leased) by this relay.")),
       claim_batch_size(into.AddHistogram("outbox_relay_claim_batch_size",

@@ -16,7 +16,8 @@
 namespace outbox::relay {
 
 struct RelayMetrics {
-  explicit RelayMetrics(observe::Registry& into);
+  // Each series carries the scope's labels first (the database's, when a process relays several).
+  explicit RelayMetrics(const observe::Scope& into);
 
   observe::Registry& registry;
   observe::Counter& claimed;
@@ -40,8 +41,8 @@ struct RelayMetrics {
 
 class TableReport {
  public:
-  TableReport(observe::Registry& registry, RelayCounters& relay_counters, LogFn log)
-      : metrics(registry), counters(relay_counters), log_(std::move(log)) {}
+  TableReport(const observe::Scope& scope, RelayCounters& relay_counters, LogFn log)
+      : metrics(scope), counters(relay_counters), log_(std::move(log)) {}
 
   void Log(LogLevel level, const std::string& message) const {
     if (log_) log_(level, message);

@@ -2,8 +2,8 @@
 
 namespace outbox::relay {
 
-WalMetrics::WalMetrics(observe::Registry& into)
-    : registry(into),
+WalMetrics::WalMetrics(const observe::Scope& into)
+    : registry(into.registry()),
       transactions(into.AddCounter("outbox_wal_transactions_total",
                                    "Committed transactions with outbox messages read from the "
                                    "slot and handled (published or parked).")),

@@ -6,7 +6,8 @@
 namespace outbox::relay {
 
 struct WalMetrics {
-  explicit WalMetrics(observe::Registry& into);
+  // Each series carries the scope's labels (the database's, when a process relays several).
+  explicit WalMetrics(const observe::Scope& into);
 
   observe::Registry& registry;
   observe::Counter& transactions;

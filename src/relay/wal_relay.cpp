@@ -52,7 +52,8 @@ class WalRelay::Engine : private WalPipeline::Stages {
          std::unique_ptr<WalLedger> ledger, std::shared_ptr<Dispatcher> dispatcher, LogFn log,
          WalRelayCounters& counters)
       : own_registry_(options.metrics == nullptr ? std::make_unique<observe::Registry>() : nullptr),
-        metrics_(options.metrics != nullptr ? *options.metrics : *own_registry_),
+        metrics_(observe::Scope(options.metrics != nullptr ? *options.metrics : *own_registry_,
+                                options.metric_labels, options.metric_series_limit)),
         options_(std::move(options)),
         source_(std::move(source)),
         ledger_(std::move(ledger)),
@@ -472,7 +473,10 @@ class WalRelay::Engine : private WalPipeline::Stages {
                                       const std::vector<std::size_t>& indexes) {
     std::vector<Envelope> envelopes;
     envelopes.reserve(indexes.size());
-    for (const auto i : indexes) envelopes.push_back(items[i].envelope);
+    for (const auto i : indexes) {
+      envelopes.push_back(items[i].envelope);
+      envelopes.back().database = options_.database;
+    }
     return dispatcher_->Dispatch(envelopes, SteadyClock::now() + options_.publish_timeout);
   }
 

@@ -1554,5 +1554,139 @@ token = "api-token-1234"
   EXPECT_FALSE(has("relay"));  // a user name
 }
 
+
+// ---- Many databases: [[databases]] and [discovery] ----
+
+constexpr std::string_view kTwoDatabases = R"(
+[[databases]]
+name = "tenant-a"
+url = "postgresql://outbox@db/a"
+
+[[databases]]
+name = "tenant_b.eu"
+type = "postgres"
+url = "postgresql://outbox@db/b"
+schema = "events"
+
+[sinks.default]
+type = "file"
+)";
+
+TEST(ConfigTest, ManyDatabasesAreNamedTablesOfTheirStoreType) {
+  const Config config = Parse(kTwoDatabases, {{"OUTBOX_DATABASE_URL", "postgresql://env@db/x"}});
+  ASSERT_TRUE(config.many_databases());
+  EXPECT_EQ(config.database, nullptr);
+  ASSERT_EQ(config.databases.size(), 2U);
+  EXPECT_EQ(config.databases[0].name, "tenant-a");
+  // OUTBOX_DATABASE_URL is [database]'s alone: it would name every database.
+  EXPECT_EQ(dynamic_cast<const postgres::StoreSettings&>(*config.databases[0].settings).url(),
+            "postgresql://outbox@db/a");
+  const auto& second = dynamic_cast<const postgres::StoreSettings&>(*config.databases[1].settings);
+  EXPECT_EQ(second.schema(), "events");
+  EXPECT_NE(config.databases[0].fingerprint, config.databases[1].fingerprint);
+  // An idle database's sweep is a statement: with many, the default is long.
+  EXPECT_EQ(config.relay.sweep_interval, kManyDatabasesSweep);
+  // It describes itself back as [[databases]] tables that parse to the same.
+  const std::string described = Describe(config);
+  EXPECT_NE(described.find("[[databases]]\nname = \"tenant_b.eu\"\ntype = \"postgres\""),
+            std::string::npos)
+      << described;
+  const Config again = Parse(described);
+  ASSERT_EQ(again.databases.size(), 2U);
+  EXPECT_EQ(again.databases[1].fingerprint, config.databases[1].fingerprint);
+}
+
+TEST(ConfigTest, ManyDatabasesRefuseBadNamesDuplicatesAndMixingWithDatabase) {
+  const std::string sink = "[sinks.default]\ntype = \"file\"\n";
+  ExpectError("[[databases]]\nurl = \"postgresql://db/a\"\n" + sink, "databases[0].name",
+              "is required");
+  ExpectError("[[databases]]\nname = \"a b\"\nurl = \"postgresql://db/a\"\n" + sink,
+              "databases[0].name", "A-Z, a-z, 0-9");
+  ExpectError("[[databases]]\nname = \"" + std::string(64, 'x') +
+                  "\"\nurl = \"postgresql://db/a\"\n" + sink,
+              "databases[0].name", "1 to 63 bytes");
+  ExpectError(
+      "[[databases]]\nname = \"a\"\nurl = \"postgresql://db/a\"\n"
+      "[[databases]]\nname = \"a\"\nurl = \"postgresql://db/b\"\n" +
+          sink,
+      "databases[1].name", "names two databases");
+  ExpectError(
+      "[database]\nurl = \"postgresql://db/a\"\n[[databases]]\nname = \"a\"\n"
+      "url = \"postgresql://db/a\"\n" +
+          sink,
+      "database", "use one or the other");
+  // Each table is its store type's: its keys and values are checked by it.
+  ExpectError("[[databases]]\nname = \"a\"\nurl = \"postgresql://db/a\"\nshema = \"x\"\n" + sink,
+              "databases[0].shema", "unknown key");
+  ExpectError("[[databases]]\nname = \"a\"\ntype = \"oracle\"\n" + sink, "databases[0].type",
+              "unknown store type");
+  ExpectError("databases = 3\n" + sink, "databases", "array of tables");
+  ExpectError("databases = []\n" + sink, "databases", "names no database");
+}
+
+constexpr std::string_view kDiscovery = R"(
+[discovery]
+url = "postgresql://outbox:catalog-secret@db/catalog"
+query = "SELECT name, url FROM tenants WHERE active"
+interval = "5s"
+
+[sinks.default]
+type = "file"
+)";
+
+TEST(ConfigTest, DiscoveryReadsTheCatalogsQueryAndInterval) {
+  const Config config = Parse(kDiscovery);
+  ASSERT_TRUE(config.discovery);
+  EXPECT_TRUE(config.many_databases());
+  EXPECT_TRUE(config.databases.empty());
+  EXPECT_EQ(config.discovery->interval, seconds{5});
+  EXPECT_EQ(config.discovery->type, "postgres");
+  EXPECT_EQ(Parse(kDiscovery, {{"OUTBOX_DISCOVERY_URL", "postgresql://env@db/c"}}).discovery->url,
+            "postgresql://env@db/c");
+  // The catalog's password is a secret: masked in --check-config, known to the redactor.
+  EXPECT_EQ(Describe(config).find("catalog-secret"), std::string::npos);
+  const std::vector<std::string> secrets = Secrets(config);
+  EXPECT_NE(std::find(secrets.begin(), secrets.end(), "catalog-secret"), secrets.end());
+
+  const std::string sink = "[sinks.default]\ntype = \"file\"\n";
+  ExpectError("[discovery]\nquery = \"SELECT 1\"\n" + sink, "discovery.url", "is required");
+  ExpectError("[discovery]\nurl = \"postgresql://db/c\"\n" + sink, "discovery.query",
+              "is required");
+  ExpectError("[discovery]\nurl = \"postgresql://db/c\"\nquery = \"  \"\n" + sink,
+              "discovery.query", "is required");
+  ExpectError(
+      "[discovery]\nurl = \"postgresql://db/c\"\nquery = \"q\"\ninterval = \"10ms\"\n" + sink,
+      "discovery.interval", "");
+  ExpectError("[discovery]\nurl = \"postgresql://db/c\"\nquery = \"q\"\ntype = \"db2\"\n" + sink,
+              "discovery.type", "unknown store type");
+  ExpectError(
+      "[discovery]\nurl = \"postgresql://db/c\"\nquery = \"q\"\nintervall = \"1s\"\n" + sink,
+      "discovery.intervall", "unknown key");
+}
+
+TEST(ConfigTest, ADiscoveredRowIsReadByItsStoreType) {
+  const Config config = Parse(kDiscovery);
+  const NamedDatabase database = DiscoveredDatabase(
+      *config.discovery, {.name = "t1", .url = "postgresql://db/t1", .schema = "tenant_one"});
+  EXPECT_EQ(database.name, "t1");
+  const auto& settings = dynamic_cast<const postgres::StoreSettings&>(*database.settings);
+  EXPECT_EQ(settings.url(), "postgresql://db/t1");
+  EXPECT_EQ(settings.schema(), "tenant_one");
+  // Another url or schema is another fingerprint: the relay restarts that database.
+  EXPECT_NE(DiscoveredDatabase(*config.discovery, {.name = "t1", .url = "postgresql://db/t2"})
+                .fingerprint,
+            database.fingerprint);
+  // What the store type refuses names the catalog's column.
+  try {
+    (void)DiscoveredDatabase(*config.discovery,
+                             {.name = "t1", .url = "postgresql://db/t1", .schema = "Bad-Schema"});
+    ADD_FAILURE() << "a bad schema was accepted";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key(), "schema") << error.what();
+  }
+  EXPECT_THROW((void)DiscoveredDatabase(*config.discovery, {.name = "", .url = "postgresql://x"}),
+               ConfigError);
+}
+
 }  // namespace
 }  // namespace outbox::outboxd

@@ -75,7 +75,8 @@ class OperationsServerTest : public ::testing::Test {
          .type = "rabbitmq",
          .settings = std::make_shared<const rabbitmq::SinkSettings>(rabbitmq::SinkOptions{
              .url = "amqp://u:pw-canary-mq@127.0.0.1:" + std::to_string(FreePort()) + "/"})});
-    operations_ = std::make_unique<Operations>(config_, registry_, counters_, LogFn{});
+    operations_ =
+        std::make_unique<Operations>(config_, registry_, Operations::TotalsOf(counters_), LogFn{});
     operations_->Start();
   }
 
@@ -347,7 +348,7 @@ TEST_F(OperationsServerTest, BadParameterValuesAnswer400InOurOwnWords) {
 
 // A port in use is named as such ("Address already in use"); it read "… Success (in use …)".
 TEST_F(OperationsServerTest, ABusyPortIsNamedAsSuch) {
-  Operations second(config_, registry_, counters_, LogFn{});
+  Operations second(config_, registry_, Operations::TotalsOf(counters_), LogFn{});
   try {
     second.Start();
     ADD_FAILURE() << "a second listener on " << config_.http.listen;
@@ -378,7 +379,7 @@ TEST(OperationsTest, TheRelaysPausedTargetsAndTheWalCheckReachReadiness) {
                                                                     "outbox", /*wal=*/true);
   observe::Registry registry;
   RelayCounters counters;
-  Operations operations(config, registry, counters, LogFn{}, [] {
+  Operations operations(config, registry, Operations::TotalsOf(counters), LogFn{}, [] {
     return std::vector<Relay::PausedTarget>{{"other", "HTTP 401"}};
   });
   operations.SetWalCheck([] { return std::optional<std::string>{"no relay reads it"}; });
@@ -401,10 +402,11 @@ std::vector<std::string> StartWarnings(const Config& config) {
   std::mutex mutex;
   std::vector<std::string> warnings;
   {
-    Operations operations(config, registry, counters, [&](LogLevel level, std::string_view text) {
-      const std::lock_guard lock(mutex);
-      if (level == LogLevel::kWarn) warnings.emplace_back(text);
-    });
+    Operations operations(config, registry, Operations::TotalsOf(counters),
+                          [&](LogLevel level, std::string_view text) {
+                            const std::lock_guard lock(mutex);
+                            if (level == LogLevel::kWarn) warnings.emplace_back(text);
+                          });
     operations.Start();
     operations.Stop();
   }
@@ -450,10 +452,10 @@ TEST(OperationsTest, AnAddressInUseIsAnError) {
   config.http.listen = "127.0.0.1:" + std::to_string(port);
   observe::Registry registry;
   RelayCounters counters;
-  Operations first(config, registry, counters, LogFn{});
+  Operations first(config, registry, Operations::TotalsOf(counters), LogFn{});
   first.Start();
   observe::Registry other;
-  Operations second(config, other, counters, LogFn{});
+  Operations second(config, other, Operations::TotalsOf(counters), LogFn{});
   EXPECT_THROW(second.Start(), std::runtime_error);
 }
 

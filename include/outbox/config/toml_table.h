@@ -238,6 +238,13 @@ class TomlWriter {
     if (!out_.empty()) out_ += '\n';
     out_ += "[" + std::string{name} + "]\n";
   }
+  // Lines written by another writer (Take), as they are.
+  void Raw(std::string_view lines) { out_ += lines; }
+  // The header of one more table of the array of tables `name`: [[name]].
+  void ArrayHeader(std::string_view name) {
+    if (!out_.empty()) out_ += '\n';
+    out_ += "[[" + std::string{name} + "]]\n";
+  }
   void String(std::string_view key, std::string_view value) { Line(key, TomlString(value)); }
   void Bool(std::string_view key, bool value) { Line(key, value ? "true" : "false"); }
   void Integer(std::string_view key, std::int64_t value) { Line(key, std::to_string(value)); }

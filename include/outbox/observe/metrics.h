@@ -175,4 +175,32 @@ class Registry {
   std::vector<std::pair<std::string, std::size_t>> series_limits_;  // guarded by mutex_
 };
 
+// A registry seen by one of several components of a kind, each with labels of its own first
+// (the relay of each database of a process: {database="a"}): every series registered through it
+// carries `labels` before its own. With labels, each family it registers may hold `series_limit`
+// series (Registry::AllowSeries): the owner of the components bounds how many there are.
+class Scope {
+ public:
+  // NOLINTNEXTLINE(google-explicit-constructor): a registry is the scope without labels
+  Scope(Registry& registry) : registry_(registry) {}
+  Scope(Registry& registry, Labels labels, std::size_t series_limit)
+      : registry_(registry), labels_(std::move(labels)), series_limit_(series_limit) {}
+
+  Counter& AddCounter(std::string_view name, std::string_view help,
+                      const Labels& labels = {}) const;
+  Gauge& AddGauge(std::string_view name, std::string_view help, const Labels& labels = {}) const;
+  Histogram& AddHistogram(std::string_view name, std::string_view help, std::vector<double> bounds,
+                          const Labels& labels = {}) const;
+  [[nodiscard]] Registry& registry() const { return registry_; }
+  [[nodiscard]] const Labels& labels() const { return labels_; }
+
+ private:
+  // `labels` after the scope's; grants the family its limit when the scope has labels.
+  [[nodiscard]] Labels Prefixed(std::string_view name, const Labels& labels) const;
+
+  Registry& registry_;
+  Labels labels_;
+  std::size_t series_limit_ = 0;
+};
+
 }  // namespace outbox::observe

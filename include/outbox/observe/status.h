@@ -83,7 +83,8 @@ class StatusService {
   using WalCheckFn = std::function<std::optional<std::string>()>;
 
   // Registers its series in `registry` (which must outlive it); starts nothing. `relay` and
-  // `paused` may be empty (no relay: zero totals, none paused).
+  // `paused` may be empty (no relay: zero totals, none paused). A null `store`: no counts are read
+  // (a relay of many databases; its extra check says how they are).
   StatusService(StatusOptions options, std::shared_ptr<const StoreSettings> store,
                 std::vector<ProbedSink> sinks, Registry& registry, LogFn log,
                 RelayTotalsFn relay = {}, PausedTargetsFn paused = {});
@@ -93,6 +94,15 @@ class StatusService {
 
   // Before Start: a failing WAL check fails readiness ("WAL slot: <problem>").
   void SetWalCheck(WalCheckFn check);
+
+  // A check of the program's own, asked at each readiness check: its lines, each with whether it
+  // passes (a failing line fails readiness). For a relay of many databases: which are relayed.
+  struct CheckLine {
+    bool ok = true;
+    std::string text;
+  };
+  using ExtraCheckFn = std::function<std::vector<CheckLine>()>;
+  void SetExtraCheck(ExtraCheckFn check);
 
   // Starts the stats thread and, when serving, the rates thread.
   void Start();

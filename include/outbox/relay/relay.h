@@ -64,6 +64,14 @@ struct RelayOptions {
   // The store's RetryPolicy::max_attempts, used only to count abandoned messages in the metrics
   // (the store decides what is abandoned). 0: count only what is abandoned at once (kPermanent).
   int max_attempts = 0;
+  // When this relay is one of several in a process, each on a database of its own (TenantRelays):
+  // the database's name, given to every message it claims (Envelope::database, the
+  // outbox-database header), and the labels its series carry ({database="<name>"}), each family
+  // holding up to metric_series_limit series (observe::Scope). Empty: the process relays one
+  // database.
+  std::string database;
+  observe::Labels metric_labels;
+  std::size_t metric_series_limit = 0;
 };
 
 // Monotonic counters since start; read from any thread.

@@ -30,6 +30,10 @@ namespace outbox {
 // the last batch finished publishing.
 inline constexpr std::chrono::milliseconds kTableLinger{22};
 inline constexpr std::chrono::milliseconds kWalLinger{26};
+// relay.sweep_interval's default when one process relays many databases (TenantRelays): each
+// idle database's sweep is a statement, and with hundreds of them the sweeps are most of what an
+// idle relay costs; every enqueue wakes the relay anyway (NOTIFY), and due retries are woken for.
+inline constexpr std::chrono::milliseconds kManyDatabasesSweep{30000};
 
 // [relay], as read (every key is documented in apps/outboxd/outbox.example.toml).
 struct RelaySection {
@@ -82,6 +86,21 @@ class RelayGroup {
   static void Check(const Settings& settings, const StoreSettings& store);
 
   RelayGroup(const Settings& settings, const StoreSettings& store, SinkMap sinks,
+             observe::Registry& metrics, LogFn log);
+
+  // The dispatcher the relays of `settings` publish through (backoff bounds, rate limits).
+  static std::shared_ptr<Dispatcher> MakeDispatcher(const Settings& settings, SinkMap sinks,
+                                                    observe::Registry& metrics, const LogFn& log);
+  // One database of several in a process (TenantRelays): the relays publish through `dispatcher`,
+  // which the other databases' relays share; `source` names the database and labels its series
+  // (RelayOptions::database, metric_labels, metric_series_limit).
+  struct Source {
+    std::string database;
+    observe::Labels metric_labels;
+    std::size_t metric_series_limit = 0;
+  };
+  RelayGroup(const Settings& settings, const StoreSettings& store,
+             std::shared_ptr<Dispatcher> dispatcher, const Source& source,
              observe::Registry& metrics, LogFn log);
   ~RelayGroup();
   RelayGroup(const RelayGroup&) = delete;

@@ -56,6 +56,10 @@ struct WalRelayOptions {
   observe::Registry* metrics = nullptr;
   // As RelayOptions::rate_limits.
   RateLimits rate_limits;
+  // As RelayOptions::database, metric_labels and metric_series_limit.
+  std::string database;
+  observe::Labels metric_labels;
+  std::size_t metric_series_limit = 0;
 };
 
 struct WalRelayCounters {
