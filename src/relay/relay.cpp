@@ -265,6 +265,7 @@ class Relay::Engine : private TablePipeline::Stages {
       report_.metrics.claim_seconds.Observe(
           std::chrono::duration<double>(SteadyClock::now() - last_claim_at_).count());
       settler_.DoneRecorded();
+      report_.counters.database_failing = false;
       report_.Completed(round.completed);
       next_due_.reset();
       if (round.next_due) next_due_ = last_claim_at_ + *round.next_due;

@@ -73,6 +73,7 @@ RelayMetrics::RelayMetrics(const observe::Scope& into)
 
 void TableReport::StoreFailed(const StoreError& error) {
   ++counters.store_errors;
+  counters.database_failing = true;
   metrics.store_errors.Increment();
   metrics.registry.RecordError("store", error.what());
 }

@@ -70,6 +70,10 @@ class TenantRelays::Database {
   [[nodiscard]] DatabaseState State() const {
     std::lock_guard lock(mutex_);
     DatabaseState state{.name = database_.name, .relaying = relaying_, .problem = problem_};
+    if (relaying_ && group_ && group_->counters().database_failing.load()) {
+      state.relaying = false;
+      state.problem = "its database does not answer; the relay tries again with backoff";
+    }
     if (group_) {
       state.published = group_->counters().published.load();
       state.failed = group_->counters().failed.load();

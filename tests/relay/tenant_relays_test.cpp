@@ -167,7 +167,23 @@ TEST_F(TenantRelaysTest, AnUnreachableOrUnmigratedDatabaseHoldsBackNothingOfTheO
   // Back: its message goes out without a restart.
   proxy.SetMode(TcpProxy::Mode::kForward);
   ASSERT_TRUE(WaitFor([&] { return DeliveredBy()["down"] == 1; }));
-  EXPECT_TRUE(State(relays_->States(), "down")->relaying);
+  const auto back = relays_->States();
+  EXPECT_TRUE(State(back, "down")->relaying);
+  // Lost while it runs: the relay rides the outage out, and says so meanwhile.
+  proxy.SetMode(TcpProxy::Mode::kBlackhole);
+  proxy.DropAll();
+  ASSERT_TRUE(WaitFor([&] {
+    const auto states = relays_->States();
+    const auto* down = State(states, "down");
+    return !down->relaying && down->problem.find("does not answer") != std::string::npos;
+  }));
+  Enqueue(healthy, "after");
+  ASSERT_TRUE(WaitFor([&] { return DeliveredBy()["healthy"] == 6; }));
+  proxy.SetMode(TcpProxy::Mode::kForward);
+  ASSERT_TRUE(WaitFor([&] {
+    const auto states = relays_->States();
+    return State(states, "down")->relaying;
+  }));
 }
 
 TEST_F(TenantRelaysTest, ServeStartsTheNewDrainsTheGoneAndRestartsTheChanged) {

@@ -91,6 +91,9 @@ struct RelayCounters {
   // True while the sink of some target is paused: its last batch found no broker (every outcome
   // kUnavailable). Other targets flow meanwhile (see Relay::paused_targets).
   std::atomic<bool> broker_unavailable{false};
+  // True from a failed database call until the next claim works: the database does not answer
+  // (the relay backs off and tries again). Beside store_errors, what is wrong now.
+  std::atomic<bool> database_failing{false};
 };
 
 class Relay {

@@ -75,8 +75,10 @@ class TenantRelays {
   // What one database is doing now.
   struct DatabaseState {
     std::string name;
-    bool relaying = false;  // its relays run (outages inside them are ridden out there)
-    std::string problem;    // when not relaying: why (cannot reach it, not migrated, WAL failed)
+    // Its relays run and its database answers (an outage is ridden out inside the relay, which
+    // reports it here until a claim works again).
+    bool relaying = false;
+    std::string problem;  // when not relaying: why (cannot reach it, not migrated, WAL failed)
     std::uint64_t published = 0;
     std::uint64_t failed = 0;
   };
