@@ -77,9 +77,10 @@ std::optional<Delivery> FromAmqp10(const proton::message& message, std::string* 
       } else {
         malformed(name, "is not a string");
       }
-    } else if (name == wire::kTargetHeader) {
+    } else if (name == wire::kTargetHeader || name == wire::kDatabaseHeader) {
       if (value.type() == proton::STRING) {
-        delivery.target = proton::get<std::string>(value);
+        (name == wire::kTargetHeader ? delivery.target : delivery.origin) =
+            proton::get<std::string>(value);
       } else {
         malformed(name, "is not a string");
       }

@@ -22,6 +22,7 @@ std::optional<Delivery> FromHeaders(const HeaderLookup& header, std::string_view
   Delivery delivery{.id = *id};
   if (const auto key = header(wire::kStreamKeyHeader)) delivery.stream_key = std::string{*key};
   if (const auto target = header(wire::kTargetHeader)) delivery.target = std::string{*target};
+  if (const auto origin = header(wire::kDatabaseHeader)) delivery.origin = std::string{*origin};
   const auto number = [&](std::string_view name, std::optional<std::int64_t>& into) {
     const auto text = header(name);
     if (!text) return;

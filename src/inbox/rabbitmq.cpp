@@ -75,9 +75,10 @@ std::optional<Delivery> FromAmqp(const amqp_basic_properties_t_& properties, std
         } else {
           malformed(key, "is not a string");
         }
-      } else if (key == wire::kTargetHeader) {
+      } else if (key == wire::kTargetHeader || key == wire::kDatabaseHeader) {
         if (entry.value.kind == AMQP_FIELD_KIND_UTF8 || entry.value.kind == AMQP_FIELD_KIND_BYTES) {
-          delivery.target = std::string{View(entry.value.value.bytes)};
+          (key == wire::kTargetHeader ? delivery.target : delivery.origin) =
+              std::string{View(entry.value.value.bytes)};
         } else {
           malformed(key, "is not a string");
         }

@@ -628,6 +628,14 @@ TEST(InboxAmqpTest, ReadsTheDeliveryAndRejectsForeignMessages) {
   EXPECT_EQ(inbox::FromAmqp(properties)->target, "partner");
   with_prev[2].value.kind = AMQP_FIELD_KIND_I32;
   EXPECT_EQ(inbox::FromAmqp(properties)->malformed, "header outbox-target is not a string");
+  // outbox-database: a relay serving several databases names the one; the marks are kept per
+  // database too (the origin).
+  with_prev[2].key = Bytes(wire::kDatabaseHeader);
+  with_prev[2].value.kind = AMQP_FIELD_KIND_UTF8;
+  with_prev[2].value.value.bytes = amqp_cstring_bytes("tenant-7");
+  EXPECT_EQ(inbox::FromAmqp(properties)->origin, "tenant-7");
+  with_prev[2].value.kind = AMQP_FIELD_KIND_I32;
+  EXPECT_EQ(inbox::FromAmqp(properties)->malformed, "header outbox-database is not a string");
   properties.headers = {2, entries};
   entries[0].value.kind = AMQP_FIELD_KIND_I64;
   entries[0].value.value.i64 = 42;

@@ -32,6 +32,7 @@ TEST(InboxHeadersTest, ReadsEveryOutboxField) {
                               {std::string{wire::kStreamSeqHeader}, "7"},
                               {std::string{wire::kStreamPrevSeqHeader}, "4"},
                               {std::string{wire::kTargetHeader}, "partner"},
+                              {std::string{wire::kDatabaseHeader}, "tenant-7"},
                               {"traceparent", "00-ab-cd-01"}});
   ASSERT_TRUE(delivery.has_value());
   EXPECT_EQ(delivery->id.ToString(), id);
@@ -39,12 +40,14 @@ TEST(InboxHeadersTest, ReadsEveryOutboxField) {
   EXPECT_EQ(delivery->stream_seq, 7);
   EXPECT_EQ(delivery->stream_prev_seq, 4);
   EXPECT_EQ(delivery->target, "partner");
+  EXPECT_EQ(delivery->origin, "tenant-7");
   EXPECT_EQ(delivery->malformed, "");
   EXPECT_EQ(inbox::Validate(*delivery), "");
   // Only the id: a message without a stream.
   const auto plain = Read({{"message_id", id}});
   ASSERT_TRUE(plain.has_value());
-  EXPECT_FALSE(plain->stream_key || plain->stream_seq || plain->stream_prev_seq || plain->target);
+  EXPECT_FALSE(plain->stream_key || plain->stream_seq || plain->stream_prev_seq || plain->target ||
+               plain->origin);
   // The id header per broker.
   EXPECT_TRUE(Read({{"id", id}}, nullptr, inbox::kRedisIdField).has_value());
   EXPECT_TRUE(Read({{"webhook-id", id}}, nullptr, inbox::kWebhookIdHeader).has_value());

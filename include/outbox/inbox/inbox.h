@@ -72,9 +72,10 @@ struct Delivery {
   // Only when the messages just before this one were abandoned: the seq of the latest earlier
   // message of its stream that was not (0 if none); see Gaps above. 0 .. stream_seq - 1.
   std::optional<std::int64_t> stream_prev_seq;
-  // The target that sent this copy (header outbox-target) and the database it came from (a relay
-  // serving several names it): stream_seq counts per (target, stream), so the marks are kept per
-  // (origin, target, stream). Unset: the delivery names none ('').
+  // The target that sent this copy (header outbox-target) and the database it came from (header
+  // outbox-database, sent by a relay serving several): stream_seq counts per (database, target,
+  // stream), so the marks are kept per (origin, target, stream). Unset: the delivery names none
+  // ('').
   std::optional<std::string> target;
   std::optional<std::string> origin;
   // Not empty when an outbox header of the delivery was present but unreadable (e.g.
