@@ -2,29 +2,81 @@
 
 #include <toml.hpp>  // the parsed file (config::TomlValue)
 
+#include "database_list.h"
 #include "outbox/config/toml_file.h"
 #include "outbox/store/postgres_type.h"
 #include "store_types.h"
 
 namespace outboxctl {
 
-Database LoadDatabase(const std::string& path, const outbox::config::GetenvFn& getenv) {
+namespace {
+
+// [database] of the parsed file, as outboxd reads it: "postgres" unless `type` says otherwise.
+Database SingleDatabase(const outbox::config::TomlValue& root,
+                        const outbox::config::GetenvFn& getenv) {
+  const outbox::config::Section table = outbox::config::Section{&root, ""}.Table("database");
+  Database database{.type = "postgres", .settings = nullptr};
+  database.settings = outbox::apps::ReadStore(table, getenv, database.type);
+  return database;
+}
+
+bool NamesMany(const outbox::config::TomlValue& root) {
+  const outbox::config::Section top{&root, ""};
+  return top.Find("databases") != nullptr || top.Find("discovery") != nullptr;
+}
+
+// The [[databases]] tables and, with [discovery], the catalog's rows after them.
+outbox::apps::CatalogDatabases ManyDatabases(const outbox::config::TomlValue& root,
+                                             const outbox::config::GetenvFn& getenv) {
+  const outbox::config::Section top{&root, ""};
+  std::vector<outbox::NamedDatabase> databases = outbox::apps::ReadDatabaseList(top, getenv);
+  const auto discovery = outbox::apps::ReadDiscovery(top, getenv);
+  if (!discovery) return {.databases = std::move(databases), .refused = {}};
+  const auto catalog = outbox::apps::OpenCatalog(*discovery);
+  return outbox::apps::ReadCatalog(*catalog, *discovery, databases);
+}
+
+}  // namespace
+
+Database LoadDatabase(const std::string& path, const outbox::config::GetenvFn& getenv,
+                      const std::string& name) {
   const outbox::config::TomlValue root =
       outbox::config::ParseToml(outbox::config::ReadConfigFile(path), path);
-  const outbox::config::Section table = outbox::config::Section{&root, ""}.Table("database");
-  // As outboxd reads it (apps/outboxd/config.cpp): "postgres" unless `type` says otherwise.
-  Database database{.type = "postgres", .settings = nullptr};
-  table.Read("type", database.type);
-  const outbox::StoreRegistry& types = outbox::apps::StoreTypes();
-  const outbox::StoreType* type = types.Find(database.type);
-  if (type == nullptr) {
-    outbox::config::Fail("database.type",
-                         "unknown store type " + outbox::config::Quoted(database.type) +
-                             "; expected " + types.Names(),
-                         table.Find("type"));
+  if (!NamesMany(root)) {
+    if (!name.empty()) {
+      throw outbox::ConfigError("--database",
+                                "the file names one database ([database]), not many: leave "
+                                "--database out");
+    }
+    return SingleDatabase(root, getenv);
   }
-  database.settings = type->parse(table, getenv);
-  return database;
+  if (name.empty()) {
+    throw outbox::ConfigError("--database",
+                              "the file names many databases ([[databases]], [discovery]): "
+                              "choose one with --database NAME (migrate takes --all)");
+  }
+  const outbox::config::Section top{&root, ""};
+  for (const outbox::NamedDatabase& database : outbox::apps::ReadDatabaseList(top, getenv)) {
+    if (database.name == name) return {.type = database.type, .settings = database.settings};
+  }
+  for (const outbox::NamedDatabase& database : ManyDatabases(root, getenv).databases) {
+    if (database.name == name) return {.type = database.type, .settings = database.settings};
+  }
+  throw outbox::ConfigError("--database", "no database named " + outbox::config::Quoted(name) +
+                                              " in [[databases]] or the catalog");
+}
+
+AllDatabases LoadAllDatabases(const std::string& path, const outbox::config::GetenvFn& getenv) {
+  const outbox::config::TomlValue root =
+      outbox::config::ParseToml(outbox::config::ReadConfigFile(path), path);
+  if (!NamesMany(root)) {
+    Database single = SingleDatabase(root, getenv);
+    return {.databases =
+                {{.name = "", .type = single.type, .settings = single.settings, .fingerprint = {}}},
+            .refused = {}};
+  }
+  auto many = ManyDatabases(root, getenv);
+  return {.databases = std::move(many.databases), .refused = std::move(many.refused)};
 }
 
 Database PostgresDatabase(const std::string& conninfo, const std::string& schema) {

@@ -192,6 +192,30 @@ int Migrate(const outbox::StoreSettings& database, bool wal_slot) {
   return 0;
 }
 
+// migrate --all: each database in turn, its name before each line; the rest go on after a
+// failure, which makes the exit code 1.
+int MigrateAll(const outboxctl::AllDatabases& all, bool wal_slot) {
+  int failed = 0;
+  for (const auto& database : all.databases) {
+    std::cout << "database " << (database.name.empty() ? "(the one)" : database.name) << ": "
+              << std::flush;
+    try {
+      Migrate(*database.settings, wal_slot && database.settings->HasWalMode());
+    } catch (const std::exception& error) {
+      ++failed;
+      std::cout << "FAILED: " << outbox::SanitizeForLog(error.what()) << "\n";
+    }
+  }
+  for (const auto& [name, why] : all.refused) {
+    ++failed;
+    std::cout << "catalog row " << outbox::SanitizeForLog(name)
+              << ": not migrated: " << outbox::SanitizeForLog(why) << "\n";
+  }
+  std::cout << all.databases.size() + all.refused.size() << " database(s), " << failed
+            << " failed\n";
+  return failed == 0 ? 0 : kExitFailure;
+}
+
 std::string Age(const std::optional<std::chrono::milliseconds>& age) {
   if (!age) return "-";
   const auto ms = age->count();
@@ -541,6 +565,11 @@ int main(int argc, char** argv) {
                                    "OUTBOX_DATABASE_URL, else libpq's PG* variables");
   auto* schema_option = app.add_option(
       "--schema", schema, "outbox schema (PostgreSQL); default: OUTBOX_SCHEMA or outbox");
+  std::string database_name;
+  auto* database_option = app.add_option(
+      "--database", database_name,
+      "with --config naming many databases ([[databases]], [discovery]): the one of this name "
+      "(the catalog is read when the file does not list it)");
   app.require_subcommand(1);
   app.fallthrough();  // --config, --db and --schema may also follow the command
 
@@ -553,6 +582,10 @@ int main(int argc, char** argv) {
   auto* from_option = migrate->add_option(
       "--from", migrate_from,
       "with --print-sql: the schema version the database is at (0: a new database)");
+  bool migrate_all = false;
+  migrate->add_flag("--all", migrate_all,
+                    "with --config naming many databases: every one of them ([[databases]] and "
+                    "the catalog's rows), one after the other; a failure does not stop the rest");
   bool wal_slot = false;
   migrate->add_flag("--wal-slot", wal_slot,
                     "also create the logical replication slot (and publication) WAL mode reads; "
@@ -699,11 +732,29 @@ int main(int argc, char** argv) {
     if (config_option->count() > 0 && (db_option->count() > 0 || schema_option->count() > 0)) {
       throw UsageError("--config names the database; not with --db or --schema");
     }
+    if ((database_option->count() > 0 || migrate_all) && config_option->count() == 0) {
+      throw UsageError(std::string{database_option->count() > 0 ? "--database" : "migrate --all"} +
+                       " needs --config (the file that names the databases)");
+    }
+    if (migrate_all && (database_option->count() > 0 || print_sql)) {
+      throw UsageError("migrate --all: not with --database or --print-sql");
+    }
+    const outbox::config::GetenvFn getenv = [](const char* name) -> const char* {
+      return std::getenv(name);
+    };
+    if (migrate_all) {
+      outboxctl::AllDatabases all;
+      try {
+        all = outboxctl::LoadAllDatabases(config_path, getenv);
+      } catch (const outbox::ConfigError& error) {
+        throw UsageError(config_path + ": " + error.what());
+      }
+      return MigrateAll(all, wal_slot);
+    }
     outboxctl::Database database;
     if (config_option->count() > 0) {
       try {
-        database = outboxctl::LoadDatabase(
-            config_path, [](const char* name) -> const char* { return std::getenv(name); });
+        database = outboxctl::LoadDatabase(config_path, getenv, database_name);
       } catch (const outbox::ConfigError& error) {
         throw UsageError(config_path + ": " + error.what());
       }

@@ -27,6 +27,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "database_list.h"
 #include "outbox/config/toml_file.h"
 #include "outbox/core/error.h"
 #include "outbox/sink/claim_check_type.h"
@@ -56,94 +57,6 @@ constexpr milliseconds kHour{std::chrono::hours{1}};
 constexpr milliseconds kDay{std::chrono::hours{24}};
 constexpr milliseconds kYear{std::chrono::hours{24 * 365}};
 
-// The settings a store type reads from `table`, its `type` read here first ("postgres" when it
-// names none).
-std::shared_ptr<const StoreSettings> ParseStore(const Section& table, const GetenvFn& getenv,
-                                                std::string& type_name) {
-  const StoreRegistry& types = StoreTypes();
-  table.Read("type", type_name);
-  const StoreType* type = types.Find(type_name);
-  if (type == nullptr) {
-    Fail(table.Key("type"),
-         "unknown store type " + Quoted(type_name) + "; expected " + types.Names(),
-         table.Find("type"));
-  }
-  return type->parse(table, getenv);
-}
-
-// What tells one database's settings from another's (NamedDatabase::fingerprint).
-std::string Fingerprint(const std::string& type, const StoreSettings& settings) {
-  config::TomlWriter out;
-  out.String("type", type);
-  settings.Describe(out);
-  return out.Take();
-}
-
-// [[databases]]: each a [database] table with a `name`. OUTBOX_DATABASE_URL is [database]'s
-// alone: with many databases it would name them all.
-void ParseDatabaseList(const Section& root, const GetenvFn& getenv, Config& config) {
-  const TomlValue* list = root.Find("databases");
-  if (list == nullptr) return;
-  if (!list->is_array()) {
-    Fail("databases", "expected an array of tables ([[databases]]), got " + TypeName(list->type()),
-         list);
-  }
-  const GetenvFn without_url = [&getenv](const char* name) -> const char* {
-    return std::string_view{name} == "OUTBOX_DATABASE_URL" ? nullptr : getenv(name);
-  };
-  std::set<std::string> names;
-  std::size_t index = 0;
-  for (const TomlValue& entry : list->as_array()) {
-    const std::string path = "databases[" + std::to_string(index++) + "]";
-    if (!entry.is_table()) Fail(path, "expected a table, got " + TypeName(entry.type()), &entry);
-    const Section table{&entry, path};
-    NamedDatabase database;
-    if (!table.Read("name", database.name)) Fail(table.Key("name"), "is required", &entry);
-    try {
-      ValidateDatabaseName(database.name);
-    } catch (const ConfigError& error) {
-      Fail(table.Key("name"), error.message(), table.Find("name"));
-    }
-    if (!names.insert(database.name).second) {
-      Fail(table.Key("name"), Quoted(database.name) + " names two databases", table.Find("name"));
-    }
-    std::string type = "postgres";
-    database.settings = ParseStore(table.WithCommonKeys({"name"}), without_url, type);
-    database.fingerprint = Fingerprint(type, *database.settings);
-    config.databases.push_back(std::move(database));
-  }
-  if (config.databases.empty() && root.Find("discovery") == nullptr) {
-    Fail("databases", "names no database", list);
-  }
-}
-
-void ParseDiscovery(const Section& root, const GetenvFn& getenv, Config& config) {
-  const TomlValue* table = root.Find("discovery");
-  if (table == nullptr) return;
-  if (!table->is_table())
-    Fail("discovery", "expected a table, got " + TypeName(table->type()), table);
-  const Section discovery{table, "discovery"};
-  discovery.AllowOnly({"url", "query", "interval", "type", "statement_deadline"});
-  DiscoveryConfig out;
-  discovery.ReadSecret("url", "OUTBOX_DISCOVERY_URL", getenv, out.url, /*required=*/true);
-  if (!discovery.Read("query", out.query) ||
-      out.query.find_first_not_of(" \t\r\n") == std::string::npos) {
-    Fail(discovery.Key("query"),
-         "is required: a query returning the columns name and url (and optionally schema)",
-         discovery.Find("query"));
-  }
-  discovery.ReadDuration("interval", std::chrono::seconds{1}, kHour, out.interval);
-  discovery.ReadDuration("statement_deadline", std::chrono::seconds{1}, kHour,
-                         out.statement_deadline);
-  discovery.Read("type", out.type);
-  if (StoreTypes().Find(out.type) == nullptr) {
-    Fail(discovery.Key("type"),
-         "unknown store type " + Quoted(out.type) + "; expected " + StoreTypes().Names(),
-         discovery.Find("type"));
-  }
-  config.discovery = std::move(out);
-}
-
 void ParseDatabase(const Section& root, const GetenvFn& getenv, Config& config) {
   const TomlValue* many = root.Find("databases");
   if (many == nullptr) many = root.Find("discovery");
@@ -154,8 +67,8 @@ void ParseDatabase(const Section& root, const GetenvFn& getenv, Config& config) 
            "the other",
            root.Find("database"));
     }
-    ParseDatabaseList(root, getenv, config);
-    ParseDiscovery(root, getenv, config);
+    config.databases = apps::ReadDatabaseList(root, getenv);
+    config.discovery = apps::ReadDiscovery(root, getenv);
     return;
   }
   const Section database = root.Table("database");
@@ -491,7 +404,8 @@ std::vector<std::string> Secrets(const Config& config) {
   if (config.discovery) {
     // The catalog's password, in the forms a PostgreSQL store quotes it.
     try {
-      add(DiscoveredDatabase(*config.discovery, {.name = "catalog", .url = config.discovery->url})
+      add(apps::DiscoveredDatabase(*config.discovery,
+                                   {.name = "catalog", .url = config.discovery->url})
               .settings->Secrets());
     } catch (const ConfigError&) {
       secrets.push_back(config.discovery->url);
@@ -502,27 +416,6 @@ std::vector<std::string> Secrets(const Config& config) {
   }
   secrets.push_back(config.http.token);
   return secrets;
-}
-
-NamedDatabase DiscoveredDatabase(const DiscoveryConfig& discovery, const CatalogEntry& entry) {
-  ValidateDatabaseName(entry.name);
-  config::TomlWriter table;
-  table.String("type", discovery.type);
-  table.String(discovery.type == "sqlite" ? "path" : "url", entry.url);
-  if (entry.schema) table.String("schema", *entry.schema);
-  const std::string text = table.Take();
-  const TomlValue root = config::ParseToml(text, "the catalog's row " + Quoted(entry.name));
-  NamedDatabase database{.name = entry.name};
-  std::string type = discovery.type;
-  const GetenvFn no_environment = [](const char*) -> const char* { return nullptr; };
-  try {
-    database.settings = ParseStore(Section{&root, ""}, no_environment, type);
-  } catch (const ConfigError& error) {
-    // The store type names its key ("url", "schema"): the catalog's column of that name.
-    throw ConfigError(error.key() == "path" ? "url" : error.key(), error.message());
-  }
-  database.fingerprint = text;
-  return database;
 }
 
 std::string Describe(const Config& config) {

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "database_list.h"
 #include "outbox/config/toml_file.h"
 #include "outbox/config/toml_table.h"
 #include "outbox/core/retry_policy.h"
@@ -82,15 +83,8 @@ struct HttpConfig {
 // The store types outboxd knows, one registration line each (stores.cpp).
 const StoreRegistry& StoreTypes();
 
-// [discovery]: the databases to serve, read from a catalog every `interval` (catalog.h).
-struct DiscoveryConfig {
-  std::string url;    // the catalog, PostgreSQL; OUTBOX_DISCOVERY_URL wins over the file
-  std::string query;  // returns the columns name, url and optionally schema
-  std::chrono::milliseconds interval{30000};
-  std::string type = "postgres";  // the store type of the databases it names
-  // How long a read of the catalog may take.
-  std::chrono::milliseconds statement_deadline{15000};
-};
+using apps::DiscoveredDatabase;
+using apps::DiscoveryConfig;
 
 struct Config {
   // [database]: a store of a registered type (StoreTypes()), "postgres" unless `type` says
@@ -147,11 +141,6 @@ Config LoadConfig(
 // LoadConfig on text already read (the same limits apply); `origin` names it in messages
 // (usually the path).
 Config ParseConfig(std::string_view toml_text, const std::string& origin, const GetenvFn& getenv);
-
-// A database the catalog of `discovery` names, read by its store type as a [[databases]] table of
-// `type`, `name`, `url` (`path` for "sqlite") and `schema` would be. Throws ConfigError naming
-// the catalog row's field ("name", "url", "schema") for a value its store type refuses.
-NamedDatabase DiscoveredDatabase(const DiscoveryConfig& discovery, const CatalogEntry& entry);
 
 // The effective configuration as TOML (it parses back to the same values), with every password
 // in a URL or connection string replaced by ***. For --check-config.

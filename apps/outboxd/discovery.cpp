@@ -1,6 +1,5 @@
 #include "discovery.h"
 
-#include <set>
 #include <utility>
 
 #include "outbox/core/error.h"
@@ -53,9 +52,9 @@ void Discovery::Loop() {
 }
 
 void Discovery::Refresh() {
-  std::vector<CatalogEntry> rows;
+  apps::CatalogDatabases read;
   try {
-    rows = catalog_->Read();
+    read = apps::ReadCatalog(*catalog_, *config_.discovery, config_.databases);
   } catch (const std::exception& error) {
     const std::string why = std::string{"the catalog could not be read: "} + error.what();
     bool changed = false;
@@ -65,32 +64,19 @@ void Discovery::Refresh() {
       problem_ = why;
     }
     // Logged when it changes: a catalog down for an hour is one line, not one per interval.
-    if (changed)
+    if (changed) {
       Log(LogLevel::kWarn, "discovery: " + why + "; the databases served stay as they are");
+    }
     return;
   }
-  std::vector<NamedDatabase> databases = config_.databases;
-  std::set<std::string> names;
-  for (const NamedDatabase& database : databases) names.insert(database.name);
   std::map<std::string, std::string> refused;
-  for (const CatalogEntry& row : rows) {
-    std::string why;
-    try {
-      NamedDatabase database = DiscoveredDatabase(*config_.discovery, row);
-      if (names.insert(database.name).second) {
-        databases.push_back(std::move(database));
-        continue;
-      }
-      why = "the name is taken by another database (a [[databases]] entry or an earlier row)";
-    } catch (const ConfigError& error) {
-      why = error.what();
-    }
-    refused[row.name] = why;
-    const auto before = refused_.find(row.name);
+  for (auto& [name, why] : read.refused) {
+    const auto before = refused_.find(name);
     if (before == refused_.end() || before->second != why) {
       Log(LogLevel::kWarn,
-          "discovery: catalog row " + row.name.substr(0, 64) + " is not served: " + why);
+          "discovery: catalog row " + name.substr(0, 64) + " is not served: " + why);
     }
+    refused.emplace(std::move(name), std::move(why));
   }
   refused_ = std::move(refused);
   {
@@ -98,9 +84,9 @@ void Discovery::Refresh() {
     if (problem_) Log(LogLevel::kInfo, "discovery: the catalog is read again");
     problem_.reset();
     served_.clear();
-    for (const NamedDatabase& database : databases) served_[database.name] = database.settings;
+    for (const NamedDatabase& database : read.databases) served_[database.name] = database.settings;
   }
-  relays_.Serve(databases);
+  relays_.Serve(read.databases);
 }
 
 }  // namespace outbox::outboxd

@@ -35,7 +35,6 @@
 #include "outbox/core/version.h"
 #include "outbox/observe/metrics.h"
 #include "outbox/relay/relay_config.h"
-#include "outbox/store/postgres_catalog.h"
 #include "service_manager.h"
 #include "version_line.h"
 
@@ -234,8 +233,7 @@ int RunManyDatabases(const outbox::outboxd::Config& config, Shutdown& shutdown,
                                 registry, log_fn);
     std::unique_ptr<outbox::Catalog> catalog;
     if (config.discovery) {
-      catalog = outbox::OpenPostgresCatalog(config.discovery->url, config.discovery->query,
-                                            config.discovery->statement_deadline);
+      catalog = outbox::apps::OpenCatalog(*config.discovery);
     }
     outbox::outboxd::Discovery discovery(config, std::move(catalog), relays, log_fn);
     std::optional<outbox::outboxd::Operations> operations;

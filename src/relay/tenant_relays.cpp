@@ -12,25 +12,11 @@
 namespace outbox {
 namespace {
 
-constexpr std::size_t kMaxDatabaseNameBytes = 63;
 // A database that cannot be started is tried again after this, doubling, up to kMaxRetry.
 constexpr std::chrono::milliseconds kMinRetry{1000};
 constexpr std::chrono::milliseconds kMaxRetry{30000};
 
-bool IsNameCharacter(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-         c == '.' || c == '-';
-}
-
 }  // namespace
-
-void ValidateDatabaseName(const std::string& name) {
-  if (name.empty() || name.size() > kMaxDatabaseNameBytes ||
-      !std::all_of(name.begin(), name.end(), IsNameCharacter)) {
-    throw ConfigError("name", "must be 1 to " + std::to_string(kMaxDatabaseNameBytes) +
-                                  " bytes of A-Z, a-z, 0-9, '_', '.' and '-'");
-  }
-}
 
 // One database's relays on a thread of their own: built (which reaches the database), run until
 // stopped; a build that fails, or a WAL relay that fails for good, is reported and tried again

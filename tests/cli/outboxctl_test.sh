@@ -68,6 +68,24 @@ OUTBOX_DATABASE_URL="postgresql://u:pw@127.0.0.1:1/x" expect 1 "cannot connect t
 expect 2 "--config names the database; not with --db or --schema" \
   --config "$sql_dir/outbox.toml" --schema "$schema" status
 
+# ---- many databases: --database NAME and migrate --all (issue #42) ----
+# Tenants as schemas of the test database: two in [[databases]], one more and a refused row in a
+# catalog table read by [discovery].
+psql -q "$db" -c "CREATE TABLE ${schema}_catalog (name text, url text, schema text)" \
+  -c "INSERT INTO ${schema}_catalog VALUES ('t3', '$db', '${schema}_t3'), ('bad name', '$db', 'x')" >/dev/null
+printf '[[databases]]\nname = "t1"\nurl = "%s"\nschema = "%s"\n[[databases]]\nname = "t2"\nurl = "%s"\nschema = "%s_t2"\n[discovery]\nurl = "%s"\nquery = "SELECT name, url, schema FROM %s_catalog"\n[sinks.default]\ntype = "file"\n' \
+  "$db" "$schema" "$db" "$schema" "$db" "$schema" >"$sql_dir/many.toml"
+expect 1 "database t1: schema $schema is up to date \(version 16\).*database t2: schema ${schema}_t2 migrated from version 0 to 16.*database t3: schema ${schema}_t3 migrated from version 0 to 16.*catalog row bad name: not migrated: name: must be 1 to 63 bytes.*4 database\(s\), 1 failed" \
+  --config "$sql_dir/many.toml" migrate --all
+expect 0 "pending     3" --config "$sql_dir/many.toml" --database t1 status
+expect 0 "pending     0" --config "$sql_dir/many.toml" --database t3 status
+expect 2 "the file names many databases .*choose one with --database NAME" --config "$sql_dir/many.toml" status
+expect 2 'no database named "t9" in \[\[databases\]\] or the catalog' --config "$sql_dir/many.toml" --database t9 status
+expect 2 "the file names one database \(\[database\]\), not many" --config "$sql_dir/outbox.toml" --database t1 status
+expect 2 "--database needs --config" --database t1 status
+expect 2 "migrate --all needs --config" migrate --all
+psql -q "$db" -c "DROP TABLE ${schema}_catalog" -c "DROP SCHEMA ${schema}_t2 CASCADE" -c "DROP SCHEMA ${schema}_t3 CASCADE" >/dev/null 2>&1
+
 # ---- list, show, replay, abandon, purge ----
 c=(--db "$db" --schema "$schema")
 q() { psql -qtAX "$db" -c "$1"; }

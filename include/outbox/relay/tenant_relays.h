@@ -34,19 +34,6 @@
 
 namespace outbox {
 
-// One database of the set: its name (logs, the outbox-database header, the metric label) and its
-// store's settings. `fingerprint` tells settings apart: a database whose fingerprint changes is
-// restarted with the new settings (StoreSettings has no equality).
-struct NamedDatabase {
-  std::string name;
-  std::shared_ptr<const StoreSettings> settings;
-  std::string fingerprint;
-};
-
-// Throws ConfigError("name", why) unless `name` is 1 to 63 bytes of A-Z a-z 0-9 _ . - (it goes
-// into a header, a metric label and log lines as is).
-void ValidateDatabaseName(const std::string& name);
-
 class TenantRelays {
  public:
   // Databases beyond this many get the metric label database="_other": their series add up there,

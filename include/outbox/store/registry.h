@@ -6,6 +6,7 @@
 // store type adds its own files (include/outbox/store/<type>*.h, src/store/<type>/) and one
 // registration line (apps/outboxd/stores.cpp).
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <initializer_list>
@@ -17,6 +18,7 @@
 
 #include "outbox/config/registry.h"
 #include "outbox/config/toml_table.h"
+#include "outbox/core/error.h"
 #include "outbox/core/retry_policy.h"
 #include "outbox/store/admin.h"
 #include "outbox/store/partitions.h"
@@ -118,5 +120,30 @@ class StoreRegistry : public config::Registry<StoreType> {
   // NOLINTNEXTLINE(google-explicit-constructor): a registry is its list of types
   StoreRegistry(std::initializer_list<StoreType> types = {}) : Registry("store", types) {}
 };
+
+// One database of several a process relays (outboxd's [[databases]], [discovery];
+// relay/tenant_relays.h): its name (logs, the outbox-database header, the metric label) and its
+// store's settings. `fingerprint` tells settings apart: a database whose fingerprint changes is
+// restarted with the new settings (StoreSettings has no equality).
+struct NamedDatabase {
+  std::string name;
+  std::string type;  // the store type's name: "postgres", "sqlite", ...
+  std::shared_ptr<const StoreSettings> settings;
+  std::string fingerprint;
+};
+
+// Throws ConfigError("name", why) unless `name` is 1 to 63 bytes of A-Z a-z 0-9 _ . - (it goes
+// into a header, a metric label and log lines as is).
+inline void ValidateDatabaseName(const std::string& name) {
+  constexpr std::size_t kMaxBytes = 63;
+  const bool plain = std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '.' || c == '-';
+  });
+  if (name.empty() || name.size() > kMaxBytes || !plain) {
+    throw ConfigError("name", "must be 1 to " + std::to_string(kMaxBytes) +
+                                  " bytes of A-Z, a-z, 0-9, '_', '.' and '-'");
+  }
+}
 
 }  // namespace outbox
