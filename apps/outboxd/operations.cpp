@@ -437,17 +437,33 @@ class Operations::Impl {
   }
 
   // GET /api/outbox/relay: this relay, as the dashboard shows it.
+  // With many databases, "databases": each one's name, whether it is relayed (and why not), and
+  // its counts; the admin routes then need ?database=NAME.
   Json RelayJson() const {
     const observe::RelayTotals totals = status_.Totals();
-    return Json{{"instance", config_.relay.instance},
-                {"version", kVersion},
-                {"database", config_.database_type},
-                {"admin_api", !config_.http.token.empty()},
-                {"partitions_owned", totals.partitions_owned},
-                {"takeovers", totals.takeovers},
-                {"published", totals.published},
-                {"failed", totals.failed},
-                {"unconfirmed", totals.unconfirmed}};
+    Json relay = Json{{"instance", config_.relay.instance},
+                      {"version", kVersion},
+                      {"database", config_.database_type},
+                      {"admin_api", !config_.http.token.empty()},
+                      {"partitions_owned", totals.partitions_owned},
+                      {"takeovers", totals.takeovers},
+                      {"published", totals.published},
+                      {"failed", totals.failed},
+                      {"unconfirmed", totals.unconfirmed}};
+    if (config_.many_databases()) {
+      Json databases = Json::array();
+      if (many_.states) {
+        for (const auto& state : many_.states()) {
+          databases.push_back(Json{{"name", state.name},
+                                   {"relaying", state.relaying},
+                                   {"problem", MaskPassword(state.problem)},
+                                   {"published", state.published},
+                                   {"failed", state.failed}});
+        }
+      }
+      relay["databases"] = std::move(databases);
+    }
+    return relay;
   }
 
   static Json RelaysJson(const RelayOverview& overview) {

@@ -395,6 +395,63 @@ TEST(OperationsTest, TheRelaysPausedTargetsAndTheWalCheckReachReadiness) {
       << readiness.report;
 }
 
+// Many databases: /readyz names the ones not relayed without failing for one, the admin routes
+// need ?database=NAME of a database served, /api/outbox/relay lists them.
+TEST(OperationsTest, ManyDatabasesAreNamedInReadinessTheRelayAndTheAdminApi) {
+  Config config;
+  config.database = nullptr;
+  config.databases.push_back({.name = "t1",
+                              .type = "postgres",
+                              .settings = std::make_shared<const postgres::StoreSettings>(
+                                  "postgresql://127.0.0.1:1/t1", "outbox"),
+                              .fingerprint = "t1"});
+  config.http.token = "tok-many-databases";
+  observe::Registry registry;
+  RelayCounters counters;
+  Operations operations(config, registry, Operations::TotalsOf(counters), LogFn{});
+  std::vector<TenantRelays::DatabaseState> states{
+      {.name = "t1", .relaying = true, .problem = "", .published = 5, .failed = 0},
+      {.name = "t2",
+       .relaying = false,
+       .problem = "cannot connect to postgresql://u:secret@db/t2",
+       .published = 0,
+       .failed = 0}};
+  operations.SetManyDatabases(
+      {.states = [&] { return states; },
+       .find = [&](const std::string& name) -> std::shared_ptr<const StoreSettings> {
+         return name == "t1" ? config.databases[0].settings : nullptr;
+       },
+       .discovery_problem = [] { return std::optional<std::string>{"the catalog is down"}; }});
+  Operations::Readiness readiness = operations.CheckReadiness();
+  EXPECT_TRUE(readiness.ready) << readiness.report;
+  EXPECT_NE(readiness.report.find("databases: 1 of 2 relayed"), std::string::npos);
+  EXPECT_NE(readiness.report.find("database t2: not relayed: cannot connect"), std::string::npos);
+  EXPECT_EQ(readiness.report.find("secret"), std::string::npos) << readiness.report;
+  EXPECT_NE(readiness.report.find("discovery: the catalog is down"), std::string::npos);
+  states[0].relaying = false;
+  EXPECT_FALSE(operations.CheckReadiness().ready);  // none relayed
+
+  const auto answer = [&](const std::string& target) {
+    return operations.AnswerRaw("GET " + target +
+                                " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                                "tok-many-databases\r\n\r\n");
+  };
+  const auto relay = answer("/api/outbox/relay");
+  ASSERT_TRUE(relay);
+  const auto json = nlohmann::json::parse(relay->body);
+  ASSERT_EQ(json.at("databases").size(), 2U) << relay->body;
+  EXPECT_EQ(json.at("databases")[0].at("name"), "t1");
+  EXPECT_EQ(json.at("databases")[0].at("published"), 5);
+  EXPECT_EQ(json.at("databases")[1].at("relaying"), false);
+  EXPECT_EQ(answer("/api/messages")->status, 400);
+  EXPECT_NE(answer("/api/messages")->body.find("?database=NAME"), std::string::npos);
+  EXPECT_EQ(answer("/api/messages?database=t9")->status, 404);
+  EXPECT_EQ(answer("/api/messages?database=t1&database=t1")->status, 400);
+  // A database served: the request reaches its store (here: unreachable, 503).
+  EXPECT_EQ(answer("/api/messages?database=t1")->status, 503);
+  EXPECT_EQ(answer("/api/outbox/relays?database=t1")->status, 503);
+}
+
 // The warnings an Operations logs while it starts and stops.
 std::vector<std::string> StartWarnings(const Config& config) {
   observe::Registry registry;
