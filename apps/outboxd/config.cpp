@@ -85,7 +85,8 @@ void ParseDatabase(const Section& root, const GetenvFn& getenv, Config& config) 
 
 void ParseRelay(const Section& root, Config& config) {
   if (config.many_databases()) {
-    config.relay = ReadRelaySection(root.Table("relay"), kManyDatabasesSweep, kTableLinger);
+    config.relay = ReadRelaySection(root.Table("relay"), kManyDatabasesSweep, kTableLinger,
+                                    kManyDatabasesPurge);
     return;
   }
   config.relay = ReadRelaySection(root.Table("relay"), config.database->DefaultSweepInterval(),

@@ -36,8 +36,9 @@ std::string DefaultInstance() {
 }  // namespace
 
 RelaySection ReadRelaySection(const config::Section& relay, milliseconds default_sweep,
-                              milliseconds default_linger) {
+                              milliseconds default_linger, milliseconds default_purge) {
   RelaySection out;
+  out.purge_interval = default_purge;
   relay.AllowOnly({"instance", "batch_size", "lease", "sweep_interval", "linger", "publish_timeout",
                    "shutdown_timeout", "min_backoff", "max_backoff", "purge_interval"});
   if (relay.Read("instance", out.instance)) {

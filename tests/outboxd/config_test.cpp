@@ -1554,7 +1554,6 @@ token = "api-token-1234"
   EXPECT_FALSE(has("relay"));  // a user name
 }
 
-
 // ---- Many databases: [[databases]] and [discovery] ----
 
 constexpr std::string_view kTwoDatabases = R"(
@@ -1586,6 +1585,7 @@ TEST(ConfigTest, ManyDatabasesAreNamedTablesOfTheirStoreType) {
   EXPECT_NE(config.databases[0].fingerprint, config.databases[1].fingerprint);
   // An idle database's sweep is a statement: with many, the default is long.
   EXPECT_EQ(config.relay.sweep_interval, kManyDatabasesSweep);
+  EXPECT_EQ(config.relay.purge_interval, kManyDatabasesPurge);
   // It describes itself back as [[databases]] tables that parse to the same.
   const std::string described = Describe(config);
   EXPECT_NE(described.find("[[databases]]\nname = \"tenant_b.eu\"\ntype = \"postgres\""),

@@ -34,6 +34,10 @@ inline constexpr std::chrono::milliseconds kWalLinger{26};
 // idle database's sweep is a statement, and with hundreds of them the sweeps are most of what an
 // idle relay costs; every enqueue wakes the relay anyway (NOTIFY), and due retries are woken for.
 inline constexpr std::chrono::milliseconds kManyDatabasesSweep{30000};
+// relay.purge_interval's default with many databases: a purge is a statement per database, and
+// with published rows deleted at once (retention.published = "0s") it finds abandoned rows past
+// their retention, counted in days.
+inline constexpr std::chrono::milliseconds kManyDatabasesPurge{std::chrono::minutes{10}};
 
 // [relay], as read (every key is documented in apps/outboxd/outbox.example.toml).
 struct RelaySection {
@@ -55,9 +59,11 @@ struct RelaySection {
 // the file) for an unknown key, a wrong type, a value out of range, or a broken rule between
 // keys (publish_timeout at most half of lease: partition leases are renewed between batches;
 // linger under half of lease; max_backoff at least min_backoff). `default_sweep`: the store
-// type's, used when the file names none; `default_linger` the same for linger (the mode's).
+// type's, used when the file names none; `default_linger` the same for linger (the mode's), and
+// `default_purge` for purge_interval.
 RelaySection ReadRelaySection(const config::Section& relay, std::chrono::milliseconds default_sweep,
-                              std::chrono::milliseconds default_linger = kTableLinger);
+                              std::chrono::milliseconds default_linger = kTableLinger,
+                              std::chrono::milliseconds default_purge = std::chrono::minutes{1});
 // The section as TOML (it reads back to the same values), for outboxd --check-config.
 void DescribeRelaySection(config::TomlWriter& out, const RelaySection& relay);
 
