@@ -5,13 +5,18 @@ Debian's chromium and chromium-driver, driven by python3-selenium, against the r
   --store postgres  PostgreSQL (OUTBOX_TEST_PG_URL, a schema of its own, dropped at the end) and
                     RabbitMQ (OUTBOX_TEST_AMQP_URL) as the sink, plus a second target whose broker
                     is down (its messages wait: something to abandon, a reason for "not ready");
-  --store sqlite    the embedded store with a file sink; then again without a token (read-only).
+  --store sqlite    the embedded store with a file sink; then again without a token (read-only);
+  --store many      one outboxd relaying many databases ([[databases]]): two schemas of
+                    OUTBOX_TEST_PG_URL and a third database that cannot be reached, a file sink.
 
 It checks that the overview's counts equal the database's, that a filter finds a given message
 and shows its headers, last error and payload, that replaying an abandoned message from the page
 makes it published (a dry run first, which changes nothing), that abandoning with a reason works,
 that a wrong token shows an error and changes nothing, and that a topic, header, error or payload
-holding "<script>" is shown as text and never runs. Screenshots of every page go to --artifacts.
+holding "<script>" is shown as text and never runs. With many databases: the selector lists them
+(the unreachable one marked not relayed, with why), the choice is kept (hash, localStorage), the
+lists show the chosen database's messages only, a replay acts on the chosen database only, and
+every admin request the page sends names its database. Screenshots of every page go to --artifacts.
 
 Every process it starts (outboxd, chromedriver and its chromium) is stopped in a finally block,
 by its own process id or process group; the whole test is bounded by --deadline seconds.
@@ -654,9 +659,197 @@ path = "{events}"
         page.assert_not_pwned()
 
 
+def run_many(args, workdir):
+    """One outboxd, three [[databases]]: two schemas of the test database and one that cannot be
+    reached (its password must never reach the page)."""
+    url = os.environ.get("OUTBOX_TEST_PG_URL", "postgresql://outbox:outbox@127.0.0.1:15432/outbox_test")
+    tag = secrets.token_hex(4)
+    alpha, beta = Postgres(url, f"uim_{tag}_a"), Postgres(url, f"uim_{tag}_b")
+    # Names with a dot and a dash: the page sends them URL-encoded.
+    alpha_name, beta_name, down_name = "alpha", "beta.eu-1", "gamma-down"
+    secret = "pw-" + secrets.token_hex(6)
+    port, dead_port = free_port(), free_port()
+    events = os.path.join(workdir, "events.jsonl")
+
+    def messages(prefix, orders, payments):
+        return ([{"topic": "orders", "stream": f"{prefix}-order-{i}", "type": "OrderPlaced",
+                  "payload": json.dumps({"tenant": prefix, "order": i})} for i in range(orders)] +
+                [{"topic": "payments", "stream": f"{prefix}-payment-{i}",
+                  "payload": json.dumps({"tenant": prefix, "payment": i}),
+                  "abandon": f"card declined ({prefix})"} for i in range(payments)])
+
+    try:
+        with Processes() as run:
+            a_ids = seed(args.seed, ["--postgres", url, "--schema", alpha.schema], messages("a", 4, 2))
+            b_ids = seed(args.seed, ["--postgres", url, "--schema", beta.schema], messages("b", 3, 1))
+            a_pay, b_pay = a_ids[4:], b_ids[3:]
+            config = f"""[[databases]]
+name = "{alpha_name}"
+url = "{url}"
+schema = "{alpha.schema}"
+[[databases]]
+name = "{beta_name}"
+url = "{url}"
+schema = "{beta.schema}"
+[[databases]]
+name = "{down_name}"
+url = "postgresql://outbox:{secret}@127.0.0.1:{dead_port}/nowhere"
+[relay]
+instance = "relay-many"
+sweep_interval = "200ms"
+[retention]
+published = "1h"
+[http]
+listen = "127.0.0.1:{port}"
+token = "{TOKEN}"
+stats_interval = "300ms"
+[sinks.default]
+type = "file"
+path = "{events}"
+"""
+            run.outboxd = Outboxd(args.outboxd, config, workdir, "outboxd-many")
+            wait_for("outboxd's listener", lambda: http_get(port, "/healthz")[0] == 200)
+            wait_for("both databases' orders published",
+                     lambda: alpha.counts().get("published", 0) == 4 and beta.counts().get("published", 0) == 3)
+            run.driver, run.service = start_browser(workdir)
+            page = Page(run.driver, port, args.artifacts, "many")
+            page.driver.get(page.url())
+            wait_for("the token form", lambda: page.find("token-form").is_displayed())
+            page.login(TOKEN)
+            wait_for("the overview", lambda: page.js("return document.body.getAttribute('data-rendered')") == "overview")
+
+            # The overview: the databases, relayed or not and why; no tiles of zeros.
+            def database_rows():
+                rows = page.js("return [...document.querySelectorAll('#databases-table tbody tr')]"
+                               ".map(r => [...r.cells].map(c => c.textContent))")
+                return {row[0]: row for row in rows}
+            rows = wait_for("the databases table", lambda: (lambda r: r if len(r) == 3
+                            and r[alpha_name][1] == "relayed" and r[beta_name][1] == "relayed" else None)(database_rows()))
+            check(rows[down_name][1].startswith("not relayed: cannot connect"), f"{down_name}: {rows[down_name]}")
+            check(int(rows[alpha_name][2]) >= 4 and int(rows[beta_name][2]) >= 3, f"published: {rows}")
+            check(not page.find("count-cards").is_displayed(), "no count tiles with many databases")
+            check("not read when outboxd relays many databases" in page.text("counts-note"), page.text("counts-note"))
+            check("2 of 3 relayed" in page.text("databases-note"), page.text("databases-note"))
+            check(page.find("database-picker").is_displayed(), "the database selector is shown")
+            options = page.js("return [...document.querySelectorAll('#database-select option')]"
+                              ".map(o => [o.value, o.textContent, o.title])")
+            check(sorted(o[0] for o in options) == sorted([alpha_name, beta_name, down_name]), f"options: {options}")
+            down = next(o for o in options if o[0] == down_name)
+            check("not relayed" in down[1] and "cannot connect" in down[2], f"the unreachable one: {down}")
+            check(all("not relayed" not in o[1] for o in options if o[0] != down_name), f"options: {options}")
+            page.screenshot("overview")
+
+            # Choosing a database: kept in the hash and in localStorage; the list shows its messages only.
+            Select(page.find("database-select")).select_by_value(beta_name)
+            wait_for("the choice kept in localStorage and the hash", lambda: page.js(
+                "return [localStorage.getItem('outbox.database'), location.hash]")
+                == [beta_name, "#overview?database=" + beta_name])
+            rows = search_messages(page, len(b_ids))
+            check({r.get_attribute("data-id") for r in rows} == set(b_ids), "the beta list holds beta's messages")
+            check(f"from database {beta_name}" in page.text("messages-count"), page.text("messages-count"))
+            open_detail(page, b_pay[0])
+            check("card declined (b)" in page.text("detail-error"), page.text("detail-error"))
+            page.screenshot("messages-beta")
+            Select(page.find("database-select")).select_by_value(alpha_name)
+            rows = search_messages(page, len(a_ids))
+            check({r.get_attribute("data-id") for r in rows} == set(a_ids), "the alpha list holds alpha's messages")
+            check(not page.find("message-detail").is_displayed(), "the other database's message is not shown")
+
+            # A replay from the page acts on the chosen database, and on it only.
+            abandoned_list(page, expect=2)
+            select_ids(page, {a_pay[0]})
+            page.find("ab-replay").click()
+            wait_for("the dry run", lambda: page.find("ab-confirm").is_displayed())
+            check(f"would replay 1 message in database {alpha_name}" in page.text("ab-confirm-text"),
+                  page.text("ab-confirm-text"))
+            page.screenshot("abandoned-alpha")
+            page.find("ab-confirm-go").click()
+            wait_for("the replay's result", lambda: "Replayed 1 message in database alpha" in page.text("ab-result"))
+            wait_for("alpha's replayed message published", lambda: alpha.message(a_pay[0])[0] == "published")
+            check(alpha.message(a_pay[1])[0] == "abandoned" and beta.message(b_pay[0])[0] == "abandoned",
+                  "the other abandoned messages are untouched")
+            # A link naming the other database chooses it; "every message matching" stays in it.
+            page.js("location.hash = arguments[0]", "#abandoned?database=" + beta_name)
+            wait_for("beta chosen by the hash", lambda: page.find("database-select").get_attribute("value") == beta_name)
+            wait_for("beta's own abandoned message, only", lambda: [r.get_attribute("data-id")
+                     for r in page.rows("ab-table")] == b_pay)
+            page.find("ab-scope-all").click()
+            page.find("ab-replay").click()
+            wait_for("the dry run", lambda: page.find("ab-confirm").is_displayed())
+            check(f"would replay 1 message in database {beta_name}" in page.text("ab-confirm-text"),
+                  page.text("ab-confirm-text"))
+            page.find("ab-confirm-go").click()
+            wait_for("the replay's result", lambda: "Replayed 1 message" in page.text("ab-result"))
+            wait_for("beta's replayed message published", lambda: beta.message(b_pay[0])[0] == "published")
+            check(alpha.message(a_pay[1])[0] == "abandoned", "alpha's other abandoned message is untouched")
+            with open(events, encoding="utf-8") as published:
+                lines = [json.loads(line) for line in published if line.strip()]
+            by_id = {line["id"]: line.get("database") for line in lines}
+            check(by_id.get(a_pay[0]) == alpha_name and by_id.get(b_pay[0]) == beta_name,
+                  f"the replayed messages reached the sink from their databases: {by_id}")
+
+            # Every admin request the page sent named its database (a visit's requests: this one's).
+            def check_admin_requests():
+                sent = page.js("return performance.getEntriesByType('resource').map(e => e.name)")
+                admin = [u for u in sent if "/api/messages" in u or "/api/outbox/relays" in u]
+                check(admin and all("database=" in u for u in admin),
+                      f"admin requests without ?database=: {[u for u in admin if 'database=' not in u]}")
+                return len(admin)
+            log(f"{check_admin_requests()} admin requests, each naming its database")
+
+            # A new visit without the hash: the choice kept in this browser.
+            run.driver.get("about:blank")
+            run.driver.get(page.url("messages"))
+            wait_for("the page", lambda: page.js("return document.body.getAttribute('data-rendered')") == "messages")
+            check(page.find("database-select").get_attribute("value") == beta_name, "the choice is remembered")
+            rows = rows_when(page, "messages-table", len(b_ids), "beta's messages again")
+            check({r.get_attribute("data-id") for r in rows} == set(b_ids), "beta's messages again")
+
+            # Its relays: the chosen database's partition leases.
+            page.go("relays")
+            title = page.js("return document.getElementById('relay-shared-title').textContent")
+            check(title == f"Relays on database {beta_name}", title)
+            held = beta.sql(f"SELECT owner, count(*) FROM {beta.schema}.partition_leases "
+                            f"WHERE lease_until > now() GROUP BY owner")
+            check(len(held) == 1 and held[0][0].startswith("relay-many/"), f"leases: {held}")
+            relays = page.js("return [...document.querySelectorAll('#relay-list tbody tr')]"
+                             ".map(r => [...r.cells].map(c => c.textContent))")
+            check(len(relays) == 1 and relays[0][0] == held[0][0] and relays[0][4] == held[0][1],
+                  f"relay list {relays} vs leases {held}")
+            check("2 of 3 relayed" in page.text("relay-self"), page.text("relay-self"))
+            page.screenshot("relays")
+            page.go("topics")
+            check("Not counted when outboxd relays many databases" in page.text("topics-table"), page.text("topics-table"))
+
+            # The unreachable database: marked, with why, and its admin requests fail with that.
+            Select(page.find("database-select")).select_by_value(down_name)
+            wait_for("the not-relayed note", lambda: page.find("database-note").is_displayed())
+            check(f"Database {down_name} is not relayed: cannot connect" in page.text("database-note"),
+                  page.text("database-note"))
+            page.js("location.hash = arguments[0]", "#messages")
+            wait_for("the connection error in the list", lambda: f"Could not read database {down_name}: cannot connect"
+                     in page.text("messages-table"))
+            check(not page.rows("messages-table"), "no message from another database is shown")
+            check(not page.banner(), f"no second banner: {page.banner()!r}")
+            page.screenshot("not-relayed")
+            check(secret not in page.js("return document.documentElement.outerHTML"), "the password is not shown")
+
+            check_admin_requests()
+            page.assert_not_pwned()
+            severe = [e for e in run.driver.get_log("browser") if e.get("level") == "SEVERE"
+                      and "Content Security Policy" in e.get("message", "")]
+            check(not severe, f"CSP violations: {severe}")
+    finally:
+        for store in (alpha, beta):
+            try:
+                store.drop()
+            except Failure as error:
+                log(f"dropping {store.schema}: {error}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--store", choices=("postgres", "sqlite"), required=True)
+    parser.add_argument("--store", choices=("postgres", "sqlite", "many"), required=True)
     parser.add_argument("--outboxd", required=True)
     parser.add_argument("--seed", required=True)
     parser.add_argument("--artifacts", required=True)
@@ -676,7 +869,7 @@ def main():
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"outbox-ui-{args.store}-") as workdir:
         try:
-            (run_postgres if args.store == "postgres" else run_sqlite)(args, workdir)
+            {"postgres": run_postgres, "sqlite": run_sqlite, "many": run_many}[args.store](args, workdir)
         except Failure as failure:
             log(f"FAILED: {failure}")
             return 1

@@ -3,10 +3,15 @@
 // every value as text (textContent, createElement), never as markup, so a topic or payload
 // holding "<script>" shows as those characters. The page's Content-Security-Policy allows no
 // inline script or style and no other origin.
+// When outboxd relays many databases (/api/outbox/relay has "databases"), a selector in the header
+// chooses the one that every admin request names (?database=NAME): the message list, a message,
+// replay, skip, abandon and the relays list. The choice is kept in the hash (#messages?database=x)
+// and in localStorage; the overview lists the databases, relayed or not and why.
 'use strict';
 
 (function () {
   const TOKEN_KEY = 'outbox.token';
+  const DATABASE_KEY = 'outbox.database';  // localStorage: the database last chosen
   const STATUSES = ['pending', 'processing', 'failed', 'abandoned', 'published'];
   const PAGES = ['overview', 'topics', 'messages', 'abandoned', 'relays'];
   const PAGE_SIZE = 50;
@@ -20,6 +25,8 @@
     messages: {query: null, after: null, pages: []},
     abandoned: {after: null, next: null, rows: []},
     pending: null,        // the change a confirmation would send
+    databases: null,      // many databases: [{name, relaying, problem, published, failed}]; else null
+    database: null,       // many databases: the name the admin requests send
   };
 
   // ---- DOM helpers: text only ----
@@ -108,6 +115,156 @@
   }
   function safeParse(text) { try { return JSON.parse(text); } catch (e) { return null; } }
 
+  // ---- many databases: the one the admin requests name ----
+
+  // Whether this outboxd relays many databases (then every admin request needs ?database=NAME).
+  function many() { return Array.isArray(state.databases); }
+  function chosenDatabase() {
+    return many() ? state.databases.find((d) => d.name === state.database) || null : null;
+  }
+  // `query` (URLSearchParams) with database=<name> added when outboxd relays many databases.
+  function withDatabase(query, database) {
+    const name = database === undefined ? state.database : database;
+    if (many() && name) query.set('database', name);
+    return query;
+  }
+  // An admin path with ?database=<name> (URL-encoded) when outboxd relays many databases.
+  function adminPath(path, database) {
+    const query = withDatabase(new URLSearchParams(), database).toString();
+    return query ? path + '?' + query : path;
+  }
+  function problemText(database) { return (database.problem || '').replace(/\s+/g, ' ').trim(); }
+  function storedDatabase() {
+    try { return localStorage.getItem(DATABASE_KEY); } catch (e) { return null; }
+  }
+  function storeDatabase(name) {
+    try { localStorage.setItem(DATABASE_KEY, name); } catch (e) { /* not kept: the hash still has it */ }
+  }
+  // The location's hash: "#<page>" or "#<page>?database=<name>".
+  function hashParts() {
+    const text = location.hash.replace(/^#/, '');
+    const at = text.indexOf('?');
+    return {page: at < 0 ? text : text.slice(0, at),
+      database: at < 0 ? null : new URLSearchParams(text.slice(at + 1)).get('database')};
+  }
+  function pageHref(page) {
+    return '#' + page + (many() && state.database ? '?database=' + encodeURIComponent(state.database) : '');
+  }
+
+  // The databases of /api/outbox/relay (undefined with one database). The choice: the one chosen
+  // already, else the hash's, else the one last chosen in this browser, else the first relayed.
+  function setDatabases(list) {
+    if (!Array.isArray(list)) {
+      state.databases = null;
+      $('database-picker').hidden = true;
+      $('database-note').hidden = true;
+      $('databases-panel').hidden = true;
+      return;
+    }
+    state.databases = list;
+    const names = list.map((d) => d.name);
+    if (!names.includes(state.database)) {
+      const relayed = list.find((d) => d.relaying) || list[0];
+      state.database = [hashParts().database, storedDatabase()].find((n) => n && names.includes(n)) ||
+        (relayed ? relayed.name : null);
+    }
+    renderPicker();
+  }
+
+  function renderPicker() {
+    const select = $('database-select');
+    const signature = JSON.stringify(state.databases.map((d) => [d.name, d.relaying, d.problem]));
+    if (state.pickerSignature !== signature) {  // rebuilt only when a database comes, goes or changes
+      state.pickerSignature = signature;
+      clear(select);
+      for (const d of state.databases) {
+        select.appendChild(el('option', {value: d.name,
+          title: d.relaying ? d.name + ': relayed' : d.name + ': not relayed: ' + problemText(d),
+          text: d.relaying ? d.name : d.name + ' (not relayed)'}));
+      }
+    }
+    select.value = state.database || '';
+    const chosen = chosenDatabase();
+    select.title = !chosen ? '' : chosen.relaying ? chosen.name + ': relayed'
+      : chosen.name + ': not relayed: ' + problemText(chosen);
+    select.disabled = !state.databases.length;
+    $('database-picker').hidden = false;
+    for (const page of PAGES) $('nav-' + page).setAttribute('href', pageHref(page));
+    const note = $('database-note');
+    note.textContent = !state.databases.length
+      ? 'outboxd relays many databases, but names none yet (its discovery catalog has no row, or cannot be read: see Readiness).'
+      : chosen && !chosen.relaying ? 'Database ' + chosen.name + ' is not relayed: ' + problemText(chosen) : '';
+    note.hidden = !note.textContent;
+    if (currentPage() === 'overview') renderDatabases();
+  }
+
+  // The overview's table of databases: relayed or not (and why), this relay's counters for each.
+  function renderDatabases() {
+    $('databases-panel').hidden = !many();
+    if (!many()) return;
+    const body = clear($('databases-table').tBodies[0]);
+    for (const d of state.databases) {
+      const row = el('tr', {class: 'link' + (d.name === state.database ? ' selected' : ''), 'data-database': d.name},
+        el('td', {class: 'mono', text: d.name}),
+        el('td', {class: d.relaying ? 'ok' : 'bad', text: d.relaying ? 'relayed' : 'not relayed: ' + problemText(d)}),
+        el('td', {class: 'num', text: fmtCount(d.published)}), el('td', {class: 'num', text: fmtCount(d.failed)}));
+      row.addEventListener('click', () => chooseDatabase(d.name));
+      body.appendChild(row);
+    }
+    if (!state.databases.length) {
+      body.appendChild(el('tr', {}, el('td', {colspan: '4', class: 'muted', text: 'No database is named yet.'})));
+    }
+    const relayed = state.databases.filter((d) => d.relaying).length;
+    setText('databases-note', relayed + ' of ' + state.databases.length + ' relayed. Published and failed: by this ' +
+      'relay since it started. Select a row (or use the selector above) to browse that database.');
+  }
+
+  // The user chose another database: what was shown, or about to be changed, was the other's.
+  function chooseDatabase(name) {
+    if (!many() || name === state.database) return;
+    state.database = name;
+    storeDatabase(name);
+    state.messages.after = null;
+    state.messages.pages = [];
+    state.abandoned.after = null;
+    state.pending = null;
+    $('ab-confirm').hidden = true;
+    $('ab-result').textContent = '';
+    $('message-detail').hidden = true;
+    for (const table of ['messages-table', 'ab-table', 'relay-list']) clear($(table).tBodies[0]);
+    clear($('relay-shared'));
+    for (const id of ['messages-count', 'ab-count', 'relay-list-note']) setText(id, '');
+    history.replaceState(null, '', pageHref(currentPage()));
+    banner('');
+    renderPicker();
+    render();
+  }
+
+  async function refreshDatabases() {
+    const relay = (await api('/api/outbox/relay')).json;
+    if (relay && Array.isArray(relay.databases)) setDatabases(relay.databases);
+  }
+
+  // The admin pages with many databases and none to name: say so instead of asking.
+  function noDatabase(body, colspan) {
+    if (!many() || state.database) return false;
+    clear(body).appendChild(el('tr', {}, el('td', {colspan: String(colspan), class: 'muted',
+      text: 'No database to browse: outboxd names none yet.'})));
+    return true;
+  }
+  // An admin request for a chosen database that is not relayed failed (it cannot be reached, say):
+  // said where its data would be, under the note that says why it is not relayed, rather than in
+  // a second banner. Any other failure is thrown on.
+  function unreadable(failure, database, show) {
+    const chosen = chosenDatabase();
+    if (database !== state.database) return;  // another database was chosen meanwhile
+    if (!chosen || chosen.relaying || failure.status === 401 || failure.status === 0) throw failure;
+    show('Could not read database ' + chosen.name + ': ' + failure.message);
+  }
+  function tableNote(body, colspan, text) {
+    clear(body).appendChild(el('tr', {}, el('td', {colspan: String(colspan), class: 'error-text', text})));
+  }
+
   function reportError(failure) {
     if (failure.status === 401) {
       state.needsToken = true;
@@ -127,6 +284,22 @@
       if (Object.entries(labels || {}).every(([k, v]) => s.labels[k] === v)) return s.value;
     }
     return null;
+  }
+  // The sum of a family's series (many databases: one series per database).
+  function total(metrics, name) {
+    const list = series(metrics, name);
+    return list.length ? list.reduce((sum, s) => sum + s.value, 0) : null;
+  }
+  // A family's histograms added up, bucket by bucket (many databases: one per database).
+  function mergedHistogram(list) {
+    if (list.length <= 1) return list[0];
+    const merged = {count: 0, sum: 0, buckets: list[0].buckets.map((b) => ({le: b.le, count: 0}))};
+    for (const h of list) {
+      merged.count += h.count;
+      merged.sum += h.sum;
+      h.buckets.forEach((b, i) => { if (merged.buckets[i]) merged.buckets[i].count += b.count; });
+    }
+    return merged;
   }
   // The q-quantile of a cumulative histogram, interpolated within its bucket (as Prometheus'
   // histogram_quantile does); null with no observations.
@@ -152,16 +325,25 @@
 
   async function showOverview() {
     const [outbox, rates, ready] = await Promise.all([
-      api('/api/outbox'), api('/api/outbox/rates'), api('/readyz')]);
+      api('/api/outbox'), api('/api/outbox/rates'), api('/readyz'),
+      many() ? refreshDatabases() : null]);
     const m = outbox.json;
-    for (const status of STATUSES) {
-      setText('count-' + status, fmtCount(gauge(m, 'outbox_messages', {status})));
+    if (many()) {
+      // The counts by status are not read per database in this mode: no tiles of zeros.
+      $('count-cards').hidden = true;
+      setText('counts-note', 'Counts by status are not read when outboxd relays many databases: ' +
+        'choose a database above and browse its messages, or run outboxctl --database NAME status.');
+      renderDatabases();
+    } else {
+      for (const status of STATUSES) {
+        setText('count-' + status, fmtCount(gauge(m, 'outbox_messages', {status})));
+      }
+      setText('oldest-pending', fmtSeconds(gauge(m, 'outbox_oldest_pending_age_seconds')));
+      const estimated = gauge(m, 'outbox_messages_estimated') === 1;
+      const age = gauge(m, 'outbox_stats_age_seconds');
+      setText('counts-note', (estimated ? 'Some counts are estimates (over 100,000 rows). ' : '') +
+        (age !== null && age >= 0 ? 'Counts read from the database ' + fmtSeconds(age) + ' ago.' : 'Counts not read yet.'));
     }
-    setText('oldest-pending', fmtSeconds(gauge(m, 'outbox_oldest_pending_age_seconds')));
-    const estimated = gauge(m, 'outbox_messages_estimated') === 1;
-    const age = gauge(m, 'outbox_stats_age_seconds');
-    setText('counts-note', (estimated ? 'Some counts are estimates (over 100,000 rows). ' : '') +
-      (age !== null && age >= 0 ? 'Counts read from the database ' + fmtSeconds(age) + ' ago.' : 'Counts not read yet.'));
 
     const isReady = ready.status === 200;
     const readyState = $('ready-state');
@@ -182,7 +364,7 @@
     }
     if (!sinks.firstChild) sinks.appendChild(el('li', {class: 'muted', text: 'no broker to probe (file sinks are not checked)'}));
 
-    const latency = series(m, 'outbox_publish_latency_seconds')[0];
+    const latency = mergedHistogram(series(m, 'outbox_publish_latency_seconds'));
     const rows = [];
     for (const [name, q] of [['p50', 0.5], ['p90', 0.9], ['p99', 0.99]]) {
       const value = quantile(latency, q);
@@ -281,7 +463,8 @@
     }
     if (!rows.length) {
       body.appendChild(el('tr', {}, el('td', {colspan: '4', class: 'muted',
-        text: skipped ? 'Skipped: the backlog is too large to group exactly (or the count timed out); see the counts on the overview.'
+        text: many() ? 'Not counted when outboxd relays many databases: choose a database above and browse its messages.'
+          : skipped ? 'Skipped: the backlog is too large to group exactly (or the count timed out); see the counts on the overview.'
           : 'Nothing is waiting: every message is published.'})));
     }
   }
@@ -321,10 +504,19 @@
   async function showMessages() {
     const body = $('messages-table').tBodies[0];
     if (state.adminApi === false) { readonlyNotice(body, 8); return; }
+    if (noDatabase(body, 8)) return;
     const query = filterQuery('f');
     query.set('limit', String(PAGE_SIZE));
     if (state.messages.after) query.set('after', state.messages.after);
-    const page = (await api('/api/messages?' + query.toString())).json;
+    const database = state.database;
+    let page;
+    try {
+      page = (await api('/api/messages?' + withDatabase(query).toString())).json;
+    } catch (failure) {
+      unreadable(failure, database, (text) => tableNote(body, 8, text));
+      return;
+    }
+    if (database !== state.database) return;  // another database was chosen meanwhile
     clear(body);
     for (const message of page.messages) {
       const row = el('tr', {class: 'link', 'data-id': message.id},
@@ -341,11 +533,14 @@
     state.messages.next = page.next_after;
     $('messages-next').disabled = !page.more;
     $('messages-first').disabled = !state.messages.after;
-    setText('messages-count', page.messages.length + ' shown' + (page.more ? ', more after these' : ''));
+    setText('messages-count', page.messages.length + ' shown' + (many() ? ' from database ' + database : '') +
+      (page.more ? ', more after these' : ''));
   }
 
   async function showDetail(id) {
-    const message = (await api('/api/messages/' + encodeURIComponent(id))).json;
+    const database = state.database;
+    const message = (await api(adminPath('/api/messages/' + encodeURIComponent(id)))).json;
+    if (database !== state.database) return;
     const panel = clear($('message-detail'));
     panel.hidden = false;
     panel.appendChild(el('h2', {text: 'Message'}));
@@ -385,10 +580,19 @@
     const disabled = state.adminApi === false;
     for (const id of ['ab-replay', 'ab-skip', 'ab-abandon', 'ab-reason', 'ab-search']) $(id).disabled = disabled;
     if (disabled) { readonlyNotice(body, 8); return; }
+    if (noDatabase(body, 8)) return;
     const query = filterQuery('ab');
     query.set('limit', String(PAGE_SIZE));
     if (state.abandoned.after) query.set('after', state.abandoned.after);
-    const page = (await api('/api/messages?' + query.toString())).json;
+    const database = state.database;
+    let page;
+    try {
+      page = (await api('/api/messages?' + withDatabase(query).toString())).json;
+    } catch (failure) {
+      unreadable(failure, database, (text) => tableNote(body, 8, text));
+      return;
+    }
+    if (database !== state.database) return;  // another database was chosen meanwhile
     clear(body);
     $('ab-all').checked = false;
     for (const message of page.messages) {
@@ -405,7 +609,8 @@
     if (!page.messages.length) body.appendChild(el('tr', {}, el('td', {colspan: '8', class: 'muted', text: 'No message matches.'})));
     state.abandoned.next = page.next_after;
     $('ab-next').disabled = !page.more;
-    setText('ab-count', page.messages.length + ' shown' + (page.more ? ', more after these' : ''));
+    setText('ab-count', page.messages.length + ' shown' + (many() ? ' from database ' + database : '') +
+      (page.more ? ', more after these' : ''));
   }
 
   // The body of a replay or abandon: the selected ids, or the filter.
@@ -431,10 +636,14 @@
     banner('');
     $('ab-result').textContent = '';
     const body = changeBody(kind);
-    const dry = (await api('/api/messages/' + kind, {method: 'POST', body: JSON.stringify(Object.assign({dry_run: true}, body))})).json;
-    state.pending = {kind, body, count: dry.count};
+    if (many() && !state.database) throw new ApiError(400, 'Choose a database first.');
+    const database = state.database;  // the confirmation acts on this one, whatever is chosen later
+    const dry = (await api(adminPath('/api/messages/' + kind, database), {method: 'POST', body: JSON.stringify(Object.assign({dry_run: true}, body))})).json;
+    if (database !== state.database) return;
+    state.pending = {kind, body, count: dry.count, database};
     setText('ab-confirm-text', 'Dry run: this would ' + kind + ' ' + dry.count + ' message' + (dry.count === 1 ? '' : 's') +
-      (kind === 'abandon' ? ' with the reason "' + body.reason + '"' : '') + '.');
+      (kind === 'abandon' ? ' with the reason "' + body.reason + '"' : '') +
+      (many() ? ' in database ' + database : '') + '.');
     $('ab-confirm-go').textContent = {replay: 'Replay ', skip: 'Skip ', abandon: 'Abandon '}[kind] + dry.count;
     $('ab-confirm-go').disabled = dry.count === 0;
     $('ab-confirm').hidden = false;
@@ -445,10 +654,11 @@
     state.pending = null;
     $('ab-confirm').hidden = true;
     if (!pending) return;
-    const done = (await api('/api/messages/' + pending.kind, {method: 'POST', body: JSON.stringify(Object.assign({dry_run: false}, pending.body))})).json;
+    const done = (await api(adminPath('/api/messages/' + pending.kind, pending.database), {method: 'POST', body: JSON.stringify(Object.assign({dry_run: false}, pending.body))})).json;
     const said = {replay: ['Replayed ', ': they are pending again, with their ids unchanged.'],
       skip: ['Skipped ', ': their streams go on past them; they stay abandoned.'], abandon: ['Abandoned ', '.']}[pending.kind];
-    setText('ab-result', said[0] + done.count + ' message' + (done.count === 1 ? '' : 's') + said[1]);
+    setText('ab-result', said[0] + done.count + ' message' + (done.count === 1 ? '' : 's') +
+      (many() ? ' in database ' + pending.database : '') + said[1]);
     state.abandoned.after = null;
     await showAbandoned();
   }
@@ -459,22 +669,56 @@
     const [relay, outbox] = await Promise.all([api('/api/outbox/relay'), api('/api/outbox')]);
     const r = relay.json;
     const m = outbox.json;
-    kvRows($('relay-self'), [
+    if (Array.isArray(r.databases)) setDatabases(r.databases);
+    // Many databases: the relay's series are per database, so add them up.
+    const sum = (name) => many() ? total(m, name) : gauge(m, name);
+    const rows = [
       ['instance', r.instance], ['version', r.version], ['database', r.database],
       ['partitions held', r.partitions_owned], ['takeovers (partitions taken from an expired lease)', r.takeovers],
-      ['rebalances', fmtCount(gauge(m, 'outbox_relay_rebalances_total'))],
-      ['messages leased now', fmtCount(gauge(m, 'outbox_relay_leases_held'))],
+      ['rebalances', fmtCount(sum('outbox_relay_rebalances_total'))],
+      ['messages leased now', fmtCount(sum('outbox_relay_leases_held'))],
       ['published', fmtCount(r.published)], ['failed (attempt spent)', fmtCount(r.failed)],
       ['unconfirmed (republished)', fmtCount(r.unconfirmed)],
       ['admin API', r.admin_api ? 'on (token required)' : 'off (no token configured)'],
-    ]);
-    kvRows($('relay-shared'), [
-      ['live relays (heartbeating)', fmtCount(gauge(m, 'outbox_relays_live'))],
-      ['relays holding message leases', fmtCount(gauge(m, 'outbox_lease_owners'))],
-      ['partitions no live relay holds', fmtCount(gauge(m, 'outbox_partitions_unowned'))],
-    ]);
-    const list = (await api('/api/outbox/relays')).json;
+    ];
+    if (many()) {
+      rows.splice(3, 0, ['databases', state.databases.filter((d) => d.relaying).length + ' of ' +
+        state.databases.length + ' relayed']);
+    }
+    kvRows($('relay-self'), rows);
     const body = $('relay-list').querySelector('tbody');
+    if (many()) {
+      // The shared gauges are not read per database: the chosen database's relays list says it.
+      setText('relay-shared-title', 'Relays on database ' + (state.database || '(none)'));
+      if (!state.database) { clear(body); setText('relay-list-note', 'No database is named yet.'); return; }
+    } else {
+      kvRows($('relay-shared'), [
+        ['live relays (heartbeating)', fmtCount(gauge(m, 'outbox_relays_live'))],
+        ['relays holding message leases', fmtCount(gauge(m, 'outbox_lease_owners'))],
+        ['partitions no live relay holds', fmtCount(gauge(m, 'outbox_partitions_unowned'))],
+      ]);
+    }
+    const database = state.database;
+    let list;
+    try {
+      list = (await api(adminPath('/api/outbox/relays'))).json;
+    } catch (failure) {
+      if (!many()) throw failure;
+      clear(body);
+      clear($('relay-shared'));
+      setText('relay-list-note', '');
+      unreadable(failure, database, (text) => setText('relay-list-note', text));
+      return;
+    }
+    if (database !== state.database) return;
+    if (many()) {
+      kvRows($('relay-shared'), [
+        ['live relays (heartbeating)', fmtCount(list.relays.length)],
+        ['partitions no live relay holds', fmtCount(list.unowned_partitions)],
+        ['partitions this relay holds', fmtCount(gauge(m, 'outbox_relay_partitions_owned', {database}))],
+        ['published by this relay', fmtCount(gauge(m, 'outbox_published_total', {database}))],
+      ]);
+    }
     clear(body);
     for (const relay of list.relays) {
       body.appendChild(el('tr', {},
@@ -537,7 +781,9 @@
       const relay = (await api('/api/outbox/relay')).json;
       state.adminApi = relay.admin_api;
       state.needsToken = false;
-      setText('instance', relay.instance + ' · ' + relay.version + ' · ' + relay.database);
+      setDatabases(relay.databases);
+      setText('instance', relay.instance + ' · ' + relay.version + ' · ' + relay.database +
+        (many() ? ' · ' + state.databases.length + ' databases' : ''));
       if (!relay.admin_api) {
         banner('Read-only: this outboxd has no [http] token configured, so the admin API (the message browser, replay and abandon) is off. Counts, rates and readiness are shown.', 'info');
       }
@@ -554,7 +800,7 @@
   }
 
   function currentPage() {
-    const name = location.hash.replace(/^#/, '');
+    const name = hashParts().page;
     return PAGES.includes(name) ? name : 'overview';
   }
 
@@ -565,6 +811,10 @@
       $('nav-' + name).className = name === page ? 'active' : '';
     }
     document.body.setAttribute('data-page', page);
+    // Many databases: the hash names the chosen one, so that a link or a reload shows it again.
+    if (many() && state.database && hashParts().database !== state.database) {
+      history.replaceState(null, '', pageHref(page));
+    }
     if (state.needsToken) return;
     try {
       if (page === 'overview') await showOverview();
@@ -587,11 +837,22 @@
       if (page === 'overview') showOverview().catch(reportError);
       else if (page === 'topics') showTopics().catch(reportError);
       else if (page === 'relays') showRelays().catch(reportError);
+      else if (many()) refreshDatabases().catch(reportError);  // which are relayed, for the selector
     }, 2000);
   }
 
   function wire() {
-    window.addEventListener('hashchange', () => { banner(''); render(); });
+    window.addEventListener('hashchange', () => {
+      banner('');
+      // A hash that names another database (a link, or typed): choose it.
+      const wanted = hashParts().database;
+      if (many() && wanted && wanted !== state.database) {
+        if (state.databases.some((d) => d.name === wanted)) { chooseDatabase(wanted); return; }
+        banner('No database named "' + wanted + '" is relayed here; showing ' + (state.database || 'none') + '.', 'error');
+      }
+      render();
+    });
+    $('database-select').addEventListener('change', () => chooseDatabase($('database-select').value));
     $('token-form').addEventListener('submit', (event) => {
       event.preventDefault();
       const candidate = $('token-input').value.trim();
