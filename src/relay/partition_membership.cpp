@@ -107,6 +107,7 @@ PartitionMembership::SteadyClock::time_point PartitionMembership::Heartbeat(
   } catch (const StoreError& error) {
     report_.StoreFailed(error);
     report_.Log(LogLevel::kWarn, "partition heartbeat failed: " + std::string{error.what()});
+    failed_ = true;
     // The claims check the leases themselves: expired ones claim nothing.
     return now + std::min({timing_.sweep_interval, timing_.max_backoff, kRebalanceLook});
   }
@@ -155,7 +156,10 @@ PartitionMembership::SteadyClock::time_point PartitionMembership::Heartbeat(
   report_.counters.partitions_owned = static_cast<int>(held);
   report_.metrics.partitions_owned.Set(static_cast<double>(held));
   report_.metrics.live_instances.Set(static_cast<double>(membership.live_instances));
-  if (gained || !lost.empty()) wake_();  // an idle relay claims at once
+  // An idle relay claims at once: partitions gained or lost, or held again after failed
+  // heartbeats (their leases may have expired meanwhile, and the claims then found nothing).
+  const bool recovered = std::exchange(failed_, false);
+  if (gained || !lost.empty() || recovered) wake_();
   // Below its share, a relay looks again soon: others are handing partitions back.
   auto wait = membership.next_heartbeat;
   if (static_cast<int>(held) < membership.fair_share) {

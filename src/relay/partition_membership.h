@@ -68,6 +68,7 @@ class PartitionMembership {
   std::condition_variable changed_;
   bool stop_ = false;                      // guarded by mutex_, as everything below
   std::set<int> owned_;                    // held as of the last heartbeat
+  bool failed_ = false;                    // the last heartbeat failed (the heartbeat thread's)
   std::set<int> surplus_;                  // held beyond the fair share: to hand back
   std::vector<PartitionLease> claimable_;  // owned minus surplus, with epochs
   std::set<int> lost_;                     // taken over; not yet dropped from the batch

@@ -601,6 +601,93 @@ TEST_F(RelayTest, AClaimWhoseReplyIsLostReordersNoStream) {
   EXPECT_EQ(delivered[1].id.ToString(), second);
 }
 
+// The same with partition leases and an outage longer than the lease (found by the many-databases
+// end-to-end test): the relay's partition leases have expired by the time its store connection is
+// back, so the leases it gives back must not be limited to partitions it holds. Its heartbeats
+// come back later than its claims (a proxy of their own), so the give-back runs while no
+// partition is held; then the heartbeat renews them under the same epochs, and a claim there goes
+// behind the caller's own leases: the first message must have gone back by then.
+TEST_F(RelayTest, AClaimWhoseReplyIsLostInAnOutageLongerThanThePartitionLeaseReordersNoStream) {
+  const std::string url = PgUrl();
+  const auto at = url.find("://");
+  const auto authority = url.find('@', at) != std::string::npos ? url.find('@', at) + 1 : at + 3;
+  const auto colon = url.find(':', authority);
+  const auto slash = url.find('/', authority);
+  ASSERT_TRUE(colon != std::string::npos && colon < slash) << "no port in " << url;
+  const std::string host = url.substr(authority, colon - authority);
+  const int port = std::stoi(url.substr(colon + 1, slash - colon - 1));
+  TcpProxy store_proxy(host, port);
+  TcpProxy leases_proxy(host, port);
+  const char* join = url.find('?') == std::string::npos ? "?" : "&";
+  const std::string via_store_proxy = url + join + "port=" + std::to_string(store_proxy.port()) +
+                                      "&application_name=lost-claim-store&connect_timeout=2";
+  const std::string via_leases_proxy = url + join + "port=" + std::to_string(leases_proxy.port()) +
+                                       "&application_name=lost-leases&connect_timeout=2";
+  const std::string direct = url + join + "application_name=lost-claim-wakeup";
+
+  auto owned = std::make_unique<TestSink>();
+  TestSink* sink = owned.get();
+  RelayOptions options;
+  options.instance = "lost-claim-leases";
+  options.batch_size = 1;                // the lost claim takes the stream's first message only
+  options.sweep_interval = seconds{60};  // no sweep (or lease reclaim) during the test
+  options.lease = seconds{2};
+  options.publish_timeout = seconds{1};
+  options.min_backoff = milliseconds{50};
+  options.max_backoff = milliseconds{200};
+  leases_ = postgres::OpenPartitionLeases(via_leases_proxy, schema_.name());
+  options.partition_leases = leases_.get();
+  SinkMap sinks;
+  sinks.emplace("default", std::move(owned));
+  StartRelay(std::move(sinks), options, {}, via_store_proxy, direct);
+  ASSERT_TRUE(WaitFor([&] {
+    return RelayAsleep() &&
+           Scalar(schema_.conn(),
+                  "SELECT coalesce(bool_and(s.state = 'idle' AND s.query_start > w.query_start), "
+                  "false) FROM pg_stat_activity s, pg_stat_activity w "
+                  "WHERE s.application_name = 'lost-claim-store' "
+                  "AND w.application_name = 'lost-claim-wakeup' AND w.query LIKE '%relay_idle%'") ==
+               "t";
+  })) << "the relay never went to sleep";
+
+  store_proxy.SetMode(TcpProxy::Mode::kHoldReplies);
+  Sql(schema_.conn(), "BEGIN");
+  const std::string first = Enqueue("'t', '{\"n\": 1}', stream_key => 's'");
+  const std::string second = Enqueue("'t', '{\"n\": 2}', stream_key => 's'");
+  Sql(schema_.conn(), "COMMIT");
+  ASSERT_TRUE(WaitFor(
+      [&] { return Count("id = '" + first + "' AND status = 'processing'") == "1"; }, seconds{10}))
+      << "the relay did not claim the first message";
+  // The outage: both connections gone for longer than the lease.
+  leases_proxy.SetMode(TcpProxy::Mode::kBlackhole);
+  leases_proxy.DropAll();
+  store_proxy.SetMode(TcpProxy::Mode::kBlackhole);
+  store_proxy.DropAll();
+  std::this_thread::sleep_for(milliseconds{2500});
+  // The claims' connection is back first; the heartbeats' a second later.
+  store_proxy.SetMode(TcpProxy::Mode::kForward);
+  std::this_thread::sleep_for(milliseconds{1000});
+  leases_proxy.SetMode(TcpProxy::Mode::kForward);
+
+  ASSERT_TRUE(WaitFor([&] { return Count("true") == "0"; }, seconds{20}))
+      << "published " << sink->delivered().size() << " of 2 within 20 s; left: "
+      << Scalar(schema_.conn(),
+                "SELECT string_agg(concat_ws(' ', id, status, lease_owner, "
+                "lease_until < now(), attempts), '; ') FROM " +
+                    schema_.name() + ".messages")
+      << "; first " << first;
+  // First deliveries in stream order (a message may come twice: the partitions, taken again
+  // after their leases expired, come under a new epoch, which fences a completion in flight).
+  std::vector<std::string> firsts;
+  for (const auto& envelope : sink->delivered()) {
+    const std::string id = envelope.id.ToString();
+    if (std::find(firsts.begin(), firsts.end(), id) == firsts.end()) firsts.push_back(id);
+  }
+  ASSERT_EQ(firsts.size(), 2U);
+  EXPECT_EQ(firsts[0], first) << "the stream's second message went first";
+  EXPECT_EQ(firsts[1], second);
+}
+
 // Issue #24: a stream written to two targets is two streams, one per target (stream_seq and
 // head-of-line count per target and stream). While b's sink is unavailable, a's copies of the
 // stream all go, in order, and nothing of b's; once b is back, b's follow in their order.

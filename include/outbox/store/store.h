@@ -182,7 +182,8 @@ class Store {
 
   // Makes messages whose lease expired (and, with own_unexpired, the owner's) claimable again,
   // except the request's in-flight ones, without spending an attempt; returns how many. Cheap
-  // when none are. With partitions, only in those the caller still holds.
+  // when none are. With partitions, expired leases only in those the caller still holds; the
+  // owner's own (own_unexpired) wherever they are, its partition leases expired or not.
   virtual std::int64_t ReclaimExpired(const ReclaimRequest& request) = 0;
 
   // Deletes published and abandoned rows older than their retention, at most `max_rows` per

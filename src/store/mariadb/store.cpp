@@ -247,7 +247,7 @@ class MariaDbStore final : public Store {
   }
 
   std::int64_t ReclaimExpired(const ReclaimRequest& request) override {
-    if (request.partitions && request.partitions->empty()) return 0;
+    if (request.partitions && request.partitions->empty() && !request.own_unexpired) return 0;
     Json in_flight = Json::array();
     for (const auto& id : request.in_flight) in_flight.push_back(Hex(id));
     const Value params[] = {request.owner, PartitionsParam(request.partitions), Dump(in_flight),

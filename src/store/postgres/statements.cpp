@@ -209,11 +209,16 @@ RETURNING m.id)";
 // can only be the caller's own, left behind when recording an outcome failed or a claim's reply
 // was lost; another relay's partitions are not touched, however slow its batches. With $5, also
 // the caller's own leases that have not expired (after a claim whose reply was lost).
+// Expired leases in the partitions held; and with $5 (own_unexpired) every lease of owner $3 (a
+// relay's run: nobody else's), wherever it is: after an outage longer than the lease, the relay's
+// partition leases have expired too, and its own message leases must go back all the same before
+// it claims again (its heartbeat renews the partitions under the same epochs, and a claim in a
+// held partition goes behind the caller's own leases).
 constexpr const char* kReclaimExpired = R"(
 WITH __HELD__
 UPDATE __TABLE__ m SET status = 'pending', lease_owner = NULL, lease_until = NULL
-WHERE m.status = 'processing' AND (m.lease_until < now() OR ($5::boolean AND m.lease_owner = $3))
-  AND m.id <> ALL ($1::uuid[]) __IN_HELD__)";
+WHERE m.status = 'processing' AND m.id <> ALL ($1::uuid[])
+  AND ((m.lease_until < now() __IN_HELD__) OR ($5::boolean AND m.lease_owner = $3)))";
 
 // A message that holds its stream is never purged: that would release the stream behind the
 // operator's back; it waits for a replay or a skip.

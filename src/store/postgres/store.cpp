@@ -202,7 +202,7 @@ class PostgresStore final : public Store {
 
   std::int64_t ReclaimExpired(const ReclaimRequest& request) override {
     const HeldParams held{request.partitions};
-    if (held.none) return 0;
+    if (held.none && !request.own_unexpired) return 0;
     const std::string in_flight = UuidArray(request.in_flight);
     const auto result = Exec(connection_.Ready(), "reclaim expired leases", sql_.reclaim_expired,
                              {Param{in_flight}, held.partitions, Param{request.owner}, held.epochs,

@@ -396,12 +396,15 @@ BEGIN
     CALL __SCHEMA__.relay_held_partitions(p_owner, p_partitions, v_held);
   END IF;
   SET v_now = UTC_TIMESTAMP(6);
-  IF p_partitions IS NULL OR v_held IS NOT NULL THEN
+  -- p_owner's own leases go back wherever they are: after an outage longer than the lease its
+  -- partition leases have expired too (none held), and a claim must not go ahead of them.
+  IF p_partitions IS NULL OR v_held IS NOT NULL OR p_own_unexpired THEN
     UPDATE __SCHEMA__.messages m
     SET m.status = 'pending', m.lease_owner = NULL, m.lease_until = NULL
     WHERE m.status = 'processing'
-      AND (m.lease_until < v_now OR (p_own_unexpired AND m.lease_owner = p_owner))
-      AND (v_held IS NULL OR FIND_IN_SET(m.partition_no, v_held) > 0)
+      AND ((m.lease_until < v_now
+            AND (p_partitions IS NULL OR FIND_IN_SET(m.partition_no, v_held) > 0))
+           OR (p_own_unexpired AND m.lease_owner = p_owner))
       AND m.id NOT IN (SELECT f.id FROM outbox_v3_reclaim_in_flight f);
     SET v_reclaimed = ROW_COUNT();
   END IF;
