@@ -97,33 +97,35 @@ class StatusService::Impl {
         log_(std::move(log)),
         relay_(std::move(relay)),
         paused_targets_(std::move(paused)),
+        unread_(store_settings_ ? nullptr : std::make_unique<Registry>()),
         ready_(registry.AddGauge("outbox_ready", "1 when /readyz answers 200, else 0.")),
-        stats_age_(registry.AddGauge(
+        stats_age_(Counts(registry).AddGauge(
             "outbox_stats_age_seconds",
             "Seconds since the message counts were last read from the database (-1: never).")),
-        stats_duration_(registry.AddGauge(
+        stats_duration_(Counts(registry).AddGauge(
             "outbox_stats_duration_seconds",
             "How long the last read of the message counts took in the database.")),
-        estimated_(registry.AddGauge(
+        estimated_(Counts(registry).AddGauge(
             "outbox_messages_estimated",
             "1 when a count of outbox_messages was too large to take exactly and is the "
             "database planner's estimate.")),
-        oldest_pending_age_(registry.AddGauge("outbox_oldest_pending_age_seconds",
-                                              "Age of the oldest pending message (0 when none is "
-                                              "pending), on the database's clock.")),
-        lease_owners_(registry.AddGauge(
+        oldest_pending_age_(
+            Counts(registry).AddGauge("outbox_oldest_pending_age_seconds",
+                                      "Age of the oldest pending message (0 when none is "
+                                      "pending), on the database's clock.")),
+        lease_owners_(Counts(registry).AddGauge(
             "outbox_lease_owners", "Relays (lease owners) holding unexpired leases right now.")),
-        live_relays_(
-            registry.AddGauge("outbox_relays_live",
-                              "Relays heartbeating on this database (sharing its partitions).")),
-        unowned_partitions_(registry.AddGauge(
+        live_relays_(Counts(registry).AddGauge(
+            "outbox_relays_live",
+            "Relays heartbeating on this database (sharing its partitions).")),
+        unowned_partitions_(Counts(registry).AddGauge(
             "outbox_partitions_unowned",
             "Partitions no live relay holds: nobody publishes them until one takes them.")),
-        streams_held_(registry.AddGauge(
+        streams_held_(Counts(registry).AddGauge(
             "outbox_streams_held",
             "(target, stream) pairs held by an abandoned message under on_abandon = \"hold\": "
             "nothing after it is published until an operator replays or skips it.")),
-        by_topic_skipped_(registry.AddGauge(
+        by_topic_skipped_(Counts(registry).AddGauge(
             "outbox_messages_by_topic_skipped",
             "1 when outbox_messages_by_topic is empty because the backlog is above the exact-count "
             "limit or the grouped count took too long; 0 when it is current.")) {
@@ -133,12 +135,12 @@ class StatusService::Impl {
         .Set(1);
     for (const std::string_view status :
          {"pending", "processing", "failed", "abandoned", "published"}) {
-      by_status_.push_back(&registry.AddGauge(
+      by_status_.push_back(&Counts(registry).AddGauge(
           "outbox_messages",
           "Messages in the outbox by status (published: those kept by the retention setting).",
           {{"status", std::string{status}}}));
     }
-    registry.ReplaceGauges(std::string{kByTopicName}, kByTopicHelp, {});
+    Counts(registry).ReplaceGauges(std::string{kByTopicName}, kByTopicHelp, {});
     // One series per sink with a broker to probe: as many as the configuration has.
     registry.AllowSeries(kSinkReachableName, SeriesPerTarget(1, sinks.size()));
     for (ProbedSink& sink : sinks) {
@@ -156,6 +158,9 @@ class StatusService::Impl {
 
   ~Impl() { Stop(); }
   Impl(const Impl&) = delete;
+
+  // Where the series of the store's counts go: `registry`, or nowhere without a store.
+  Registry& Counts(Registry& registry) { return unread_ ? *unread_ : registry; }
   Impl& operator=(const Impl&) = delete;
 
   void SetWalCheck(WalCheckFn check) { wal_check_ = std::move(check); }
@@ -451,6 +456,9 @@ class StatusService::Impl {
   PausedTargetsFn paused_targets_;
   WalCheckFn wal_check_;      // set before Start, read by the stats thread and requests
   ExtraCheckFn extra_check_;  // likewise
+  // Without a store, where the series of the counts go instead of `registry_`: they are never
+  // read, and a gauge left at 0 would tell an alert that nothing is abandoned.
+  std::unique_ptr<Registry> unread_;
   Gauge& ready_;
   Gauge& stats_age_;
   Gauge& stats_duration_;

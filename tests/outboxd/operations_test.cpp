@@ -443,6 +443,14 @@ TEST(OperationsTest, ManyDatabasesAreNamedInReadinessTheRelayAndTheAdminApi) {
   EXPECT_EQ(json.at("databases")[0].at("name"), "t1");
   EXPECT_EQ(json.at("databases")[0].at("published"), 5);
   EXPECT_EQ(json.at("databases")[1].at("relaying"), false);
+  // The counts are not read per database: no series pretends they are 0 (an alert on
+  // outbox_messages{status="abandoned"} would never fire).
+  const std::string metrics = answer("/metrics")->body;
+  for (const char* unread : {"outbox_messages{", "outbox_oldest_pending_age_seconds",
+                             "outbox_streams_held", "outbox_relays_live"}) {
+    EXPECT_EQ(metrics.find(unread), std::string::npos) << unread << " in\n" << metrics;
+  }
+  EXPECT_NE(metrics.find("outbox_ready"), std::string::npos);
   EXPECT_EQ(answer("/api/messages")->status, 400);
   EXPECT_NE(answer("/api/messages")->body.find("?database=NAME"), std::string::npos);
   EXPECT_EQ(answer("/api/messages?database=t9")->status, 404);
