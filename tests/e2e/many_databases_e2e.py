@@ -62,8 +62,8 @@ WRITE_RATE = 700  # transactions per second over all databases (CI: a 2-core mac
 # The run, in seconds after the writers start.
 CUT_AT = 2.0
 KILL_AT = 4.0
-RESTORE_AT = 12.0
-WRITE_FOR = 14.0
+RESTORE_AT = 9.0
+WRITE_FOR = 10.5
 LEASE = 3.0  # relay.lease; publish_timeout must stay below half of it
 SWEEP = 0.5  # relay.sweep_interval
 # The 49 databases that stay reachable while the one is cut: their commit -> first delivery
@@ -72,7 +72,7 @@ SWEEP = 0.5  # relay.sweep_interval
 # it, and builds beside them: load average 12-21): p99 0.11-0.30 s before the cut, 0.14-0.42 s
 # while it lasts (max 0.48 s), 0.21-0.48 s after it (a relay does not wait for the cut database:
 # each database has its own thread, connections and backoff). 2 s is several times that, and far
-# below what a relay held back by the cut database would show (the whole cut: 10 s).
+# below what a relay held back by the cut database would show (the whole cut: 7 s).
 LATENCY_P99_BOUND = 2.0
 # Fewer messages committed in that window would measure nothing. A relay held back by the cut
 # database would delay nearly all of them by seconds, so a hundred suffice to see it; 270-900 were
