@@ -14,11 +14,12 @@
 //
 // EveryCommittedMessageAcceptedInOrderAndRetryAfterHonoured: the endpoint up all along.
 // EndpointDownForSecondsLosesNothingAndSpendsNoAttempt: while the writers write, the receiver
-// is stopped for OUTBOX_HTTP_OUTAGE_SECONDS (10 by default, the case 30) and a new one started on the same port (same secret, same behaviour); what
-// the first one recorded counts too. An unreachable endpoint is kUnavailable: no attempt spent.
-// The attempts check shows it (the messages' attempts at the end of the outage, and the
-// outbox-attempts of every request after it); and with max_attempts = 8 and the relay probing
-// every 250 ms, an outage that spent attempts would abandon every message it found.
+// is stopped for OUTBOX_HTTP_OUTAGE_SECONDS (10 by default, the case 30) and a new one
+// started on the same port (same secret, same behaviour); what the first one recorded counts too.
+// An unreachable endpoint is kUnavailable: no attempt spent. The attempts check shows it (the
+// messages' attempts at the end of the outage, and the outbox-attempts of every request after it);
+// and with max_attempts = 8 and the relay probing every 250 ms, an outage that spent attempts would
+// abandon every message it found.
 //
 // Messages per test: 20,000, or OUTBOX_HTTP_E2E_MESSAGES. To look into a failure:
 // OUTBOX_HTTP_E2E_DUMP=<file> writes the record (seq, t, answered_t, sent_t, status, id, stream
@@ -79,12 +80,12 @@ constexpr double kRetryAfterSeconds = 1.0;
 // cores shared with PostgreSQL, 8 writers and outboxd). The slack covers that: nothing may arrive
 // from sent_t + slack until answered_t + 1 s.
 constexpr double kWireSlackSeconds = 0.3;
-// How long the endpoint is down: OUTBOX_HTTP_OUTAGE_SECONDS, 10 by default (what scripts/test
+// How long the endpoint is down: OUTBOX_HTTP_OUTAGE_SECONDS, 6 by default (what scripts/test
 // runs; the case is 30 s, and nothing in the relay changes with the length: it probes the
-// host every 250 ms to 5 s all along).
+// host every 250 ms to 5 s all along; in 6 s several probes fail, each waiting twice as long).
 seconds Outage() {
   const char* text = std::getenv("OUTBOX_HTTP_OUTAGE_SECONDS");
-  return seconds{text != nullptr && std::atoi(text) > 0 ? std::atoi(text) : 10};
+  return seconds{text != nullptr && std::atoi(text) > 0 ? std::atoi(text) : 6};
 }
 // The writers of the outage test spread their transactions over this long, so that they are
 // still writing when the endpoint goes down and go on while it is down.
