@@ -9,21 +9,27 @@ database (`--layout schemas`: `outboxctl migrate --schema tNNN`, one per tenant)
 the largest count and dropped at the end (the prefix is `mdb<pid>_`; `--drop-leftovers` drops what
 an interrupted run left). outboxd gets one `[[databases]]` table per tenant (name "tNNN"),
 `[relay] instance`, `[log] level = "warn"`, `[http] listen` on a free loopback port and
-`[sinks.default]` RabbitMQ with `routing_key = "{topic}"`; everything else at its defaults
-(`sweep_interval` 10 s, `[http] stats_interval` 5 s, lease 30 s). The benchmark's own connections
-carry `application_name = mdb-bench`; everything else in the tenant databases is outboxd's.
+`[sinks.default]` RabbitMQ with `routing_key = "{topic}"`, plus any --relay-setting lines;
+everything else at its defaults (each idle case prints lease, sweep_interval and purge_interval
+as `outboxd --check-config` gives them: with [[databases]] 30 s, 30 s and 10 min). outboxd and
+outboxctl are copied from --bin first, so a build in the tree meanwhile changes nothing. The
+benchmark's own connections carry `application_name = mdb-bench`; everything else in the tenant
+databases is outboxd's.
 
 Cases (each prints its conditions, then its numbers):
 
   idle      N tenants, outboxd started and settled, no writes, over --idle-seconds (60): the
-            statements outboxd sends (pg_stat_statements' `calls` in the tenant databases, the
-            tenants' entries, and those of databases dropped since, reset just before the window
-            to make room; a deallocation or a reset by someone else during the window is
-            reported; the tenants' transactions from pg_stat_database, which count autovacuum's
-            too, are printed as an upper bound), in total, per second and
-            per tenant, broken down by query text (calls per tenant per minute); outboxd's
-            connections (pg_stat_activity, grouped by their last statement, with how long they
-            have been idle: a LISTEN connection idle since before the window sent nothing);
+            statements outboxd sends, from the server's log (`log_statement = 'all'` set on the
+            tenant databases only, by ALTER DATABASE, for the idle cases; the entries of
+            outboxd's sessions between two clock_timestamp()s, see LogStatements), next to
+            pg_stat_statements' `calls` in the tenant databases (their entries, and those of
+            databases dropped since, reset just before the window; its max is shared with other
+            tests' statements, and a deallocation during the window, which undercounts, is
+            reported) and the tenants' transactions from pg_stat_database (autovacuum's
+            included: an upper bound); in total, per second and per tenant, broken down by query
+            text (calls per tenant per minute); outboxd's connections (pg_stat_activity, grouped
+            by their last statement, with how long they have been idle: the wake-up connection,
+            which LISTENs, idle since before the window sent nothing and was woken by no NOTIFY);
             outboxd's RSS, threads and open files; CPU seconds of outboxd, of its PostgreSQL
             backends and of all postgres processes over the window; the size of /metrics.
             Target: <= 0.05 statements/s per idle tenant (the slope of a least-squares fit over
@@ -54,11 +60,19 @@ Cases (each prints its conditions, then its numbers):
             outboxd serves the N tenants and is settled (the drain of one database beside N - 1
             idle ones, from the COMMIT), and a fourth, for N <= --max-open-writers (100), spreads
             them over the N tenants in transactions held open and committed together once
-            outboxd is settled (every tenant busy, without the start).
+            outboxd is settled (every tenant busy, without the start). Each run also prints
+            outboxd's own account from /metrics: claims (count, mean time, messages each) and
+            batch publishes (mean time from the lane's queue to the last confirm).
+  drain-separate  (not in the default set) the control for drain's fourth run: the same spread
+            over N tenants (N <= --max-open-writers), each tenant served by an outboxd of its own
+            with a [database] config: what N concurrent drains cost on this box without sharing
+            a process, a dispatcher or a sink connection.
 
   bench/many_databases.py [--tenants 1,10,100,500] [--cases idle,latency,separate,drain]
                           [--layout databases|schemas] [--idle-seconds 60] [--backlog 1000000]
-                          [--drain-messages 100000] [--quick] [--legacy-config]
+                          [--drain-messages 100000] [--relay-setting 'LINE' ...]
+                          [--max-open-writers 100] [--bin DIR] [--quick] [--legacy-config]
+                          [--drop-leftovers]
 
 --quick: tenants 1,10, idle 10 s, backlog 50,000, drain 20,000, quiet phase 5 s (a smoke run of a
 few minutes). --legacy-config writes `[database]` instead of `[[databases]]` (one tenant only:
@@ -818,6 +832,24 @@ def describe_rounds(relay):
             f"{publish_time:.1f} s in all")
 
 
+def describe_rounds_of(relays):
+    """describe_rounds over several outboxd, added up."""
+    bodies = []
+    for relay in relays:
+        try:
+            bodies.append(relay.metrics()[0])
+        except OSError:
+            pass
+    body = b"\n".join(bodies)
+    claims = metric_sum(body, "outbox_relay_claim_seconds_count")
+    claim_time = metric_sum(body, "outbox_relay_claim_seconds_sum")
+    publishes = metric_sum(body, "outbox_relay_publish_seconds_count")
+    publish_time = metric_sum(body, "outbox_relay_publish_seconds_sum")
+    return (f"the {len(relays)} outboxd's claims {claims:,.0f}, mean "
+            f"{1000 * claim_time / max(1, claims):.1f} ms; batch publishes {publishes:,.0f}, mean "
+            f"{1000 * publish_time / max(1, publishes):.1f} ms")
+
+
 # --- case: idle -------------------------------------------------------------------------------
 
 
@@ -1173,11 +1205,12 @@ def drain_settled(env, tenants, count, options):
     return rate
 
 
-def drain_spread_settled(env, tenants, count, options):
+def drain_spread_settled(env, tenants, count, options, separate=False):
     """--drain-messages spread over the first `count` tenants while outboxd, started and settled,
     serves them: each tenant's share written in a transaction of its own, all held open, then
     committed one after the other (milliseconds apart). Needs `count` more connections, so it is
-    skipped beyond --max-open-writers."""
+    skipped beyond --max-open-writers. `separate`: an outboxd per tenant ([database] configs)
+    instead of one for all, the control."""
     if count > options.max_open_writers:
         log(f"  spread over {count} tenants with outboxd settled: not run (it holds {count} "
             f"writing transactions open, {count} connections beside outboxd's "
@@ -1192,10 +1225,15 @@ def drain_spread_settled(env, tenants, count, options):
     total = options.drain_messages
     share, extra = divmod(total, count)
     relay = counter = None
-    writers = []
+    relays, writers = [], []
     try:
-        relay = Outboxd(env, entries, f"spread{count}", legacy=options.legacy_config)
-        settle(env, databases, relay)
+        if separate:
+            for entry in entries:
+                relays.append(Outboxd(env, [entry], f"separate{count}-{entry[0]}", legacy=True))
+        else:
+            relays.append(Outboxd(env, entries, f"spread{count}", legacy=options.legacy_config))
+        relay = relays[0]
+        settle(env, databases, relays[-1])  # all of them: their connections counted together
         time.sleep(options.settle_seconds)
         counter = Counter(env, queue, total)
         write_start = now()
@@ -1215,23 +1253,29 @@ def drain_spread_settled(env, tenants, count, options):
             conn.execute("COMMIT")
         last_commit = now()
         cpu = CpuWindow(relay.pid, backends)
+        relays_cpu = [proc_cpu(one.pid) for one in relays]
         result = counter.wait(timeout=1800)
         counter = None
         used = cpu.finish()
-        rounds = describe_rounds(relay)
+        used["outboxd"] = sum(proc_cpu(one.pid) - before
+                              for one, before in zip(relays, relays_cpu))
+        rounds = "; ".join(describe_rounds(one) for one in relays) if not separate else \
+            describe_rounds_of(relays)
     finally:
         for conn in writers:
             conn.close()
         if counter is not None:
             counter.wait(timeout=1)
-        if relay is not None:
-            relay.stop()
+        for one in relays:
+            one.stop()
         delete_queues(env, [queue])
     received, first, last = result.get("count", 0), result.get("first"), result.get("last")
     rate = (received - 1) / (last - first) if first and last and last > first else math.nan
+    who = (f"{count} outboxd, one per tenant ([database] configs; CPU: all of them)" if separate
+           else "outboxd")
     log(f"  {total:,} messages of {options.payload} B spread over all {count} tenants in open "
         f"transactions ({first_commit - write_start:.1f} s), committed within "
-        f"{1000 * (last_commit - first_commit):.0f} ms while outboxd, settled, serves them: "
+        f"{1000 * (last_commit - first_commit):.0f} ms while {who}, settled, serves them: "
         f"{rate:,.0f} msgs/s first -> last receipt, "
         f"{received / (last - first_commit) if last else math.nan:,.0f} msgs/s first COMMIT -> "
         "last")
@@ -1371,6 +1415,14 @@ def main():
             else:
                 summary.append(f"drain, 1 tenant: {one:,.0f} msgs/s, outboxd settled first "
                                f"{settled:,.0f} msgs/s")
+    if "drain-separate" in cases:
+        log(f"\n== drain, the control: {options.drain_messages:,} messages spread over N tenants, "
+            "each served by an outboxd of its own")
+        for count in counts:
+            if count > 1:
+                rate = drain_spread_settled(env, tenants, count, options, separate=True)
+                summary.append(f"drain, {count} tenants all busy, an outboxd per tenant, settled "
+                               f"first: {rate:,.0f} msgs/s")
     log("\n== summary")
     for line in summary:
         log("  " + line)
