@@ -144,7 +144,6 @@ void CheckStart(const outbox::outboxd::Config& config) {
 }
 
 // What main will exit with once its drain is done; kDraining until then.
-// (RunManyDatabases, below Shutdown, relays many databases.)
 constexpr int kDraining = -1;
 
 // What the signal thread needs of main: how to stop the relays while they exist, and the code main
@@ -222,11 +221,56 @@ void HandleSignals(Shutdown& shutdown, const outbox::LogFn& log,
   _exit(kExitFailure);
 }
 
+// From its construction until its destruction (while the relays exist), a signal drains the
+// relays through `stop` and tells `operations` (Shutdown).
+class ArmedShutdown {
+ public:
+  ArmedShutdown(Shutdown& shutdown, std::function<void()> stop,
+                outbox::outboxd::Operations* operations)
+      : shutdown_(shutdown) {
+    std::lock_guard lock(shutdown_.mutex);
+    shutdown_.stop = std::move(stop);
+    shutdown_.operations = operations;
+  }
+  ~ArmedShutdown() {
+    std::lock_guard lock(shutdown_.mutex);
+    shutdown_.stop = nullptr;
+    shutdown_.operations = nullptr;
+  }
+  ArmedShutdown(const ArmedShutdown&) = delete;
+  ArmedShutdown& operator=(const ArmedShutdown&) = delete;
+
+ private:
+  Shutdown& shutdown_;
+};
+
+// The last line of a run: what the relays did since start.
+void LogBye(const outbox::LogFn& log_fn, std::uint64_t published, std::uint64_t failed,
+            std::uint64_t unconfirmed) {
+  log_fn(outbox::LogLevel::kInfo, "published " + std::to_string(published) + " messages, " +
+                                      std::to_string(failed) + " failed attempts, " +
+                                      std::to_string(unconfirmed) + " republished; bye");
+}
+
+// Runs a start and its relays; a configuration refused then exits 2, anything else thrown 1.
+template <typename Run>
+int ExitCodeOf(const outbox::LogFn& log_fn, Run&& run) {
+  try {
+    return run();
+  } catch (const outbox::ConfigError& error) {
+    log_fn(outbox::LogLevel::kError, std::string{"configuration: "} + error.what());
+    return kExitUsage;
+  } catch (const std::exception& error) {
+    log_fn(outbox::LogLevel::kError, error.what());
+    return kExitFailure;
+  }
+}
+
 // Many databases ([[databases]], [discovery]): one dispatcher over the sinks, a relay per
 // database (TenantRelays), the discovery keeping the set current, the operations side on them.
 int RunManyDatabases(const outbox::outboxd::Config& config, Shutdown& shutdown,
                      const outbox::LogFn& log_fn, const std::shared_ptr<spdlog::logger>& logger) {
-  try {
+  return ExitCodeOf(log_fn, [&] {
     outbox::observe::Registry registry;
     outbox::TenantRelays relays(RelaySettingsOf(config),
                                 OpenSinks(config, {.log = log_fn, .lease = config.relay.lease}),
@@ -263,22 +307,13 @@ int RunManyDatabases(const outbox::outboxd::Config& config, Shutdown& shutdown,
                           : std::string{}) +
         " as " + config.relay.instance + " to " + std::to_string(config.sinks.size()) + " sink(s)";
     log_fn(outbox::LogLevel::kInfo, "outboxd " + std::string{outbox::kVersion} + " " + relaying);
-    struct Armed {
-      Shutdown& shutdown;
-      ~Armed() {
-        std::lock_guard lock(shutdown.mutex);
-        shutdown.stop = nullptr;
-        shutdown.operations = nullptr;
-      }
-    } armed{shutdown};
-    {
-      std::lock_guard lock(shutdown.mutex);
-      shutdown.stop = [&relays, &discovery] {
-        discovery.Stop();
-        relays.Stop();
-      };
-      shutdown.operations = &*operations;
-    }
+    const ArmedShutdown armed(
+        shutdown,
+        [&relays, &discovery] {
+          discovery.Stop();
+          relays.Stop();
+        },
+        &*operations);
     discovery.Start();
     outbox::outboxd::NotifyReady(relaying);
     relays.Run();  // until a signal; then every database drains
@@ -286,19 +321,10 @@ int RunManyDatabases(const outbox::outboxd::Config& config, Shutdown& shutdown,
     shutdown.exit_code = 0;
     operations->Stop();
     const auto totals = relays.CountersTotal();
-    log_fn(outbox::LogLevel::kInfo, "published " + std::to_string(totals.published) +
-                                        " messages, " + std::to_string(totals.failed) +
-                                        " failed attempts, " + std::to_string(totals.unconfirmed) +
-                                        " republished; bye");
+    LogBye(log_fn, totals.published, totals.failed, totals.unconfirmed);
     logger->flush();
     return 0;
-  } catch (const outbox::ConfigError& error) {
-    log_fn(outbox::LogLevel::kError, std::string{"configuration: "} + error.what());
-    return kExitUsage;
-  } catch (const std::exception& error) {
-    log_fn(outbox::LogLevel::kError, error.what());
-    return kExitFailure;
-  }
+  });
 }
 
 }  // namespace
@@ -371,7 +397,7 @@ int main(int argc, char** argv) {
       [&] { HandleSignals(shutdown, log_fn, logger, signals, config.relay.shutdown_timeout); });
   signal_thread.detach();  // it either exits the process or waits forever
   if (config.many_databases()) return RunManyDatabases(config, shutdown, log_fn, logger);
-  try {
+  return ExitCodeOf(log_fn, [&] {
     // The relay and the operations side write into one registry; only it renders.
     outbox::observe::Registry registry;
     // The table relay, WAL mode's relay when the database delivers by WAL, one dispatcher.
@@ -390,19 +416,8 @@ int main(int argc, char** argv) {
                                  config.relay.instance + " to " + sinks;
     log_fn(outbox::LogLevel::kInfo, "outboxd " + std::string{outbox::kVersion} + " " + relaying);
     // From here until the relays are destroyed, a signal drains them (Shutdown).
-    struct Armed {
-      Shutdown& shutdown;
-      ~Armed() {
-        std::lock_guard lock(shutdown.mutex);
-        shutdown.stop = nullptr;
-        shutdown.operations = nullptr;
-      }
-    } armed{shutdown};
-    {
-      std::lock_guard lock(shutdown.mutex);
-      shutdown.stop = [&relays] { relays.Stop(); };
-      shutdown.operations = operations ? &*operations : nullptr;
-    }
+    const ArmedShutdown armed(
+        shutdown, [&relays] { relays.Stop(); }, &*operations);
     // Started: configuration read, database reached and its schema checked, sinks built.
     outbox::outboxd::NotifyReady(relaying);
     // A WAL relay that fails for good (not an outage, not a missing slot, which it reports and
@@ -411,10 +426,7 @@ int main(int argc, char** argv) {
     shutdown.exit_code = wal_failed ? kExitFailure : 0;
     if (operations) operations->Stop();
     const auto& counters = relays.counters();
-    log_fn(outbox::LogLevel::kInfo,
-           "published " + std::to_string(counters.published.load()) + " messages, " +
-               std::to_string(counters.failed.load()) + " failed attempts, " +
-               std::to_string(counters.unconfirmed.load()) + " republished; bye");
+    LogBye(log_fn, counters.published.load(), counters.failed.load(), counters.unconfirmed.load());
     if (const auto* wal_counters = relays.wal_counters()) {
       const auto& wal = *wal_counters;
       log_fn(outbox::LogLevel::kInfo, "WAL mode: published " +
@@ -424,11 +436,5 @@ int main(int argc, char** argv) {
     }
     logger->flush();
     return wal_failed ? kExitFailure : 0;
-  } catch (const outbox::ConfigError& error) {
-    log_fn(outbox::LogLevel::kError, std::string{"configuration: "} + error.what());
-    return kExitUsage;
-  } catch (const std::exception& error) {
-    log_fn(outbox::LogLevel::kError, error.what());
-    return kExitFailure;
-  }
+  });
 }
