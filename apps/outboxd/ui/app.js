@@ -261,6 +261,19 @@
     if (!chosen || chosen.relaying || failure.status === 401 || failure.status === 0) throw failure;
     show('Could not read database ' + chosen.name + ': ' + failure.message);
   }
+  // A page of /api/messages for `query` in the chosen database; null when it could not be read
+  // (said in `body`) or another database was chosen meanwhile (the answer is stale).
+  async function listPage(query, body, colspan) {
+    const database = state.database;
+    let page;
+    try {
+      page = (await api('/api/messages?' + withDatabase(query).toString())).json;
+    } catch (failure) {
+      unreadable(failure, database, (text) => tableNote(body, colspan, text));
+      return null;
+    }
+    return database === state.database ? page : null;
+  }
   function tableNote(body, colspan, text) {
     clear(body).appendChild(el('tr', {}, el('td', {colspan: String(colspan), class: 'error-text', text})));
   }
@@ -508,15 +521,8 @@
     const query = filterQuery('f');
     query.set('limit', String(PAGE_SIZE));
     if (state.messages.after) query.set('after', state.messages.after);
-    const database = state.database;
-    let page;
-    try {
-      page = (await api('/api/messages?' + withDatabase(query).toString())).json;
-    } catch (failure) {
-      unreadable(failure, database, (text) => tableNote(body, 8, text));
-      return;
-    }
-    if (database !== state.database) return;  // another database was chosen meanwhile
+    const page = await listPage(query, body, 8);
+    if (!page) return;
     clear(body);
     for (const message of page.messages) {
       const row = el('tr', {class: 'link', 'data-id': message.id},
@@ -533,7 +539,7 @@
     state.messages.next = page.next_after;
     $('messages-next').disabled = !page.more;
     $('messages-first').disabled = !state.messages.after;
-    setText('messages-count', page.messages.length + ' shown' + (many() ? ' from database ' + database : '') +
+    setText('messages-count', page.messages.length + ' shown' + (many() ? ' from database ' + state.database : '') +
       (page.more ? ', more after these' : ''));
   }
 
@@ -584,15 +590,8 @@
     const query = filterQuery('ab');
     query.set('limit', String(PAGE_SIZE));
     if (state.abandoned.after) query.set('after', state.abandoned.after);
-    const database = state.database;
-    let page;
-    try {
-      page = (await api('/api/messages?' + withDatabase(query).toString())).json;
-    } catch (failure) {
-      unreadable(failure, database, (text) => tableNote(body, 8, text));
-      return;
-    }
-    if (database !== state.database) return;  // another database was chosen meanwhile
+    const page = await listPage(query, body, 8);
+    if (!page) return;
     clear(body);
     $('ab-all').checked = false;
     for (const message of page.messages) {
@@ -609,7 +608,7 @@
     if (!page.messages.length) body.appendChild(el('tr', {}, el('td', {colspan: '8', class: 'muted', text: 'No message matches.'})));
     state.abandoned.next = page.next_after;
     $('ab-next').disabled = !page.more;
-    setText('ab-count', page.messages.length + ' shown' + (many() ? ' from database ' + database : '') +
+    setText('ab-count', page.messages.length + ' shown' + (many() ? ' from database ' + state.database : '') +
       (page.more ? ', more after these' : ''));
   }
 
