@@ -541,20 +541,12 @@ void RelayTest::DrainThroughDatabaseOutages(bool with_partition_leases) {
 // leased to this relay that it does not know. The relay gives them back before it claims again;
 // otherwise the stream's next message, claimable behind the relay's own leases, would go first.
 TEST_F(RelayTest, AClaimWhoseReplyIsLostReordersNoStream) {
-  const std::string url = PgUrl();
-  const auto at = url.find("://");
-  ASSERT_NE(at, std::string::npos) << "OUTBOX_TEST_PG_URL must be a URI: " << url;
-  const auto authority = url.find('@', at) != std::string::npos ? url.find('@', at) + 1 : at + 3;
-  const auto colon = url.find(':', authority);
-  const auto slash = url.find('/', authority);
-  ASSERT_TRUE(colon != std::string::npos && colon < slash) << "no port in " << url;
-  TcpProxy proxy(url.substr(authority, colon - authority),
-                 std::stoi(url.substr(colon + 1, slash - colon - 1)));
-  const char* join = url.find('?') == std::string::npos ? "?" : "&";
+  const auto [host, port] = PgHostPort();
+  TcpProxy proxy(host, port);
   // Named, so that the test can tell when the relay has gone to sleep (see below).
   const std::string via_proxy =
-      url + join + "port=" + std::to_string(proxy.port()) + "&application_name=lost-claim-store";
-  const std::string direct = url + join + "application_name=lost-claim-wakeup";
+      PgUrlWith("port=" + std::to_string(proxy.port()) + "&application_name=lost-claim-store");
+  const std::string direct = PgUrlWith("application_name=lost-claim-wakeup");
 
   auto owned = std::make_unique<TestSink>();
   TestSink* sink = owned.get();
@@ -608,22 +600,15 @@ TEST_F(RelayTest, AClaimWhoseReplyIsLostReordersNoStream) {
 // partition is held; then the heartbeat renews them under the same epochs, and a claim there goes
 // behind the caller's own leases: the first message must have gone back by then.
 TEST_F(RelayTest, AClaimWhoseReplyIsLostInAnOutageLongerThanThePartitionLeaseReordersNoStream) {
-  const std::string url = PgUrl();
-  const auto at = url.find("://");
-  const auto authority = url.find('@', at) != std::string::npos ? url.find('@', at) + 1 : at + 3;
-  const auto colon = url.find(':', authority);
-  const auto slash = url.find('/', authority);
-  ASSERT_TRUE(colon != std::string::npos && colon < slash) << "no port in " << url;
-  const std::string host = url.substr(authority, colon - authority);
-  const int port = std::stoi(url.substr(colon + 1, slash - colon - 1));
+  const auto [host, port] = PgHostPort();
   TcpProxy store_proxy(host, port);
   TcpProxy leases_proxy(host, port);
-  const char* join = url.find('?') == std::string::npos ? "?" : "&";
-  const std::string via_store_proxy = url + join + "port=" + std::to_string(store_proxy.port()) +
-                                      "&application_name=lost-claim-store&connect_timeout=2";
-  const std::string via_leases_proxy = url + join + "port=" + std::to_string(leases_proxy.port()) +
-                                       "&application_name=lost-leases&connect_timeout=2";
-  const std::string direct = url + join + "application_name=lost-claim-wakeup";
+  const std::string via_store_proxy =
+      PgUrlWith("port=" + std::to_string(store_proxy.port()) +
+                "&application_name=lost-claim-store&connect_timeout=2");
+  const std::string via_leases_proxy = PgUrlWith("port=" + std::to_string(leases_proxy.port()) +
+                                                 "&application_name=lost-leases&connect_timeout=2");
+  const std::string direct = PgUrlWith("application_name=lost-claim-wakeup");
 
   auto owned = std::make_unique<TestSink>();
   TestSink* sink = owned.get();

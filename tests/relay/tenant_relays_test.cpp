@@ -22,26 +22,13 @@ namespace outbox {
 namespace {
 
 using std::chrono::milliseconds;
+using testing::PgHostPort;
 using testing::PgUrl;
+using testing::PgUrlWith;
 using testing::Scalar;
 using testing::TcpProxy;
 using testing::TestSchema;
 using testing::TestSink;
-
-// PgUrl's host and port, and PgUrl through a proxy listening on `port`.
-std::pair<std::string, int> PgHostPort() {
-  const std::string url = PgUrl();
-  const auto at = url.find("://");
-  const auto authority = url.find('@', at) != std::string::npos ? url.find('@', at) + 1 : at + 3;
-  const auto colon = url.find(':', authority);
-  const auto slash = url.find('/', authority);
-  return {url.substr(authority, colon - authority),
-          std::stoi(url.substr(colon + 1, slash - colon - 1))};
-}
-std::string PgUrlThrough(int port) {
-  const std::string url = PgUrl();
-  return url + (url.find('?') == std::string::npos ? "?" : "&") + "port=" + std::to_string(port);
-}
 
 bool WaitFor(const std::function<bool()>& done, milliseconds limit = milliseconds{20000}) {
   const auto until = std::chrono::steady_clock::now() + limit;
@@ -148,7 +135,7 @@ TEST_F(TenantRelaysTest, AnUnreachableOrUnmigratedDatabaseHoldsBackNothingOfTheO
   const auto [host, port] = PgHostPort();
   TcpProxy proxy(host, port);
   proxy.SetMode(TcpProxy::Mode::kBlackhole);  // its connections time out
-  const std::string proxied = PgUrlThrough(proxy.port());
+  const std::string proxied = PgUrlWith("port=" + std::to_string(proxy.port()));
   Start({Named("healthy", PgUrl(), healthy.name()), Named("down", proxied, behind_proxy.name()),
          Named("unmigrated", PgUrl(), "never_migrated_here")});
   for (int i = 0; i < 5; ++i) Enqueue(healthy, "k" + std::to_string(i));

@@ -10,6 +10,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "outbox/store/postgres.h"
 #include "outbox/store/postgres_libpq.h"
@@ -21,6 +22,29 @@ inline std::string PgUrl() {
   return url != nullptr && url[0] != '\0'
              ? url
              : "postgresql://outbox:outbox@127.0.0.1:15432/outbox_test";
+}
+
+// PgUrl's host and port, for a proxy in front of the server; throws std::runtime_error unless
+// PgUrl is a URI naming both.
+inline std::pair<std::string, int> PgHostPort() {
+  const std::string url = PgUrl();
+  const auto at = url.find("://");
+  if (at == std::string::npos) throw std::runtime_error("OUTBOX_TEST_PG_URL must be a URI: " + url);
+  const auto user = url.find('@', at);
+  const auto authority = user != std::string::npos ? user + 1 : at + 3;
+  const auto colon = url.find(':', authority);
+  const auto slash = url.find('/', authority);
+  if (colon == std::string::npos || colon > slash) {
+    throw std::runtime_error("no port in OUTBOX_TEST_PG_URL: " + url);
+  }
+  return {url.substr(authority, colon - authority),
+          std::stoi(url.substr(colon + 1, slash - colon - 1))};
+}
+
+// PgUrl with further URI parameters ("port=5433&application_name=x").
+inline std::string PgUrlWith(const std::string& parameters) {
+  const std::string url = PgUrl();
+  return url + (url.find('?') == std::string::npos ? "?" : "&") + parameters;
 }
 
 // The store's own RAII handles (outbox/store/postgres_libpq.h).
