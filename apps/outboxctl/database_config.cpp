@@ -25,15 +25,19 @@ bool NamesMany(const outbox::config::TomlValue& root) {
   return top.Find("databases") != nullptr || top.Find("discovery") != nullptr;
 }
 
-// The [[databases]] tables and, with [discovery], the catalog's rows after them.
+// `listed` (the [[databases]] tables) and, with [discovery], the catalog's rows after them.
 outbox::apps::CatalogDatabases ManyDatabases(const outbox::config::TomlValue& root,
-                                             const outbox::config::GetenvFn& getenv) {
-  const outbox::config::Section top{&root, ""};
-  std::vector<outbox::NamedDatabase> databases = outbox::apps::ReadDatabaseList(top, getenv);
-  const auto discovery = outbox::apps::ReadDiscovery(top, getenv);
-  if (!discovery) return {.databases = std::move(databases), .refused = {}};
+                                             const outbox::config::GetenvFn& getenv,
+                                             std::vector<outbox::NamedDatabase> listed) {
+  const auto discovery = outbox::apps::ReadDiscovery(outbox::config::Section{&root, ""}, getenv);
+  if (!discovery) return {.databases = std::move(listed), .refused = {}};
   const auto catalog = outbox::apps::OpenCatalog(*discovery);
-  return outbox::apps::ReadCatalog(*catalog, *discovery, databases);
+  return outbox::apps::ReadCatalog(*catalog, *discovery, listed);
+}
+
+std::vector<outbox::NamedDatabase> Listed(const outbox::config::TomlValue& root,
+                                          const outbox::config::GetenvFn& getenv) {
+  return outbox::apps::ReadDatabaseList(outbox::config::Section{&root, ""}, getenv);
 }
 
 }  // namespace
@@ -55,11 +59,13 @@ Database LoadDatabase(const std::string& path, const outbox::config::GetenvFn& g
                               "the file names many databases ([[databases]], [discovery]): "
                               "choose one with --database NAME (migrate takes --all)");
   }
-  const outbox::config::Section top{&root, ""};
-  for (const outbox::NamedDatabase& database : outbox::apps::ReadDatabaseList(top, getenv)) {
+  // The file's own list first: the catalog is read only for a name it does not have.
+  std::vector<outbox::NamedDatabase> listed = Listed(root, getenv);
+  for (const outbox::NamedDatabase& database : listed) {
     if (database.name == name) return {.type = database.type, .settings = database.settings};
   }
-  for (const outbox::NamedDatabase& database : ManyDatabases(root, getenv).databases) {
+  for (const outbox::NamedDatabase& database :
+       ManyDatabases(root, getenv, std::move(listed)).databases) {
     if (database.name == name) return {.type = database.type, .settings = database.settings};
   }
   throw outbox::ConfigError("--database", "no database named " + outbox::config::Quoted(name) +
@@ -75,7 +81,7 @@ AllDatabases LoadAllDatabases(const std::string& path, const outbox::config::Get
                 {{.name = "", .type = single.type, .settings = single.settings, .fingerprint = {}}},
             .refused = {}};
   }
-  auto many = ManyDatabases(root, getenv);
+  auto many = ManyDatabases(root, getenv, Listed(root, getenv));
   return {.databases = std::move(many.databases), .refused = std::move(many.refused)};
 }
 
