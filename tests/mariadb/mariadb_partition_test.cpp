@@ -112,6 +112,33 @@ TEST_F(MariaDbPartitionTest, ExpiredLeasesAreReclaimedOnlyInHeldPartitionsAndNot
   EXPECT_EQ(store->ReclaimExpired(reclaim), 0) << "no partition: nothing";
 }
 
+// PostgreSQL's test of the same name (pg_partition_test.cpp): an owner's own leases go back even
+// after its partition leases expired.
+TEST_F(MariaDbPartitionTest, AnOwnersOwnLeasesGoBackEvenAfterItsPartitionLeasesExpired) {
+  auto leases = Open();
+  auto store = OpenStore();
+  const auto membership = leases->Heartbeat("a/1", milliseconds{300}, {});
+  Enqueue(*store, 50);
+  const auto batch = store->Claim(Request("a/1", membership));
+  ASSERT_EQ(batch.size(), 50U);
+  std::this_thread::sleep_for(milliseconds{400});
+  ReclaimRequest reclaim;
+  reclaim.owner = "b/1";
+  reclaim.partitions = membership.owned;
+  reclaim.own_unexpired = true;
+  EXPECT_EQ(store->ReclaimExpired(reclaim), 0) << "another owner's leases";
+  reclaim.owner = "a/1";
+  reclaim.own_unexpired = false;
+  EXPECT_EQ(store->ReclaimExpired(reclaim), 0) << "unexpired, and not asked for its own";
+  reclaim.own_unexpired = true;
+  reclaim.partitions = std::vector<PartitionLease>{};
+  reclaim.in_flight = {batch.front().id};
+  EXPECT_EQ(store->ReclaimExpired(reclaim), 49);
+  EXPECT_EQ(
+      Scalar("SELECT COUNT(*) FROM " + schema_.name() + ".messages WHERE status = 'processing'"),
+      "1");
+}
+
 TEST_F(MariaDbPartitionTest, TheFirstRelayTakesEveryPartitionUnderEpochOne) {
   auto leases = Open();
   const auto membership = leases->Heartbeat("a/1", kLease, {});

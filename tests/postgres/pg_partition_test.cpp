@@ -93,6 +93,34 @@ TEST_F(PgPartitionTest, ExpiredLeasesAreReclaimedOnlyInHeldPartitionsAndNotInFli
   EXPECT_EQ(store->ReclaimExpired(reclaim), 0) << "no partition: nothing";
 }
 
+// After an outage longer than the lease, a relay's partition leases have expired too: its own
+// message leases (own_unexpired, after a claim whose reply was lost) go back all the same, with
+// the partitions it last held or none; another owner's never, nor what it has in flight.
+TEST_F(PgPartitionTest, AnOwnersOwnLeasesGoBackEvenAfterItsPartitionLeasesExpired) {
+  auto leases = Open();
+  auto store = OpenStore();
+  const auto membership = leases->Heartbeat("a/1", milliseconds{300}, {});
+  Enqueue(*store, 50);
+  const auto batch = store->Claim(Request("a/1", membership));  // message leases: kLease
+  ASSERT_EQ(batch.size(), 50U);
+  std::this_thread::sleep_for(milliseconds{400});  // the partition leases expired, not these
+  ReclaimRequest reclaim;
+  reclaim.owner = "b/1";
+  reclaim.partitions = membership.owned;
+  reclaim.own_unexpired = true;
+  EXPECT_EQ(store->ReclaimExpired(reclaim), 0) << "another owner's leases";
+  reclaim.owner = "a/1";
+  reclaim.own_unexpired = false;
+  EXPECT_EQ(store->ReclaimExpired(reclaim), 0) << "unexpired, and not asked for its own";
+  reclaim.own_unexpired = true;
+  reclaim.partitions = std::vector<PartitionLease>{};  // none held any more
+  reclaim.in_flight = {batch.front().id};
+  EXPECT_EQ(store->ReclaimExpired(reclaim), 49);
+  EXPECT_EQ(Scalar(schema_.conn(), "SELECT count(*) FROM " + schema_.name() +
+                                       ".messages WHERE status = 'processing'"),
+            "1");
+}
+
 TEST_F(PgPartitionTest, TheFirstRelayTakesEveryPartitionUnderEpochOne) {
   auto leases = Open();
   const auto membership = leases->Heartbeat("a/1", kLease, {});
