@@ -85,12 +85,15 @@ void ParseDatabase(const Section& root, const GetenvFn& getenv, Config& config) 
 
 void ParseRelay(const Section& root, Config& config) {
   if (config.many_databases()) {
-    config.relay = ReadRelaySection(root.Table("relay"), kManyDatabasesSweep, kTableLinger,
-                                    kManyDatabasesPurge);
+    config.relay =
+        ReadRelaySection(root.Table("relay"), {.sweep_interval = kManyDatabasesSweep,
+                                               .purge_interval = kManyDatabasesPurge,
+                                               .idle_lease_factor = kManyDatabasesIdleLeaseFactor});
     return;
   }
-  config.relay = ReadRelaySection(root.Table("relay"), config.database->DefaultSweepInterval(),
-                                  config.database->WalMode() ? kWalLinger : kTableLinger);
+  config.relay = ReadRelaySection(
+      root.Table("relay"), {.sweep_interval = config.database->DefaultSweepInterval(),
+                            .linger = config.database->WalMode() ? kWalLinger : kTableLinger});
 }
 
 void ParseRetry(const Section& root, Config& config) {

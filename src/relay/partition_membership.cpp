@@ -82,14 +82,37 @@ void PartitionMembership::Leave() {
   }
 }
 
+void PartitionMembership::SetIdle(bool idle) {
+  bool renew = false;
+  {
+    std::lock_guard lock(mutex_);
+    if (idle == idle_) return;
+    idle_ = idle;
+    if (idle) idle_since_ = SteadyClock::now();
+    renew = !idle && last_lease_ > timing_.lease;
+    renew_now_ = renew_now_ || renew;
+  }
+  if (renew) changed_.notify_all();
+}
+
+bool PartitionMembership::NothingUnfinished() const {
+  // Only where an idle relay is meant to be quiet (an idle lease longer than the lease): there the
+  // heartbeat stands in for the sweep; elsewhere the sweep keeps its interval, as chosen.
+  if (timing_.idle_lease <= timing_.lease) return false;
+  std::lock_guard lock(mutex_);
+  return unfinished_.has_value() && !*unfinished_;
+}
+
 void PartitionMembership::HeartbeatLoop() {
   std::unique_lock lock(mutex_);
   auto next = SteadyClock::now();
   while (!stop_) {
-    changed_.wait_until(lock, next,
-                        [&] { return stop_ || !release_.empty() || SteadyClock::now() >= next; });
+    changed_.wait_until(lock, next, [&] {
+      return stop_ || !release_.empty() || renew_now_ || SteadyClock::now() >= next;
+    });
     if (stop_) return;
     const std::vector<int> release = release_;
+    renew_now_ = false;
     lock.unlock();
     next = Heartbeat(release);
     lock.lock();
@@ -101,13 +124,25 @@ void PartitionMembership::HeartbeatLoop() {
 PartitionMembership::SteadyClock::time_point PartitionMembership::Heartbeat(
     const std::vector<int>& release) {
   const auto now = SteadyClock::now();
+  std::chrono::milliseconds lease = timing_.lease;
+  {
+    std::lock_guard lock(mutex_);
+    // Idle for a whole lease: a database written to now and then (a message every few seconds)
+    // keeps the short lease, and is taken over within it if this relay dies.
+    if (idle_ && now - idle_since_ >= timing_.lease) lease = timing_.idle_lease;
+    last_lease_ = lease;
+  }
   Membership membership;
   try {
-    membership = leases_.Heartbeat(owner_, timing_.lease, release);
+    membership = leases_.Heartbeat(owner_, lease, release);
   } catch (const StoreError& error) {
     report_.StoreFailed(error);
     report_.Log(LogLevel::kWarn, "partition heartbeat failed: " + std::string{error.what()});
     failed_ = true;
+    {
+      std::lock_guard lock(mutex_);
+      unfinished_.reset();
+    }
     // The claims check the leases themselves: expired ones claim nothing.
     return now + std::min({timing_.sweep_interval, timing_.max_backoff, kRebalanceLook});
   }
@@ -115,8 +150,12 @@ PartitionMembership::SteadyClock::time_point PartitionMembership::Heartbeat(
   for (const auto& held : membership.owned) now_owned.insert(held.partition);
   std::set<int> lost;
   bool gained = false;
+  bool found_work = false;  // an idle relay that skipped its sweeps has something to do
   {
     std::lock_guard lock(mutex_);
+    found_work = timing_.idle_lease > timing_.lease && idle_ && unfinished_ == false &&
+                 membership.unfinished != false;
+    unfinished_ = membership.unfinished;
     for (const int partition : owned_) {
       const bool released = std::find(release.begin(), release.end(), partition) != release.end();
       if (!released && !now_owned.contains(partition)) lost.insert(partition);
@@ -159,9 +198,17 @@ PartitionMembership::SteadyClock::time_point PartitionMembership::Heartbeat(
   // An idle relay claims at once: partitions gained or lost, or held again after failed
   // heartbeats (their leases may have expired meanwhile, and the claims then found nothing).
   const bool recovered = std::exchange(failed_, false);
-  if (gained || !lost.empty() || recovered) wake_();
+  // And one with surplus partitions hands them back from its loop (KeepPartitions), which an idle
+  // relay that skips its sweeps would not turn otherwise.
+  if (gained || !lost.empty() || recovered || found_work || !membership.surplus.empty()) wake_();
   // Below its share, a relay looks again soon: others are handing partitions back.
   auto wait = membership.next_heartbeat;
+  // A third of the lease (not sooner, for another relay's expiring lease): 80-100 % of it, so
+  // that relays started together drift apart.
+  if (wait >= lease / 3) {
+    wait = std::chrono::milliseconds{
+        std::uniform_int_distribution<std::int64_t>{wait.count() * 4 / 5, wait.count()}(spread_)};
+  }
   if (static_cast<int>(held) < membership.fair_share) {
     wait = std::min({wait, timing_.sweep_interval, kRebalanceLook});
   }

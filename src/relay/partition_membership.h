@@ -5,11 +5,21 @@
 // partitions this relay may claim from, those taken over by another relay, those beyond its fair
 // share) and hands partitions back when the relay's loop asks, once their outcomes are recorded
 // (the next owner would find them fenced and publish them again).
+//
+// An idle relay (issue #42: hundreds of idle databases in one process) renews its leases for
+// Timing::idle_lease instead of Timing::lease, so its heartbeat comes less often, and (when the
+// idle lease is the longer) it is told whether the database holds anything unfinished: while not,
+// the relay skips its sweeps, and a heartbeat that finds something wakes it. Its first claim that
+// finds work renews at once for the short lease. Heartbeats are spread (each wait 80-100 % of a
+// third of the lease), so that the databases of one process do not all heartbeat in the same
+// instant.
 
 #include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -25,6 +35,7 @@ class PartitionMembership {
   using SteadyClock = std::chrono::steady_clock;
   struct Timing {
     std::chrono::milliseconds lease;
+    std::chrono::milliseconds idle_lease;  // at least lease
     std::chrono::milliseconds sweep_interval;
     std::chrono::milliseconds max_backoff;
   };
@@ -52,6 +63,12 @@ class PartitionMembership {
   void HandBack(const std::set<int>& partitions);
   // Hands every partition back (at stop).
   void Leave();
+  // The relay's loop: idle (about to wait for work) or not (a claim found work). Idle for a whole
+  // lease, the heartbeat renews for the idle lease; work after that renews at once.
+  void SetIdle(bool idle);
+  // The last heartbeat succeeded and found no message waiting, leased or failed: an idle relay
+  // needs no sweep (lost notifications are found by the next heartbeat, which then wakes it).
+  [[nodiscard]] bool NothingUnfinished() const;
 
  private:
   void HeartbeatLoop();
@@ -73,6 +90,12 @@ class PartitionMembership {
   std::vector<PartitionLease> claimable_;  // owned minus surplus, with epochs
   std::set<int> lost_;                     // taken over; not yet dropped from the batch
   std::vector<int> release_;               // to hand back at the next heartbeat (now)
+  bool idle_ = false;                      // the relay waits for work
+  SteadyClock::time_point idle_since_{};
+  bool renew_now_ = false;                  // busy again after an idle lease: heartbeat now
+  std::chrono::milliseconds last_lease_{};  // what the last heartbeat asked for
+  std::optional<bool> unfinished_;          // the last heartbeat's finding; none after a failure
+  std::minstd_rand spread_{std::random_device{}()};  // the heartbeat thread's
 };
 
 }  // namespace outbox::relay

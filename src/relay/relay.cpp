@@ -73,6 +73,7 @@ class Relay::Engine : private TablePipeline::Stages {
       membership_ = std::make_unique<PartitionMembership>(
           *options_.partition_leases, owner_,
           PartitionMembership::Timing{.lease = options_.lease,
+                                      .idle_lease = std::max(options_.lease, options_.idle_lease),
                                       .sweep_interval = options_.sweep_interval,
                                       .max_backoff = options_.max_backoff},
           report_, [wakeup = wakeup_.get()] { wakeup->Interrupt(); });
@@ -280,6 +281,7 @@ class Relay::Engine : private TablePipeline::Stages {
       }
       report_.counters.claimed += batch.size();
       if (!batch.empty()) {
+        if (membership_) membership_->SetIdle(false);
         report_.metrics.claimed.Increment(batch.size());
         report_.metrics.claim_batch_size.Observe(static_cast<double>(batch.size()));
         report_.LeasesHeld(batch.size(), 0);
@@ -377,10 +379,16 @@ class Relay::Engine : private TablePipeline::Stages {
     // A paused target's probe is due at its pause's end, a retry at its backoff's end, the
     // housekeeping at its interval: wake for the first (what is already due was in the claim
     // just made).
-    const auto until =
-        std::min({SteadyClock::now() + options_.sweep_interval,
-                  next_probe.value_or(SteadyClock::time_point::max()),
-                  next_due_.value_or(SteadyClock::time_point::max()), housekeeping_.next_sweep()});
+    // While the partition heartbeat finds nothing unfinished, no sweep: a message whose
+    // notification was lost is found by the next heartbeat (which wakes this relay), an expired
+    // lease has nothing left to give back; only the purge is due.
+    if (membership_) membership_->SetIdle(true);
+    const bool quiet = membership_ && membership_->NothingUnfinished();
+    const auto sweep =
+        quiet ? housekeeping_.next_purge()
+              : std::min(SteadyClock::now() + options_.sweep_interval, housekeeping_.next_sweep());
+    const auto until = std::min({sweep, next_probe.value_or(SteadyClock::time_point::max()),
+                                 next_due_.value_or(SteadyClock::time_point::max())});
     const auto reason = wakeup_->Wait(until);
     if (reason == WakeReason::kNotified || reason == WakeReason::kReconnected) {
       idle_announced_ = false;  // the mark was used up, or may have been missed
@@ -511,6 +519,9 @@ void Relay::CheckOptions(const RelayOptions& options) {
     // Heartbeats happen between batches: a third of the lease plus a batch must fit in it.
     throw ConfigError("relay.publish_timeout",
                       "must be at most half of relay.lease when relays share partitions");
+  }
+  if (options.idle_lease.count() != 0 && options.idle_lease < options.lease) {
+    throw ConfigError("relay.idle_lease", "must be 0 (the lease) or at least relay.lease");
   }
   if (options.sweep_interval.count() < 1) {
     throw ConfigError("relay.sweep_interval", "must be positive");

@@ -35,12 +35,12 @@ std::string DefaultInstance() {
 
 }  // namespace
 
-RelaySection ReadRelaySection(const config::Section& relay, milliseconds default_sweep,
-                              milliseconds default_linger, milliseconds default_purge) {
+RelaySection ReadRelaySection(const config::Section& relay, const RelayDefaults& defaults) {
   RelaySection out;
-  out.purge_interval = default_purge;
+  out.purge_interval = defaults.purge_interval;
   relay.AllowOnly({"instance", "batch_size", "lease", "sweep_interval", "linger", "publish_timeout",
-                   "shutdown_timeout", "min_backoff", "max_backoff", "purge_interval"});
+                   "shutdown_timeout", "min_backoff", "max_backoff", "purge_interval",
+                   "idle_lease"});
   if (relay.Read("instance", out.instance)) {
     if (out.instance.empty() || out.instance.size() > kMaxInstanceBytes ||
         config::HasControlCharacter(out.instance)) {
@@ -55,16 +55,27 @@ RelaySection ReadRelaySection(const config::Section& relay, milliseconds default
   relay.ReadInteger("batch_size", 1, kMaxBatchSize, out.batch_size);
   relay.ReadDuration("lease", seconds{1}, kDay, out.lease);
   if (!relay.ReadDuration("sweep_interval", milliseconds{10}, kHour, out.sweep_interval)) {
-    out.sweep_interval = default_sweep;
+    out.sweep_interval = defaults.sweep_interval;
   }
   if (!relay.ReadDuration("linger", milliseconds{0}, seconds{1}, out.linger)) {
-    out.linger = default_linger;
+    out.linger = defaults.linger;
   }
   relay.ReadDuration("publish_timeout", milliseconds{1}, kHour, out.publish_timeout);
   relay.ReadDuration("shutdown_timeout", milliseconds{0}, kHour, out.shutdown_timeout);
   relay.ReadDuration("min_backoff", milliseconds{1}, kHour, out.min_backoff);
   relay.ReadDuration("max_backoff", milliseconds{1}, kHour, out.max_backoff);
   relay.ReadDuration("purge_interval", seconds{1}, kDay, out.purge_interval);
+  if (relay.ReadDuration("idle_lease", seconds{1}, kDay, out.idle_lease)) {
+    if (out.idle_lease < out.lease) {
+      Fail(relay.Key("idle_lease"),
+           "must be at least relay.lease (" + FormatDuration(out.lease) + "), got " +
+               FormatDuration(out.idle_lease),
+           relay.Find("idle_lease"));
+    }
+  } else {
+    out.idle_lease =
+        std::min<milliseconds>(out.lease * std::max(defaults.idle_lease_factor, 1), kDay);
+  }
   // The relay renews its partition leases between batches: a batch must leave time for that.
   if (out.publish_timeout * 2 > out.lease) {
     Fail(relay.Key("publish_timeout"),
@@ -99,6 +110,7 @@ void DescribeRelaySection(config::TomlWriter& out, const RelaySection& relay) {
   out.Duration("min_backoff", relay.min_backoff);
   out.Duration("max_backoff", relay.max_backoff);
   out.Duration("purge_interval", relay.purge_interval);
+  out.Duration("idle_lease", relay.idle_lease);
 }
 
 RelayOptions TableRelayOptionsOf(const RelaySection& relay, const RetryPolicy& retry,
@@ -107,6 +119,7 @@ RelayOptions TableRelayOptionsOf(const RelaySection& relay, const RetryPolicy& r
   options.instance = relay.instance;
   options.batch_size = relay.batch_size;
   options.lease = relay.lease;
+  options.idle_lease = relay.idle_lease;
   options.sweep_interval = relay.sweep_interval;
   options.linger = relay.linger;
   options.publish_timeout = relay.publish_timeout;

@@ -26,6 +26,8 @@ class TableHousekeeping {
   [[nodiscard]] bool Due(Clock::time_point now) const { return now >= next_sweep_; }
   // When the next sweep is due (an idle relay wakes for it).
   [[nodiscard]] Clock::time_point next_sweep() const { return next_sweep_; }
+  // When the next purge is due (at the first sweep from then on).
+  [[nodiscard]] Clock::time_point next_purge() const { return next_purge_; }
   // Gives back what `reclaim` names as expired, then purges when that is due; `stopping` ends a
   // long purge between its chunks.
   void Sweep(const ReclaimRequest& reclaim, const std::function<bool()>& stopping);

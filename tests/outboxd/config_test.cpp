@@ -105,6 +105,7 @@ TEST(ConfigTest, ExampleFileIsValidAndStatesTheDefaults) {
   EXPECT_EQ(config.relay.min_backoff, defaults.relay.min_backoff);
   EXPECT_EQ(config.relay.max_backoff, defaults.relay.max_backoff);
   EXPECT_EQ(config.relay.purge_interval, defaults.relay.purge_interval);
+  EXPECT_EQ(config.relay.idle_lease, config.relay.lease) << "idle_lease's default: the lease";
   EXPECT_EQ(config.retry.initial_delay, defaults.retry.initial_delay);
   EXPECT_EQ(config.retry.max_delay, defaults.retry.max_delay);
   EXPECT_EQ(config.retry.multiplier, defaults.retry.multiplier);
@@ -488,6 +489,10 @@ TEST(ConfigTest, OutOfRangeValuesAreRejected) {
               "at most half of relay.lease (10s), got 5001ms");
   ExpectError(WithRelay("min_backoff = \"1s\"\nmax_backoff = \"500ms\""), "relay.max_backoff",
               "at least relay.min_backoff");
+  ExpectError(WithRelay("lease = \"1m\"\nidle_lease = \"59s\""), "relay.idle_lease",
+              "must be at least relay.lease (1m), got 59s");
+  ExpectError(WithRelay("idle_lease = \"2d\""), "relay.idle_lease", "between 1s and 1d");
+  ExpectError(WithRelay("idle_lease = 30"), "relay.idle_lease", "expected");
   ExpectError(WithSink(std::string{kRabbit} + "confirm_window = 0"), "sinks.default.confirm_window",
               "between 1 and 100000, got 0");
   ExpectError(WithSink(std::string{kRabbit} + "max_message_bytes = -1"),
@@ -1586,6 +1591,19 @@ TEST(ConfigTest, ManyDatabasesAreNamedTablesOfTheirStoreType) {
   // An idle database's sweep is a statement: with many, the default is long.
   EXPECT_EQ(config.relay.sweep_interval, kManyDatabasesSweep);
   EXPECT_EQ(config.relay.purge_interval, kManyDatabasesPurge);
+  // An idle database's heartbeat is a statement every third of its idle lease: 4 leases.
+  EXPECT_EQ(config.relay.idle_lease, std::chrono::minutes{2});
+  EXPECT_EQ(
+      Parse(std::string{kTwoDatabases} + "[relay]\nlease = \"3s\"\npublish_timeout = \"1s\"\n")
+          .relay.idle_lease,
+      std::chrono::seconds{12});
+  EXPECT_EQ(Parse(std::string{kTwoDatabases} + "[relay]\nlease = \"1d\"\n").relay.idle_lease,
+            std::chrono::hours{24})
+      << "capped at the longest idle_lease a file may name";
+  EXPECT_EQ(Parse(std::string{kTwoDatabases} + "[relay]\nlease = \"3s\"\npublish_timeout = \"1s\"\n"
+                                               "idle_lease = \"3s\"\n")
+                .relay.idle_lease,
+            std::chrono::seconds{3});
   // It describes itself back as [[databases]] tables that parse to the same.
   const std::string described = Describe(config);
   EXPECT_NE(described.find("[[databases]]\nname = \"tenant_b.eu\"\ntype = \"postgres\""),

@@ -303,6 +303,33 @@ TEST_F(PgPartitionTest, ADeadRelaysLeaseExpiryBringsTheNextHeartbeatForward) {
       << "a's leases end " << (kShortLease - apart).count() << " ms or more after b's heartbeat";
 }
 
+// The heartbeat says whether anything is left to do (issue #42: an idle relay then skips its
+// sweeps): a message waiting, fresh or given back, leased, or failed; not one published or
+// abandoned.
+TEST_F(PgPartitionTest, TheHeartbeatSaysWhetherAnyMessageIsUnfinished) {
+  auto store = OpenStore();
+  auto leases = Open();
+  EXPECT_EQ(leases->Heartbeat("a/1", kLease, {}).unfinished, false) << "an empty outbox";
+  Enqueue(*store, 1);
+  EXPECT_EQ(leases->Heartbeat("a/1", kLease, {}).unfinished, true) << "a fresh message";
+  const std::string table = schema_.name() + ".messages";
+  const auto with = [&](const std::string& set) {
+    Sql(schema_.conn(), "UPDATE " + table + " SET " + set);
+    return leases->Heartbeat("a/1", kLease, {}).unfinished;
+  };
+  EXPECT_EQ(with("status = 'processing', lease_owner = 'x/1', lease_until = now() + interval "
+                 "'1 minute', lease_epoch = 1"),
+            true)
+      << "leased";
+  EXPECT_EQ(with("status = 'pending', lease_owner = NULL, lease_until = NULL"), true)
+      << "given back (lease_epoch 1)";
+  EXPECT_EQ(with("status = 'failed', available_at = now() + interval '1 hour'"), true)
+      << "failed, its retry not yet due";
+  EXPECT_EQ(with("status = 'failed', lease_epoch = 0"), true) << "failed, never claimed";
+  EXPECT_EQ(with("status = 'published', published_at = now()"), false) << "published";
+  EXPECT_EQ(with("status = 'abandoned', abandoned_at = now()"), false) << "abandoned";
+}
+
 TEST_F(PgPartitionTest, StatsCountLiveRelaysAndPartitionsNobodyHolds) {
   auto store = OpenStore();
   auto a = Open();

@@ -124,6 +124,17 @@ class RelayTest : public ::testing::Test {
     return Scalar(schema_.conn(), "SELECT " + schema_.name() + ".enqueue(" + args + ")");
   }
 
+  // A relay of this test's schema publishing to `sink` (for tests that run several).
+  std::unique_ptr<Relay> MakeRelay(const RelayOptions& options, std::unique_ptr<Sink> sink) {
+    postgres::StoreOptions store_options;
+    store_options.conninfo = PgUrl();
+    store_options.schema = schema_.name();
+    SinkMap sinks;
+    sinks.emplace("default", std::move(sink));
+    return std::make_unique<Relay>(options, postgres::OpenStore(store_options),
+                                   postgres::OpenWakeup(PgUrl(), schema_.name()), std::move(sinks));
+  }
+
   std::unique_ptr<PartitionLeases> leases_;  // outlives relay_, which points to it
   std::unique_ptr<Relay> relay_;
   std::thread thread_;
@@ -914,6 +925,98 @@ TEST_F(RelayTest, AnExpiredLeaseLeftInAHeldPartitionIsPublished) {
   EXPECT_EQ(sink->delivered()[0].id.ToString(), id);
 }
 
+// Issue #42: a relay idle for a third of its lease renews its partitions for the idle lease and
+// sends no sweep while its heartbeat finds nothing unfinished; a message whose notification was
+// lost is found by that heartbeat; and the claim that finds it renews for the short lease at once.
+TEST_F(RelayTest, AnIdleRelayRenewsForItsIdleLeaseSkipsItsSweepsAndItsHeartbeatFindsWork) {
+  auto owned = std::make_unique<TestSink>();
+  TestSink* sink = owned.get();
+  RelayStatements();  // creates the extension before anything is counted
+  leases_ = postgres::OpenPartitionLeases(PgUrl(), schema_.name());
+  RelayOptions options;
+  options.partition_leases = leases_.get();
+  options.lease = seconds{3};
+  options.idle_lease = seconds{9};  // a heartbeat every 2.4-3 s while idle
+  options.publish_timeout = seconds{1};
+  options.sweep_interval = milliseconds{100};  // a sweeping relay would send about 20 a second
+  StartRelay(std::move(owned), options);
+  const std::string s = schema_.name();
+  const auto longest_lease = [&] {
+    return std::stod(Scalar(schema_.conn(),
+                            "SELECT coalesce(extract(epoch FROM max(lease_until) - now()), 0) "
+                            "FROM " +
+                                s + ".partition_leases"));
+  };
+  ASSERT_TRUE(WaitFor([&] { return longest_lease() > 4.0; }, seconds{15}))
+      << "the idle relay never renewed for its idle lease";
+
+  const std::int64_t before = RelayStatements();
+  std::this_thread::sleep_for(seconds{3});
+  const std::int64_t idle_statements = RelayStatements() - before;
+  std::printf("statements of an idle relay in 3 s: %lld\n",
+              static_cast<long long>(idle_statements));
+  EXPECT_LE(idle_statements, 4) << "at most two heartbeats (and no sweep) in 3 s";
+  EXPECT_GE(idle_statements, 1) << "the heartbeat goes on";
+
+  // A notification lost: the relay's idle mark is taken away, so the writer does not notify.
+  Sql(schema_.conn(), "SELECT setval('" + s + ".wakeup_woken_gen', (SELECT last_value FROM " + s +
+                          ".wakeup_idle_gen))");
+  ASSERT_FALSE(RelayAsleep());
+  const std::string id = Enqueue("'t', '{}'");
+  ASSERT_TRUE(WaitFor([&] { return sink->delivered().size() == 1; }, seconds{10}))
+      << "the heartbeat did not find the message whose notification was lost";
+  EXPECT_EQ(sink->delivered()[0].id.ToString(), id);
+  // Busy, the relay renewed for its short lease at once (and will stretch it again, idle).
+  EXPECT_TRUE(WaitFor([&] { return longest_lease() <= 3.2; }, seconds{5}))
+      << "still under the idle lease after finding work: " << longest_lease() << " s";
+}
+
+// Issue #42: a relay that skips its sweeps while idle still hands surplus partitions over when a
+// second relay joins (its heartbeat wakes its loop for that), within a third of its idle lease.
+TEST_F(RelayTest, AnIdleRelayUnderItsIdleLeaseHandsHalfItsPartitionsToARelayThatJoins) {
+  struct Instance {
+    std::unique_ptr<PartitionLeases> leases;
+    std::unique_ptr<Relay> relay;
+    std::thread thread;
+    ~Instance() {
+      if (!thread.joinable()) return;
+      relay->Stop();
+      thread.join();
+    }
+  };
+  std::array<Instance, 2> instances;
+  const auto start = [&](Instance& instance, const std::string& name) {
+    instance.leases = postgres::OpenPartitionLeases(PgUrl(), schema_.name());
+    RelayOptions options;
+    options.instance = name;
+    options.lease = seconds{3};
+    options.idle_lease = seconds{9};
+    options.publish_timeout = seconds{1};
+    options.sweep_interval = milliseconds{100};
+    options.partition_leases = instance.leases.get();
+    instance.relay = MakeRelay(options, std::make_unique<TestSink>());
+    instance.thread = std::thread([relay = instance.relay.get()] { relay->Run(); });
+  };
+  const auto owned = [&](std::size_t r) {
+    return instances[r].relay->counters().partitions_owned.load();
+  };
+  start(instances[0], "first");
+  // Idle and under its idle lease: its sweeps have stopped.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return owned(0) == 64 &&
+               Scalar(schema_.conn(),
+                      "SELECT min(lease_until) > now() + interval '4 seconds' FROM " +
+                          schema_.name() + ".partition_leases") == "t";
+      },
+      seconds{15}));
+  start(instances[1], "second");
+  // The first hears of the second at its next heartbeat (at most 3 s away), hands 32 back, and the
+  // second, looking every second while below its share, takes them.
+  EXPECT_TRUE(WaitFor([&] { return owned(0) == 32 && owned(1) == 32; }, seconds{10}))
+      << "not shared: " << owned(0) << " and " << owned(1);
+}
+
 // CheckOptions (what outboxd --check-config runs) reads "linger less than half of the lease" as
 // outboxd's configuration does, without rounding the half down: lease 1001 ms, linger 500 ms is
 // valid (it was refused at start after --check-config had said valid).
@@ -964,6 +1067,10 @@ TEST_F(RelayTest, BadOptionsAreConfigErrors) {
   EXPECT_THROW(make(options), ConfigError);
   options.linger = milliseconds{0};
   EXPECT_NO_THROW(make(options));
+  options.idle_lease = options.lease - milliseconds{1};
+  EXPECT_THROW(make(options), ConfigError);
+  options.idle_lease = options.lease * 4;
+  EXPECT_NO_THROW(make(options));
 }
 
 // Two relays on one database, dividing its partitions: each message is published once, each
@@ -1004,14 +1111,7 @@ TEST_F(RelayTest, TwoRelaysSharingPartitionsPublishEveryMessageOnceInOrder) {
     options.publish_timeout = seconds{2};
     options.sweep_interval = milliseconds{50};
     options.partition_leases = instance.leases.get();
-    postgres::StoreOptions store_options;
-    store_options.conninfo = PgUrl();
-    store_options.schema = schema_.name();
-    SinkMap sinks;
-    sinks.emplace("default", std::move(sink));
-    instance.relay =
-        std::make_unique<Relay>(options, postgres::OpenStore(store_options),
-                                postgres::OpenWakeup(PgUrl(), schema_.name()), std::move(sinks));
+    instance.relay = MakeRelay(options, std::move(sink));
     instance.thread = std::thread([relay = instance.relay.get()] { relay->Run(); });
   };
   start(instances[0], "first");

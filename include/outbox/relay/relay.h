@@ -26,6 +26,15 @@ struct RelayOptions {
   std::string instance;  // lease owner name; unique per running relay
   int batch_size = 500;
   std::chrono::milliseconds lease{std::chrono::seconds{30}};
+  // With partition leases: the partition lease (renewed every third of it) once the relay has had
+  // nothing to do for a whole `lease`; back to `lease` at its next claim that finds work. A
+  // relay that dies while idle holds its partitions for up to this long. 0: `lease`; else at
+  // least `lease`.
+  // Longer than `lease`, it also stops the idle relay's sweeps (below) while the heartbeat finds
+  // no message waiting, leased or failed (Membership::unfinished; a heartbeat that finds one
+  // wakes the relay), so an idle database costs a heartbeat per idle_lease / 3 and a sweep per
+  // purge_interval.
+  std::chrono::milliseconds idle_lease{0};
   // Idle: how often to look for new messages without a notification (a store whose writers
   // cannot notify, like SQLite's from another process, is seen only this way) and for expired
   // leases. Retries are looked for when they are due (ClaimResult::next_due), not only then.

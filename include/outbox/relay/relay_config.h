@@ -38,6 +38,13 @@ inline constexpr std::chrono::milliseconds kManyDatabasesSweep{30000};
 // with published rows deleted at once (retention.published = "0s") it finds abandoned rows past
 // their retention, counted in days.
 inline constexpr std::chrono::milliseconds kManyDatabasesPurge{std::chrono::minutes{10}};
+// relay.idle_lease's default with many databases, in leases: 2 minutes with the default lease,
+// so an idle database's partition heartbeat (a statement every third of the lease) comes every
+// 40 s, and its sweeps are skipped while that heartbeat finds nothing unfinished: about 0.03
+// statements/s per idle database (issue #42). A relay that dies while a database is idle leaves
+// it for up to this long, and a relay added takes its share of an idle database within a third
+// of it; both scale with the lease a user chooses.
+inline constexpr int kManyDatabasesIdleLeaseFactor = 4;
 
 // [relay], as read (every key is documented in apps/outboxd/outbox.example.toml).
 struct RelaySection {
@@ -53,17 +60,27 @@ struct RelaySection {
   std::chrono::milliseconds min_backoff{100};  // pause after an outage, doubling up to max_backoff
   std::chrono::milliseconds max_backoff{5000};
   std::chrono::milliseconds purge_interval{60000};
+  // The partition lease while the relay has had nothing to do for a whole `lease`; 0: `lease`
+  // (ReadRelaySection always sets it). See RelayOptions::idle_lease.
+  std::chrono::milliseconds idle_lease{0};
+};
+
+// What [relay] defaults to where the file says nothing: the store type's sweep interval
+// (StoreSettings::DefaultSweepInterval), the mode's linger, and with many databases a longer purge
+// interval and a longer idle lease.
+struct RelayDefaults {
+  std::chrono::milliseconds sweep_interval{10000};
+  std::chrono::milliseconds linger{kTableLinger};
+  std::chrono::milliseconds purge_interval{std::chrono::minutes{1}};
+  // idle_lease's default, in leases: 1, an idle relay renews as often as a busy one.
+  int idle_lease_factor = 1;
 };
 
 // Reads the [relay] table. Throws ConfigError naming "relay.<key>" (with the value's place in
 // the file) for an unknown key, a wrong type, a value out of range, or a broken rule between
 // keys (publish_timeout at most half of lease: partition leases are renewed between batches;
-// linger under half of lease; max_backoff at least min_backoff). `default_sweep`: the store
-// type's, used when the file names none; `default_linger` the same for linger (the mode's), and
-// `default_purge` for purge_interval.
-RelaySection ReadRelaySection(const config::Section& relay, std::chrono::milliseconds default_sweep,
-                              std::chrono::milliseconds default_linger = kTableLinger,
-                              std::chrono::milliseconds default_purge = std::chrono::minutes{1});
+// linger under half of lease; max_backoff at least min_backoff; idle_lease at least lease).
+RelaySection ReadRelaySection(const config::Section& relay, const RelayDefaults& defaults);
 // The section as TOML (it reads back to the same values), for outboxd --check-config.
 void DescribeRelaySection(config::TomlWriter& out, const RelaySection& relay);
 

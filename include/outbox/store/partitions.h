@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -51,6 +52,10 @@ struct Membership {
   // When to call again: a third of the lease, or sooner when another relay's lease is about to
   // expire (so that its partitions are taken over promptly).
   std::chrono::milliseconds next_heartbeat{0};
+  // Whether any message is waiting, leased or failed (pending, processing or failed: anything a
+  // claim or a sweep could act on), as the heartbeat's statement saw it; nullopt when the store
+  // does not say. An idle relay told false skips its sweeps until a heartbeat says true.
+  std::optional<bool> unfinished;
 };
 
 class PartitionLeases {

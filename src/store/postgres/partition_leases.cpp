@@ -1,6 +1,8 @@
 // PartitionLeases on PostgreSQL: each call is one statement running a function of the schema
 // (relay_heartbeat, relay_leave in sql/003_partitions.sql), so that a heartbeat is one round trip
-// and one transaction on the database's clock.
+// and one transaction on the database's clock. The heartbeat's statement also says whether anything
+// is unfinished (three probes of the small partial indexes of sql/001 and sql/004), so that an
+// idle relay needs no sweep of its own (issue #42).
 
 #include <stdexcept>
 
@@ -11,14 +13,29 @@
 namespace outbox::postgres {
 namespace {
 
+// Each branch is one index's predicate (messages_fresh, messages_returned, messages_in_flight),
+// so that each is a probe of an index holding only unfinished rows, however many published rows
+// retention keeps. A takeover in the same heartbeat voids leases (processing -> pending): this
+// statement's snapshot, taken before, still sees them processing, unfinished either way.
+std::string UnfinishedProbe(const std::string& table) {
+  return " (EXISTS (SELECT 1 FROM " + table +
+         " WHERE status = 'pending' AND lease_epoch = 0)"
+         " OR EXISTS (SELECT 1 FROM " +
+         table +
+         " WHERE status IN ('pending', 'failed') AND lease_epoch > 0)"
+         " OR EXISTS (SELECT 1 FROM " +
+         table + " WHERE status IN ('processing', 'failed'))) AS unfinished";
+}
+
 class PostgresPartitionLeases final : public PartitionLeases {
  public:
   PostgresPartitionLeases(const std::string& conninfo, const std::string& schema)
       : connection_(conninfo),
         heartbeat_sql_(
             "SELECT owned, epochs, surplus, live_instances, fair_share, partition_count,"
-            " acquired, taken_over, released, next_heartbeat_ms FROM " +
-            QuoteSchema(schema) + ".relay_heartbeat($1, $2, $3::integer[])"),
+            " acquired, taken_over, released, next_heartbeat_ms," +
+            UnfinishedProbe(QuoteSchema(schema) + ".messages") + " FROM " + QuoteSchema(schema) +
+            ".relay_heartbeat($1, $2, $3::integer[])"),
         leave_sql_("SELECT " + QuoteSchema(schema) + ".relay_leave($1)") {
     RequireSchemaVersion(connection_.Ready(), schema, connection_.description());
   }
@@ -59,6 +76,13 @@ class PostgresPartitionLeases final : public PartitionLeases {
     membership.taken_over = static_cast<int>(number(7));
     membership.released = static_cast<int>(number(8));
     membership.next_heartbeat = std::chrono::milliseconds{number(9)};
+    const std::string_view unfinished = Column(row, 0, 10);
+    if (unfinished != "t" && unfinished != "f") {
+      throw PgError(FailureKind::kPermanent,
+                    "partition heartbeat: unfinished is not a boolean: " + std::string{unfinished},
+                    "");
+    }
+    membership.unfinished = unfinished == "t";
     return membership;
   }
 

@@ -158,6 +158,9 @@ class PostgresWalLedger final : public WalLedger {
     end_reader_sql_ =
         "SELECT active_pid, pg_terminate_backend(active_pid) FROM pg_replication_slots"
         " WHERE slot_name = $1 AND active_pid IS NOT NULL AND active_pid <> pg_backend_pid()";
+    // Parked rows are the table relay's: wake it like an enqueue does (sql/006_wakeup.sql), so
+    // that an idle one needs no sweep to find them (issue #42: its sweeps stop while idle).
+    wake_sql_ = "SELECT " + s + ".wake_relay()";
     park_sql_ = "INSERT INTO " + s +
                 ".messages (id, topic, stream_key, stream_seq, partition, target, type, payload,"
                 " content_type, headers, event_id, created_at, status, attempts, available_at,"
@@ -289,7 +292,10 @@ class PostgresWalLedger final : public WalLedger {
         return written;
       }
       for (const ParkedMessage& parked : commit.parked) Park(conn, parked);
-      if (transaction) Exec(conn, "commit the WAL commit", "COMMIT");
+      if (transaction) {
+        Exec(conn, "wake the table relay", wake_sql_);
+        Exec(conn, "commit the WAL commit", "COMMIT");
+      }
       Committed(commit);
       return written;
     } catch (...) {
@@ -418,6 +424,7 @@ class PostgresWalLedger final : public WalLedger {
   std::string slot_sql_;
   std::string end_reader_sql_;
   std::string park_sql_;
+  std::string wake_sql_;
 
   Lsn committed_ = 0;  // the position of this ledger's last commit
   Lsn purged_ = 0;     // positions below it are purged
