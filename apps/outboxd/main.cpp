@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -266,10 +267,25 @@ int ExitCodeOf(const outbox::LogFn& log_fn, Run&& run) {
   }
 }
 
+// A database costs its relay about four file descriptors (three connections, a wake-up pipe):
+// 500 of them pass the soft limit of 1,024 that most systems start a process with. The hard limit
+// (systemd's default 524,288) is what the administrator allows, so outboxd takes it, as a server
+// holding many connections does; it says so when the soft limit was lower, and what it got.
+void RaiseOpenFileLimit(const outbox::LogFn& log_fn) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  const rlim_t was = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  log_fn(outbox::LogLevel::kInfo, "open files: soft limit raised from " + std::to_string(was) +
+                                      " to the hard limit " + std::to_string(limit.rlim_max));
+}
+
 // Many databases ([[databases]], [discovery]): one dispatcher over the sinks, a relay per
 // database (TenantRelays), the discovery keeping the set current, the operations side on them.
 int RunManyDatabases(const outbox::outboxd::Config& config, Shutdown& shutdown,
                      const outbox::LogFn& log_fn, const std::shared_ptr<spdlog::logger>& logger) {
+  RaiseOpenFileLimit(log_fn);
   return ExitCodeOf(log_fn, [&] {
     outbox::observe::Registry registry;
     outbox::TenantRelays relays(RelaySettingsOf(config),

@@ -36,6 +36,7 @@ earlier runs whose process is gone.
 import argparse
 import os
 import random
+import resource
 import re
 import signal
 import socket
@@ -462,16 +463,27 @@ class Relay:
             out.write(config_text + '[http]\nlisten = "127.0.0.1:%d"\ntoken = "%s"\n'
                       'stats_interval = "1s"\nready_max_age = "5s"\n' % (self.port, TOKEN))
         self.process = None
+        self.soft_nofile = None
 
     def launch(self):
-        """Starts outboxd; wait_ready() waits for its READY=1 (sd_notify, on a socket of ours)."""
+        """Starts outboxd; wait_ready() waits for its READY=1 (sd_notify, on a socket of ours).
+        With soft_nofile set, it starts with that soft limit of open files (outboxd raises it to
+        the hard limit: a database costs it about four)."""
         self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         address = "outbox-mdb-%d-%s-%d" % (os.getpid(), self.name, random.randrange(1 << 30))
         self.notify.bind("\0" + address)
         env = dict(os.environ, NOTIFY_SOCKET="@" + address, PGAPPNAME="mdb_e2e_" + self.name)
+        soft = self.soft_nofile
+
+        def limit_open_files():
+            if soft is not None:
+                hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
         self.process = subprocess.Popen([self.outboxd, "--config", self.config],
                                         stdout=open(self.log_path, "ab"),
-                                        stderr=subprocess.STDOUT, env=env)
+                                        stderr=subprocess.STDOUT, env=env,
+                                        preexec_fn=limit_open_files)
         STARTED.append(self)
 
     def wait_ready(self, timeout=20.0):
@@ -696,6 +708,8 @@ def case_static(args, cluster, consumer, amqp_url, work, topic):
                     tables + relay_settings(instance) + sink_settings(amqp_url))
               for instance in ("relay-a", "relay-b")]
     survivor, victim = relays
+    # Started with a soft limit of open files below what 50 databases need (about 4 each).
+    survivor.soft_nofile = 150
 
     killed = []
 
@@ -897,6 +911,16 @@ def case_static(args, cluster, consumer, amqp_url, work, topic):
                         (len(not_all), sorted(not_all.items())[:3]))
     if abandoned:
         failures.append("abandoned messages: %s" % abandoned)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    with open("/proc/%d/limits" % survivor.process.pid) as limits:
+        line = next(line for line in limits if line.startswith("Max open files"))
+    open_files = len(os.listdir("/proc/%d/fd" % survivor.process.pid))
+    log("relay-a, started with a soft limit of 150 open files: %s; %d open" %
+        (" ".join(line.split()), open_files))
+    if hard > 150 and (int(line.split()[3]) != hard or
+                       "soft limit raised from 150" not in survivor.log_text()):
+        failures.append("relay-a did not raise its soft limit of open files to the hard limit %d: "
+                        "%s" % (hard, line.strip()))
     survivor.stop()
     if survivor.process.returncode != 0:
         failures.append("relay-a exited with %d after SIGTERM" % survivor.process.returncode)
