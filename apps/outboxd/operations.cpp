@@ -643,9 +643,9 @@ class Operations::Impl {
   }
 
   // Runs `work` on the admin connection (opened on first use, reopened after a failure) and
-  // maps its errors: bad input 400, database unreachable or busy 503, else 500 (the database's
-  // error in the log, not in the reply). One request at a time: another one meanwhile gets 503 at
-  // once rather than holding a worker while it waits.
+  // maps its errors: bad input 400, database unreachable, busy or not migrated 503, else 500 (the
+  // database's error in the log, not in the reply). One request at a time: another one meanwhile
+  // gets 503 at once rather than holding a worker while it waits.
   // With many databases, the request's `database` parameter names the one (400 without it, 404
   // for a name not served); the connection is kept for the next request to the same database.
   template <typename Work>
@@ -669,7 +669,14 @@ class Operations::Impl {
     try {
       if (admin_ && admin_database_ != name) admin_.reset();
       if (!admin_) {
-        admin_ = store->OpenAdmin(kAdminStatementTimeout);
+        try {
+          admin_ = store->OpenAdmin(kAdminStatementTimeout);
+        } catch (const StoreError& failure) {
+          // The database's state, not the request's fault nor a failure of outboxd's: not reached,
+          // or its outbox schema not migrated (or older than this build). Its reason, masked,
+          // tells the operator what to do (run outboxctl migrate); 503: try again afterwards.
+          return ErrorReply(503, MaskPassword(failure.what()));
+        }
         admin_database_ = name;
       }
       return work(*admin_);

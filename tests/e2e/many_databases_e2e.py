@@ -994,6 +994,12 @@ interval = "{int(DISCOVERY_INTERVAL)}s"
                         "200 (%r)" % (relay.get("/readyz"),))
     log("nomig reported: %r" % [line for line in relay.log_text().splitlines()
                                 if "nomig" in line][:2])
+    # The admin API for it: 503 with what to do, not a 500.
+    status, body = relay.get("/api/messages?database=nomig")
+    log("admin API for nomig: %d %s" % (status, body[:200]))
+    if status != 503 or "not migrated" not in body or "outboxctl migrate" not in body:
+        failures.append("the admin API for the unmigrated tenant nomig answered %d %r, not 503 "
+                        "naming the missing migration" % (status, body[:300]))
 
     # 2. While it runs: gamma added, nomig migrated, beta set inactive, all at once.
     before_gamma = write("gamma", 10)
