@@ -1211,9 +1211,12 @@ TEST_F(WalE2eTest, AStandbyTakesOverFromAFrozenRelayWithinTheLease) {
 // over 50 streams. One numbering and one order per stream whatever the mode: the consumer's first
 // deliveries of each stream carry stream_seq 1..n in order, one writer's commits of a stream have
 // increasing numbers, nothing lost, nothing invented. A switch out of WAL mode waits for the relay
-// (outbox.switch_wait); each switch's duration is printed.
+// (outbox.switch_wait); each switch's duration is printed. Each mode lasts until the writers have
+// committed kPerMode more (30 per stream on average, every stream in every mode; about 1.5 s: it
+// was 3 s each, about 3,200 commits).
 TEST_F(WalE2eTest, SwitchingDeliveryUnderWritersKeepsOneNumberingAndCommitOrder) {
   constexpr int kSwitchStreams = 50;
+  constexpr std::size_t kPerMode = 1500;
   auto admin = Connect();
   Sql(admin.get(), "SET outbox.switch_wait = 0");  // no relay yet, nothing in the slot
   Sql(admin.get(), "UPDATE " + schema_.name() + ".settings SET delivery = 'table'");
@@ -1224,15 +1227,22 @@ TEST_F(WalE2eTest, SwitchingDeliveryUnderWritersKeepsOneNumberingAndCommitOrder)
   Writers writers(schema_.name(), queue_, 1'000'000, milliseconds{5}, /*reconnect=*/false,
                   kSwitchStreams);
   std::string modes = "table";
+  // Until the writers have committed kPerMode more than at the last switch.
+  const auto commit_more = [&] {
+    const std::size_t from = writers.committed_count();
+    return WaitUntil([&] { return writers.committed_count() >= from + kPerMode; }, seconds{60});
+  };
   for (const char* mode : {"wal", "table", "wal"}) {
-    std::this_thread::sleep_for(seconds{3});
+    ASSERT_TRUE(commit_more()) << "the writers committed fewer than " << kPerMode << " in 60 s\n"
+                               << writers.error();
     const auto started = Clock::now();
     Sql(admin.get(), "UPDATE " + schema_.name() + ".settings SET delivery = '" + mode + "'");
     std::printf("[ wal ] delivery -> %s after %zu commits: the switch took %.2f s\n", mode,
                 writers.committed_count(), Secs(Clock::now() - started));
     modes += std::string{" -> "} + mode;
   }
-  std::this_thread::sleep_for(seconds{3});
+  ASSERT_TRUE(commit_more()) << "the writers committed fewer than " << kPerMode << " in 60 s\n"
+                             << writers.error();
   writers.Stop();
   ASSERT_EQ(writers.error(), "");
   EXPECT_TRUE(WaitForAll(consumer, writers, seconds{120}, "after the switches")) << Logs();
