@@ -10,8 +10,10 @@ the largest count and dropped at the end (the prefix is `mdb<pid>_`; `--drop-lef
 an interrupted run left). outboxd gets one `[[databases]]` table per tenant (name "tNNN"),
 `[relay] instance`, `[log] level = "warn"`, `[http] listen` on a free loopback port and
 `[sinks.default]` RabbitMQ with `routing_key = "{topic}"`, plus any --relay-setting lines;
-everything else at its defaults (each idle case prints lease, sweep_interval and purge_interval
-as `outboxd --check-config` gives them: with [[databases]] 30 s, 30 s and 10 min). outboxd and
+everything else at its defaults (each idle case prints lease, idle_lease, sweep_interval and
+purge_interval as `outboxd --check-config` gives them: with [[databases]] 30 s, 2 min, 30 s and
+10 min; an idle relay renews for idle_lease only after a whole lease without work, so the idle
+cases want --settle-seconds of 50 or more). outboxd and
 outboxctl are copied from --bin first, so a build in the tree meanwhile changes nothing. The
 benchmark's own connections carry `application_name = mdb-bench`; everything else in the tenant
 databases is outboxd's.
@@ -863,7 +865,8 @@ def idle_case(env, tenants, count, options):
     try:
         relay = Outboxd(env, entries, f"idle{count}", legacy=options.legacy_config)
         log("  outboxd: " + ", ".join(f"{key} {relay.settings.get(key, '?')}" for key in (
-            "lease", "sweep_interval", "purge_interval", "stats_interval")) + " (--check-config)"
+            "lease", "idle_lease", "sweep_interval", "purge_interval", "stats_interval"))
+            + " (--check-config)"
             + "".join(f"; [relay] {line}" for line in env.relay_settings))
         connections, settled = settle(env, databases, relay)
         log(f"  outboxd READY=1 after {relay.ready_seconds:.2f} s; {connections} connections to the "
