@@ -266,6 +266,10 @@ TEST_F(RelayE2eTest, ABrokerRestartLosesNothingAndAbandonsNothing) {
 }
 
 TEST_F(RelayE2eTest, KillingTheRelayLosesNothing) {
+  // The restarted relay waits out the killed one's leases: 4 s (publish_timeout 2 s, at most half
+  // of it), not the fixture's 10 s.
+  lease_ = "4s";
+  publish_timeout_ = "2s";
   WriteConfig();
   Consumer consumer(queue_);
   std::thread writers([&] { Write(20000); });
@@ -287,7 +291,7 @@ TEST_F(RelayE2eTest, KillingTheRelayLosesNothing) {
                                << " attempts: " << freeze.problem << "\n"
                                << Log();
   EXPECT_EQ(killed, 128 + SIGKILL);
-  // Its leases (10 s) expire; the restarted relay takes the messages over.
+  // Its leases (4 s) expire; the restarted relay takes the messages over.
   Outboxd second(config_path_);
   writers.join();
   ASSERT_TRUE(WaitForAll(consumer, seconds{120})) << Log();
