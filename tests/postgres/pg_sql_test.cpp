@@ -38,29 +38,6 @@ TEST_F(PgSqlTest, MigrationIsIdempotentAndVersioned) {
             std::to_string(postgres::LatestSchemaVersion()));
 }
 
-// Schema version 17: a session's enqueues look a stream's latest number up by the primary key once
-// stream_seqs has grown, also after it was analyzed while empty. With the generic plan plpgsql
-// caches after a function's fifth call, every keyed enqueue read the whole table instead, which
-// grows with each message of the transaction (quadratic; bench/RESULTS.md): two sequential scans a
-// message, 2,000 here. Planned per call, the scans stop once the table is a few pages (about 400).
-// The transaction's own scans of the table (pg_stat_xact_user_tables) show which plans ran.
-TEST_F(PgSqlTest, KeyedEnqueuesProbeTheLatestNumberAfterTheCountersWereAnalyzedEmpty) {
-  Sql(conn(), "ANALYZE " + S() + ".stream_seqs");
-  Sql(conn(), "BEGIN");
-  Scalar(conn(),
-         "SELECT count(" + S() +
-             ".enqueue('t', '{}', stream_key => 's' || g)) FROM generate_series(1, 1000) g");
-  const auto scans = [&](const std::string& kind) {
-    return std::stoi(Scalar(conn(), "SELECT " + kind +
-                                        " FROM pg_stat_xact_user_tables WHERE relid = '" + S() +
-                                        ".stream_seqs'::regclass"));
-  };
-  const int sequential = scans("seq_scan");
-  EXPECT_LE(sequential, 500) << "the lookups kept reading the whole table";
-  EXPECT_GE(scans("idx_scan"), 1000 - sequential / 2);
-  Sql(conn(), "ROLLBACK");
-}
-
 // The claim cursor's horizon relies on it (sql/005_id_after_xid.sql): a message id is read from
 // the clock only after its transaction has a transaction id.
 TEST_F(PgSqlTest, AnIdIsTakenOnlyOnceTheTransactionHasAnId) {
