@@ -69,6 +69,25 @@ double SecondsSince(SteadyClock::time_point start) {
 // The leader of `partition` while every broker is up.
 int HomeLeader(int partition) { return partition % kBrokers + 1; }
 
+// {partition, leader} of every partition while every broker is up.
+std::vector<std::pair<int, int>> HomeLeaders() {
+  std::vector<std::pair<int, int>> leaders;
+  for (int partition = 0; partition < kPartitions; ++partition) {
+    leaders.emplace_back(partition, HomeLeader(partition));
+  }
+  return leaders;
+}
+
+// {partition, leader} of broker 1's partitions, moved to brokers 2 and 3 (as Kafka's controller
+// would when broker 1 goes down; the mock moves none by itself).
+std::vector<std::pair<int, int>> MovedFromBroker1() {
+  std::vector<std::pair<int, int>> leaders;
+  for (int partition = 0; partition < kPartitions; ++partition) {
+    if (HomeLeader(partition) == 1) leaders.emplace_back(partition, 2 + partition % 2);
+  }
+  return leaders;
+}
+
 // What the topic held, checked against what was written.
 struct Verdict {
   std::size_t records = 0;
@@ -79,9 +98,7 @@ class KafkaE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
     cluster_.CreateTopic(kTopic, kPartitions);
-    for (int partition = 0; partition < kPartitions; ++partition) {
-      cluster_.SetLeader(kTopic, partition, HomeLeader(partition));
-    }
+    cluster_.SetLeaders(kTopic, HomeLeaders());
     config_ = "/tmp/outboxd-kafka-" + schema_.name() + ".toml";
     std::ofstream(config_) << Replace(R"([database]
 url = "@URL@"
@@ -295,18 +312,14 @@ TEST_F(KafkaE2eTest, ABrokerDownWhileItsLeadersMoveLosesNothing) {
   std::vector<std::size_t> after;
   if (publishing) {
     cluster_.Down(1);
-    for (int partition = 0; partition < kPartitions; ++partition) {
-      if (HomeLeader(partition) == 1) cluster_.SetLeader(kTopic, partition, 2 + partition % 2);
-    }
+    cluster_.SetLeaders(kTopic, MovedFromBroker1());
     // Counted by consumers made now, which find the new leaders in their first metadata.
     before = Consumer(cluster_.bootstraps()).StoredByPartition(kTopic);
     outage_writers = std::thread([&] { Write(Messages() - first_half); });
     std::this_thread::sleep_for(kOutage);  // a duration, not a wait for a state
     after = Consumer(cluster_.bootstraps()).StoredByPartition(kTopic);
     cluster_.Up(1);
-    for (int partition = 0; partition < kPartitions; ++partition) {
-      cluster_.SetLeader(kTopic, partition, HomeLeader(partition));
-    }
+    cluster_.SetLeaders(kTopic, HomeLeaders());
   }
   writers.join();
   if (outage_writers.joinable()) outage_writers.join();
@@ -383,15 +396,11 @@ TEST_F(KafkaE2eTest, WalModeThroughAKilledOutboxdAndABrokerDownLosesNothing) {
       << "the second outboxd published nothing in 60 s\n"
       << LogTail();
   cluster_.Down(1);
-  for (int partition = 0; partition < kPartitions; ++partition) {
-    if (HomeLeader(partition) == 1) cluster_.SetLeader(kTopic, partition, 2 + partition % 2);
-  }
+  cluster_.SetLeaders(kTopic, MovedFromBroker1());
   writers = std::jthread([&] { Write(messages - messages / 2); });
   std::this_thread::sleep_for(kOutage);  // a duration, not a wait for a state
   cluster_.Up(1);
-  for (int partition = 0; partition < kPartitions; ++partition) {
-    cluster_.SetLeader(kTopic, partition, HomeLeader(partition));
-  }
+  cluster_.SetLeaders(kTopic, HomeLeaders());
   writers.join();
   const std::string last_commit = WalSlot::InsertPosition();
   ASSERT_TRUE(

@@ -1,6 +1,7 @@
 #include "kafka_test_support.h"
 
 #include <array>
+#include <future>
 #include <stdexcept>
 #include <utility>
 
@@ -65,6 +66,18 @@ void MockCluster::MakeTopicUnknown(const std::string& topic) {
 void MockCluster::SetLeader(const std::string& topic, int partition, int broker) {
   Check(rd_kafka_mock_partition_set_leader(cluster_.get(), topic.c_str(), partition, broker),
         "setting the leader of " + topic);
+}
+
+void MockCluster::SetLeaders(const std::string& topic,
+                             const std::vector<std::pair<int, int>>& leaders) {
+  std::vector<std::future<rd_kafka_resp_err_t>> calls;
+  calls.reserve(leaders.size());
+  for (const auto& [partition, broker] : leaders) {
+    calls.push_back(std::async(std::launch::async, [this, &topic, partition, broker] {
+      return rd_kafka_mock_partition_set_leader(cluster_.get(), topic.c_str(), partition, broker);
+    }));
+  }
+  for (auto& call : calls) Check(call.get(), "setting the leader of " + topic);
 }
 
 void MockCluster::Down(int id) {

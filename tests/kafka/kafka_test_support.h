@@ -52,6 +52,10 @@ class MockCluster {
   // Metadata requests about `topic` answer UNKNOWN_TOPIC_OR_PART (the mock would auto-create it).
   void MakeTopicUnknown(const std::string& topic);
   void SetLeader(const std::string& topic, int partition, int broker);
+  // The leaders of several partitions of `topic` ({partition, broker} each), all set on return.
+  // The calls are made at once, from a thread each: the mock cluster answers some of them only
+  // at its next 1 s tick (librdkafka 2.0), and one after another 12 of them took 2 s or more.
+  void SetLeaders(const std::string& topic, const std::vector<std::pair<int, int>>& leaders);
 
   // Broker `id` (or -1: every broker) drops its connections and refuses new ones; Up undoes it.
   // Neither moves partition leaders.
