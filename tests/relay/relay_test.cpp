@@ -74,14 +74,20 @@ class RelayTest : public ::testing::Test {
   }
 
   // Statements the relay (not the test's writers) has sent about this test's schema, counted by
-  // pg_stat_statements (loaded by scripts/services).
+  // pg_stat_statements (loaded by scripts/services). The schema's name (t_<n>_<m>) is matched with
+  // its underscores escaped, as a name and not as a LIKE pattern of wildcards.
   std::int64_t RelayStatements() {
     Sql(schema_.conn(), "CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+    std::string pattern;
+    for (const char c : schema_.name()) {
+      if (c == '_' || c == '%' || c == '\\') pattern += '\\';
+      pattern += c;
+    }
     return std::stoll(Scalar(
         schema_.conn(),
         "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = (SELECT oid FROM "
         "pg_database WHERE datname = current_database()) AND query LIKE '%" +
-            schema_.name() +
+            pattern +
             "%' AND query NOT LIKE '%enqueue(%' AND query NOT LIKE '%pg_stat_statements%' AND "
             "query NOT LIKE '%last_value%'"));
   }
