@@ -128,10 +128,16 @@ inline Freeze FreezeHoldingAClaim(ChildProcess& process, PGconn* conn, const std
     if (!quiet) {
       // A backend stays active while it sends a result larger than the socket's buffers to the
       // stopped relay (a claim of many messages): not a moment to read; try again, a few times.
+      // The relay first reads that result (the backends change): stopped again at once, it was
+      // caught with the same result unread three times running (the CI run of 2026-11-29).
       process.Signal(SIGCONT);
       freeze.problem = "the stopped relay's backends (application_name " + app +
                        ") were not quiet within 10 s: " + before.fingerprint;
       if (++unquiet >= 3) return freeze;
+      for (const auto until = Clock::now() + std::chrono::seconds{5};
+           ReadBackends(conn, app).fingerprint == before.fingerprint && Clock::now() < until;) {
+        std::this_thread::sleep_for(milliseconds{2});
+      }
       continue;
     }
     freeze.claimed = claimed_before;
