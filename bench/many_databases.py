@@ -819,37 +819,29 @@ def metric_sum(body, name):
 def describe_rounds(relay):
     """outboxd's own account of a drain, from /metrics: claims (count, mean time, mean batch,
     over every database) and the dispatcher's batch publishes."""
-    try:
-        body, _ = relay.metrics()
-    except OSError as error:
-        return f"/metrics not read ({error})"
+    return describe_rounds_of([relay])
+
+
+def describe_rounds_of(relays):
+    """describe_rounds over one or several outboxd, added up."""
+    bodies = []
+    for relay in relays:
+        try:
+            bodies.append(relay.metrics()[0])
+        except OSError as error:
+            if len(relays) == 1:
+                return f"/metrics not read ({error})"
+    body = b"\n".join(bodies)
     claims = metric_sum(body, "outbox_relay_claim_seconds_count")
     claim_time = metric_sum(body, "outbox_relay_claim_seconds_sum")
     claimed = metric_sum(body, "outbox_relay_claim_batch_size_sum")
     publishes = metric_sum(body, "outbox_relay_publish_seconds_count")
     publish_time = metric_sum(body, "outbox_relay_publish_seconds_sum")
-    return (f"outboxd's claims {claims:,.0f} (all databases), mean {1000 * claim_time / max(1, claims):.1f} "
-            f"ms, {claimed / max(1, claims):.0f} messages each, {claim_time:.1f} s in all; batch "
-            f"publishes {publishes:,.0f}, mean {1000 * publish_time / max(1, publishes):.1f} ms, "
-            f"{publish_time:.1f} s in all")
-
-
-def describe_rounds_of(relays):
-    """describe_rounds over several outboxd, added up."""
-    bodies = []
-    for relay in relays:
-        try:
-            bodies.append(relay.metrics()[0])
-        except OSError:
-            pass
-    body = b"\n".join(bodies)
-    claims = metric_sum(body, "outbox_relay_claim_seconds_count")
-    claim_time = metric_sum(body, "outbox_relay_claim_seconds_sum")
-    publishes = metric_sum(body, "outbox_relay_publish_seconds_count")
-    publish_time = metric_sum(body, "outbox_relay_publish_seconds_sum")
-    return (f"the {len(relays)} outboxd's claims {claims:,.0f}, mean "
-            f"{1000 * claim_time / max(1, claims):.1f} ms; batch publishes {publishes:,.0f}, mean "
-            f"{1000 * publish_time / max(1, publishes):.1f} ms")
+    who = "outboxd's" if len(relays) == 1 else f"the {len(relays)} outboxd's"
+    return (f"{who} claims {claims:,.0f} (all databases), mean "
+            f"{1000 * claim_time / max(1, claims):.1f} ms, {claimed / max(1, claims):.0f} messages "
+            f"each, {claim_time:.1f} s in all; batch publishes {publishes:,.0f}, mean "
+            f"{1000 * publish_time / max(1, publishes):.1f} ms, {publish_time:.1f} s in all")
 
 
 # --- case: idle -------------------------------------------------------------------------------

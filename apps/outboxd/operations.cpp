@@ -675,7 +675,9 @@ class Operations::Impl {
           // The database's state, not the request's fault nor a failure of outboxd's: not reached,
           // or its outbox schema not migrated (or older than this build). Its reason, masked,
           // tells the operator what to do (run outboxctl migrate); 503: try again afterwards.
-          return ErrorReply(503, MaskPassword(failure.what()));
+          const std::string reason = MaskPassword(failure.what());
+          Log(LogLevel::kWarn, "admin API: " + reason);
+          return ErrorReply(503, reason);
         }
         admin_database_ = name;
       }

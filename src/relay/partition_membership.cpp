@@ -17,6 +17,7 @@ PartitionMembership::PartitionMembership(PartitionLeases& leases, std::string ow
     : leases_(leases),
       owner_(std::move(owner)),
       timing_(timing),
+      replaces_sweeps_(timing.idle_lease > timing.lease),
       report_(report),
       wake_(std::move(wake)) {}
 
@@ -96,9 +97,8 @@ void PartitionMembership::SetIdle(bool idle) {
 }
 
 bool PartitionMembership::NothingUnfinished() const {
-  // Only where an idle relay is meant to be quiet (an idle lease longer than the lease): there the
-  // heartbeat stands in for the sweep; elsewhere the sweep keeps its interval, as chosen.
-  if (timing_.idle_lease <= timing_.lease) return false;
+  // Elsewhere the sweep keeps its interval, as chosen.
+  if (!replaces_sweeps_) return false;
   std::lock_guard lock(mutex_);
   return unfinished_.has_value() && !*unfinished_;
 }
@@ -153,8 +153,8 @@ PartitionMembership::SteadyClock::time_point PartitionMembership::Heartbeat(
   bool found_work = false;  // an idle relay that skipped its sweeps has something to do
   {
     std::lock_guard lock(mutex_);
-    found_work = timing_.idle_lease > timing_.lease && idle_ && unfinished_ == false &&
-                 membership.unfinished != false;
+    found_work =
+        replaces_sweeps_ && idle_ && unfinished_ == false && membership.unfinished != false;
     unfinished_ = membership.unfinished;
     for (const int partition : owned_) {
       const bool released = std::find(release.begin(), release.end(), partition) != release.end();

@@ -78,6 +78,8 @@ class PartitionMembership {
   PartitionLeases& leases_;
   const std::string owner_;
   const Timing timing_;
+  // The heartbeat stands in for an idle relay's sweeps (an idle lease longer than the lease).
+  const bool replaces_sweeps_;
   TableReport& report_;
   const std::function<void()> wake_;
   std::thread thread_;
