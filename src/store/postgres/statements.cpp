@@ -11,9 +11,20 @@ namespace {
 // rows instead of probing the ids, and under an old snapshot that index holds an entry for every
 // message claimed since (a settle took 1.2 s and 500k buffers in the held-snapshot benchmark,
 // bench/RESULTS.md).
+// The rows are found by their ids (`m.id = ANY`: one probe of the primary key each), and the owner
+// is compared as a column of the list, not as a constant: analyzed while no row was leased, or
+// before this relay's owner name existed, the statistics say no row has that owner, and the
+// planner, expecting one row, joined by comparing every row with every entry of the list (a settle
+// of 500 took 70 ms of a claim's 84 in a drain of 20,000, bench/RESULTS.md) or scanned the table.
 constexpr const char* kFenced = R"(
-  AS c(id, epoch)
-  WHERE m.id = c.id AND m.lease_epoch = c.epoch AND m.lease_owner = $1)";
+  AS c(id, epoch, owner)
+  WHERE m.id = ANY (__FENCE_IDS__) AND m.id = c.id AND m.lease_epoch = c.epoch
+    AND m.lease_owner = c.owner)";
+
+// The list of ids and epochs that kFenced reads as `c`, with the owner repeated on every entry.
+constexpr const char* kFencedList =
+    "unnest(__FENCE_IDS__, __FENCE_EPOCHS__, "
+    "array_fill(__FENCE_OWNER__::text, ARRAY[cardinality(__FENCE_IDS__)]))";
 
 // Due is judged by clock_timestamp(), read after the snapshot, not now(): now() is this
 // statement's transaction start, which can precede the start (= available_at) of a writer that
@@ -139,8 +150,9 @@ returned AS (
   LIMIT $1::integer),
 claimable AS (
   SELECT m.id FROM __TABLE__ m
-  WHERE m.id IN (SELECT c.id FROM (SELECT id FROM fresh UNION ALL SELECT id FROM returned) c
-                 ORDER BY c.id LIMIT $1::integer)
+  WHERE m.id = ANY (ARRAY(
+      SELECT c.id FROM (SELECT id FROM fresh UNION ALL SELECT id FROM returned) c
+      ORDER BY c.id LIMIT $1::integer))
     AND m.status IN ('pending', 'failed')
   FOR UPDATE SKIP LOCKED),
 claimed AS (
@@ -148,7 +160,7 @@ claimed AS (
   SET status = 'processing', lease_owner = $3,
       lease_until = now() + $4::bigint * interval '1 millisecond',
       lease_epoch = m.lease_epoch + 1
-  FROM claimable WHERE m.id = claimable.id
+  WHERE m.id = ANY (ARRAY(SELECT id FROM claimable))
   RETURNING m.id, m.topic, m.stream_key, m.stream_seq, m.partition, m.target, m.type, m.payload,
             m.content_type, m.headers, m.attempts, m.created_at, m.lease_epoch, m.event_id)
 SELECT c.id, c.topic, c.stream_key, c.stream_seq, c.partition, c.target, c.type, c.payload,
@@ -167,20 +179,20 @@ SELECT c.id, c.topic, c.stream_key, c.stream_seq, c.partition, c.target, c.type,
 FROM (VALUES (1)) AS one(row) LEFT JOIN claimed c ON true)";
 
 constexpr const char* kDelete = R"(
-DELETE FROM __TABLE__ m USING unnest($2::uuid[], $3::bigint[]) __FENCED__ RETURNING m.id)";
+DELETE FROM __TABLE__ m USING __FENCED_LIST__ __FENCED__ RETURNING m.id)";
 
 constexpr const char* kMarkPublished = R"(
 UPDATE __TABLE__ m SET status = 'published', published_at = now(), lease_owner = NULL,
                        lease_until = NULL
-FROM unnest($2::uuid[], $3::bigint[]) __FENCED__ RETURNING m.id)";
+FROM __FENCED_LIST__ __FENCED__ RETURNING m.id)";
 
 constexpr const char* kRenew = R"(
 UPDATE __TABLE__ m SET lease_until = now() + $4::bigint * interval '1 millisecond'
-FROM unnest($2::uuid[], $3::bigint[]) __FENCED__ RETURNING m.id)";
+FROM __FENCED_LIST__ __FENCED__ RETURNING m.id)";
 
 constexpr const char* kRelease = R"(
 UPDATE __TABLE__ m SET status = 'pending', lease_owner = NULL, lease_until = NULL
-FROM unnest($2::uuid[], $3::bigint[]) __FENCED__ RETURNING m.id)";
+FROM __FENCED_LIST__ __FENCED__ RETURNING m.id)";
 
 // A message that must wait (a retry's backoff, or a destination's Retry-After with no attempt
 // spent) is 'failed' until it is due, so that the later messages of its stream wait behind it
@@ -199,9 +211,11 @@ UPDATE __TABLE__ m SET
   available_at = now() + c.delay_ms * interval '1 millisecond',
   abandoned_at = CASE WHEN c.abandon THEN now() END,
   last_error = c.error, lease_owner = NULL, lease_until = NULL
-FROM unnest($2::uuid[], $3::bigint[], $4::boolean[], $5::boolean[], $6::bigint[], $7::text[])
-  AS c(id, epoch, abandon, spend, delay_ms, error)
-WHERE m.id = c.id AND m.lease_epoch = c.epoch AND m.lease_owner = $1
+FROM unnest($2::uuid[], $3::bigint[], $4::boolean[], $5::boolean[], $6::bigint[], $7::text[],
+            array_fill($1::text, ARRAY[cardinality($2::uuid[])]))
+  AS c(id, epoch, abandon, spend, delay_ms, error, owner)
+WHERE m.id = ANY ($2::uuid[]) AND m.id = c.id AND m.lease_epoch = c.epoch
+  AND m.lease_owner = c.owner
 RETURNING m.id)";
 
 // Expired message leases back to pending, except the ids $1 (the caller's batches in flight).
@@ -284,23 +298,30 @@ Statements::Statements(const std::string& schema, bool keep_published) {
   const std::string table = quoted + ".messages";
   const auto build = [&](std::string text) {
     for (const auto& [from, to] :
-         {std::pair{"__FENCED__", kFenced}, std::pair{"__HELD__", kHeld},
-          std::pair{"__IN_HELD__", kInHeld}, std::pair{"__HEAD_OF_LINE__", kHeadOfLine},
-          std::pair{"__PREV_SEQ__", kPrevSeq}}) {
+         {std::pair{"__HELD__", kHeld}, std::pair{"__IN_HELD__", kInHeld},
+          std::pair{"__HEAD_OF_LINE__", kHeadOfLine}, std::pair{"__PREV_SEQ__", kPrevSeq}}) {
       text = ReplaceAll(text, from, to);
     }
     return ReplaceAll(ReplaceAll(ReplaceAll(text, "__TABLE__", table), "__SCHEMA_NAME__", schema),
                       "__SCHEMA__", quoted);
   };
-  const std::string settle = keep_published ? kMarkPublished : kDelete;
-  complete = build(settle);
+  // A fenced statement on its parameters: the ids, their epochs and the owner.
+  const auto fence = [](std::string text, const char* ids, const char* epochs, const char* owner) {
+    text = ReplaceAll(ReplaceAll(text, "__FENCED_LIST__", kFencedList), "__FENCED__", kFenced);
+    return ReplaceAll(
+        ReplaceAll(ReplaceAll(text, "__FENCE_IDS__", ids), "__FENCE_EPOCHS__", epochs),
+        "__FENCE_OWNER__", owner);
+  };
+  const auto fenced = [&](const char* text) {
+    return build(fence(text, "$2::uuid[]", "$3::bigint[]", "$1"));
+  };
+  const char* settle = keep_published ? kMarkPublished : kDelete;
+  complete = fenced(settle);
   // The same settling statement inside the claim, on its parameters: owner $3, ids $8, epochs $9.
-  const std::string settle_in_claim =
-      ReplaceAll(ReplaceAll(settle, "__FENCED__", ReplaceAll(kFenced, "$1", "$3")),
-                 "unnest($2::uuid[], $3::bigint[])", "unnest($8::uuid[], $9::bigint[])");
+  const std::string settle_in_claim = fence(settle, "$8::uuid[]", "$9::bigint[]", "$3");
   claim = ReplaceAll(build(ReplaceAll(kClaim, "__SETTLE__", settle_in_claim)), "__EPOCHS__", "$5");
-  renew = build(kRenew);
-  release = build(kRelease);
+  renew = fenced(kRenew);
+  release = fenced(kRelease);
   fail = build(kFail);
   reclaim_expired = ReplaceAll(build(kReclaimExpired), "__EPOCHS__", "$4");
   purge = build(kPurge);
