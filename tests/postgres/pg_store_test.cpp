@@ -345,6 +345,38 @@ TEST_F(PgStoreTest, ReconnectsAfterTheConnectionIsKilled) {
   EXPECT_EQ(store->Stats().pending, 0);  // ...and works again on the next call
 }
 
+// The claim is a statement prepared on the store's session: a new session must prepare it again.
+TEST_F(PgStoreTest, TheClaimIsPreparedAgainOnANewSession) {
+  auto store = OpenStore();
+  const auto enqueue_one = [&] {
+    Sql(schema_.conn(), "SELECT " + schema_.name() + ".enqueue('t', '{}')");
+  };
+  enqueue_one();
+  const auto first = store->Claim(Request("relay", 10));
+  ASSERT_EQ(first.size(), 1U);
+  // The store's session, whose last statement was the claim (the start of its text is kept).
+  EXPECT_EQ(Scalar(schema_.conn(),
+                   "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE pid <> "
+                   "pg_backend_pid() AND datname = current_database() AND query LIKE "
+                   "'%WITH settled AS%' AND query LIKE '%" +
+                       schema_.name() + "%'"),
+            "1");
+  std::this_thread::sleep_for(milliseconds{100});
+  enqueue_one();
+  std::vector<Envelope> second;
+  for (int attempt = 0; attempt < 2 && second.empty(); ++attempt) {
+    try {
+      second = store->Claim(Request("relay", 10));  // the first may notice the loss
+    } catch (const StoreError& error) {
+      EXPECT_EQ(attempt, 0) << error.what();
+    }
+  }
+  ASSERT_EQ(second.size(), 1U);
+  EXPECT_NE(second[0].id, first[0].id);
+  const std::vector<LeasedId> leases{LeasedId::Of(first[0]), LeasedId::Of(second[0])};
+  EXPECT_EQ(store->Complete("relay", leases).settled, 2);
+}
+
 TEST_F(PgStoreTest, StatsEstimateAboveTheExactLimit) {
   Sql(schema_.conn(),
       "SELECT " + schema_.name() + ".enqueue('t', '{}') FROM generate_series(1, 300)");

@@ -69,6 +69,13 @@ std::int32_t ReadInt32(const char* bytes);
 Uuid ReadUuid(const char* bytes);
 TimePoint ReadTimestamp(const char* bytes);  // timestamptz: microseconds since 2000-01-01 UTC
 
+// Prepares `sql` as the statement `name` on `conn`, parameter types from the SQL; runs a prepared
+// statement. Both throw and keep a deadline as Exec does. A prepared statement lives as long as
+// its server session (Connection::generation tells when that is new).
+void Prepare(PGconn* conn, std::string_view what, const std::string& name, const std::string& sql);
+ResultPtr ExecPrepared(PGconn* conn, std::string_view what, const std::string& name,
+                       const std::vector<Param>& params, bool binary_results = false);
+
 // An owned connection that remembers how to reconnect. Move-only; never throws from its
 // destructor.
 class Connection {
@@ -89,6 +96,10 @@ class Connection {
   const std::string& description() const { return description_; }
 
   std::chrono::milliseconds deadline() const { return deadline_; }
+
+  // Counts the server sessions this connection has opened: what was prepared under another
+  // number is gone.
+  std::uint64_t generation() const { return generation_; }
 
   // Reconnects if the connection was lost (or abandoned at a deadline); throws
   // PgError(kUnavailable) if that fails.
@@ -111,7 +122,8 @@ class Connection {
   std::string description_;
   std::chrono::milliseconds deadline_;
   ConnPtr conn_;
-  int session_pid_ = 0;              // the server session of conn_
+  int session_pid_ = 0;  // the server session of conn_
+  std::uint64_t generation_ = 0;
   std::vector<int> stale_sessions_;  // of connections lost, not yet known gone (EndStaleSessions)
 };
 

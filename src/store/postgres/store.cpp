@@ -110,8 +110,13 @@ class PostgresStore final : public Store {
                                     Param{paused_array},
                                     Param{complete_id_array},
                                     Param{complete_epoch_array}};
+    PGconn* conn = connection_.Ready();
+    if (claim_prepared_in_ != connection_.generation()) {
+      Prepare(conn, "claim: prepare", kClaimStatementName, sql_.claim);
+      claim_prepared_in_ = connection_.generation();
+    }
     const auto result =
-        Exec(connection_.Ready(), "claim", sql_.claim, params, /*binary_results=*/true);
+        ExecPrepared(conn, "claim", kClaimStatementName, params, /*binary_results=*/true);
     const PGresult* rows = result.get();
     if (PQntuples(rows) < 1 || PQnfields(rows) != kClaimColumns) {
       throw StoreError(FailureKind::kUnavailable,
@@ -328,6 +333,10 @@ class PostgresStore final : public Store {
   Statements sql_;
   std::string hold_targets_;  // options_.retry.hold_targets as a text[] literal, for kFail's $8
   ClaimCursor cursor_;
+  // The claim is prepared once per server session (Connection::generation), where it keeps one
+  // generic plan (see Connection::EnsureConnected).
+  static constexpr const char* kClaimStatementName = "outbox_claim";
+  std::uint64_t claim_prepared_in_ = 0;
 };
 
 }  // namespace
