@@ -6,7 +6,7 @@
 #
 #   bench/burst_into_idle.sh OUTBOXD OUTBOXCTL [N=200000]
 #
-# Server: $OUTBOX_TEST_PG_URL's server (scripts/services), database outbox_bench; a schema of its
+# Server: scripts/services' PostgreSQL, database outbox_bench (or $OUTBOX_BENCH_PG_URL); a schema of its
 # own, dropped at the end; file sink into a temporary directory. Bounded: gives up after 120 s.
 set -euo pipefail
 OUTBOXD=$1 OUTBOXCTL=$2 N=${3:-200000}

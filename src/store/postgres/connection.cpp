@@ -283,22 +283,34 @@ struct ParamArrays {
   std::vector<int> formats;
 };
 
+// Runs a statement with parameters, given by its text or (`prepared`) by the name it was
+// prepared under: what Exec and ExecPrepared share.
+ResultPtr ExecWithParams(PGconn* conn, std::string_view what, const std::string& statement,
+                         bool prepared, const std::vector<Param>& params, bool binary_results) {
+  const ParamArrays p{params};
+  const int format = binary_results ? 1 : 0;
+  const char* text = statement.c_str();
+  return SendAndAwait(
+      conn, what,
+      [&] {
+        return prepared ? PQsendQueryPrepared(conn, text, p.count(), p.values.data(),
+                                              p.lengths.data(), p.formats.data(), format)
+                        : PQsendQueryParams(conn, text, p.count(), nullptr, p.values.data(),
+                                            p.lengths.data(), p.formats.data(), format);
+      },
+      [&] {
+        return prepared ? PQexecPrepared(conn, text, p.count(), p.values.data(), p.lengths.data(),
+                                         p.formats.data(), format)
+                        : PQexecParams(conn, text, p.count(), nullptr, p.values.data(),
+                                       p.lengths.data(), p.formats.data(), format);
+      });
+}
+
 }  // namespace
 
 ResultPtr Exec(PGconn* conn, std::string_view what, const std::string& sql,
                const std::vector<Param>& params, bool binary_results) {
-  const ParamArrays p{params};
-  const int format = binary_results ? 1 : 0;
-  return SendAndAwait(
-      conn, what,
-      [&] {
-        return PQsendQueryParams(conn, sql.c_str(), p.count(), nullptr, p.values.data(),
-                                 p.lengths.data(), p.formats.data(), format);
-      },
-      [&] {
-        return PQexecParams(conn, sql.c_str(), p.count(), nullptr, p.values.data(),
-                            p.lengths.data(), p.formats.data(), format);
-      });
+  return ExecWithParams(conn, what, sql, /*prepared=*/false, params, binary_results);
 }
 
 void Prepare(PGconn* conn, std::string_view what, const std::string& name, const std::string& sql) {
@@ -309,18 +321,7 @@ void Prepare(PGconn* conn, std::string_view what, const std::string& name, const
 
 ResultPtr ExecPrepared(PGconn* conn, std::string_view what, const std::string& name,
                        const std::vector<Param>& params, bool binary_results) {
-  const ParamArrays p{params};
-  const int format = binary_results ? 1 : 0;
-  return SendAndAwait(
-      conn, what,
-      [&] {
-        return PQsendQueryPrepared(conn, name.c_str(), p.count(), p.values.data(), p.lengths.data(),
-                                   p.formats.data(), format);
-      },
-      [&] {
-        return PQexecPrepared(conn, name.c_str(), p.count(), p.values.data(), p.lengths.data(),
-                              p.formats.data(), format);
-      });
+  return ExecWithParams(conn, what, name, /*prepared=*/true, params, binary_results);
 }
 
 std::string QuoteSchema(const std::string& name) {
@@ -580,15 +581,6 @@ void Connection::EnsureConnected() {
   // the setting (before PostgreSQL 11) refuses it, which changes nothing.
   try {
     Exec(conn_.get(), "set jit", "SET jit = off");
-  } catch (const PgError& error) {
-    if (PQstatus(conn_.get()) != CONNECTION_OK) throw set_up_failed(error.what());
-  }
-  // A statement prepared on this connection (ExecPrepared: the claim) keeps its one generic plan:
-  // planning the claim for its parameters took 2-3 ms, longer than running it for one message
-  // (0.7 ms). Statements sent with Exec are planned for their parameters whatever this says.
-  // (PostgreSQL 12 and later; an older server keeps its default.)
-  try {
-    Exec(conn_.get(), "set plan_cache_mode", "SET plan_cache_mode = force_generic_plan");
   } catch (const PgError& error) {
     if (PQstatus(conn_.get()) != CONNECTION_OK) throw set_up_failed(error.what());
   }

@@ -53,7 +53,7 @@ class PostgresStore final : public Store {
  public:
   explicit PostgresStore(StoreOptions options)
       : options_(std::move(options)),
-        connection_(options_.conninfo),
+        connection_(options_.conninfo, std::string{kClaimPlanMode}),
         writer_(options_.schema),
         sql_(options_.schema, options_.retention.published.count() > 0),
         hold_targets_(TextArray(options_.retry.hold_targets)) {
@@ -65,6 +65,8 @@ class PostgresStore final : public Store {
     PGconn* conn = connection_.Ready();
     Exec(conn, "enqueue: begin", "BEGIN");
     try {
+      // The enqueue's PL/pgSQL plans as on any other session, not under kClaimPlanMode.
+      Exec(conn, "enqueue: plan mode", "SET LOCAL plan_cache_mode = auto");
       auto ids = writer_.Enqueue(conn, messages);
       Exec(conn, "enqueue: commit", "COMMIT");
       return ids;
@@ -349,6 +351,10 @@ class PostgresStore final : public Store {
   Statements sql_;
   std::string hold_targets_;  // options_.retry.hold_targets as a text[] literal, for kFail's $8
   ClaimCursor cursor_;
+  // The store's session keeps one generic plan of each statement it prepares (the claim, see
+  // RunClaim). Only on this connection: PL/pgSQL caches its statements' plans the same way, and
+  // the functions other connections call (heartbeats, wake-ups, admin) keep their own choice.
+  static constexpr std::string_view kClaimPlanMode = "SET plan_cache_mode = force_generic_plan";
   // RunClaim's state: the server session (Connection::generation) where the claim is prepared
   // (0: none), whether it was prepared after a large claim, how many the last claim returned.
   static constexpr std::size_t kLargeClaim = 64;
