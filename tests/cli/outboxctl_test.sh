@@ -23,8 +23,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-expect 0 "migrated from version 0 to 16" --db "$db" --schema "$schema" migrate
-expect 0 "is up to date \(version 16\)" --db "$db" --schema "$schema" migrate
+expect 0 "migrated from version 0 to 17" --db "$db" --schema "$schema" migrate
+expect 0 "is up to date \(version 17\)" --db "$db" --schema "$schema" migrate
 # WAL mode's slot: made once, then found (the cleanup above drops it).
 for _ in 1 2; do
   expect 0 "WAL slot outbox_$schema ready \(set $schema\.settings\.delivery = 'wal' to use it\)" \
@@ -51,7 +51,7 @@ expect 1 "cannot connect to PostgreSQL \(host=127.0.0.1 port=1" \
   --db "postgresql://u:pw@127.0.0.1:1/x" status
 expect 2 "A subcommand is required"
 expect 2 "The following argument was not expected: --frobnicate" --frobnicate status
-expect 0 "^outboxctl 0\.[0-9]+\.[0-9]+ \(PostgreSQL schema version 16\)$" --version
+expect 0 "^outboxctl 0\.[0-9]+\.[0-9]+ \(PostgreSQL schema version 17\)$" --version
 OUTBOX_DATABASE_URL=$db OUTBOX_SCHEMA=$schema expect 0 "pending     3" status
 # Through outboxd's file (--config): its [database] table, read by the store registry; the counts
 # and WAL mode's state come through the store's contracts (Store::Stats, Admin::Wal).
@@ -61,7 +61,7 @@ expect 0 "pending     3.*delivery    table.*WAL slot    outbox_$schema: NOT bein
   --config "$sql_dir/outbox.toml" status
 expect 0 '"pending":3,.*"delivery":"table","wal_topics":0,"wal_slot":\{"name":"outbox_'"$schema"'","exists":true' \
   --config "$sql_dir/outbox.toml" status --json
-expect 0 "schema $schema is up to date \(version 16\)" --config "$sql_dir/outbox.toml" migrate
+expect 0 "schema $schema is up to date \(version 17\)" --config "$sql_dir/outbox.toml" migrate
 # The environment's url wins over the file's, as in outboxd.
 OUTBOX_DATABASE_URL="postgresql://u:pw@127.0.0.1:1/x" expect 1 "cannot connect to PostgreSQL \(host=127.0.0.1 port=1" \
   --config "$sql_dir/outbox.toml" status
@@ -75,7 +75,7 @@ psql -q "$db" -c "CREATE TABLE ${schema}_catalog (name text, url text, schema te
   -c "INSERT INTO ${schema}_catalog VALUES ('t3', '$db', '${schema}_t3'), ('bad name', '$db', 'x')" >/dev/null
 printf '[[databases]]\nname = "t1"\nurl = "%s"\nschema = "%s"\n[[databases]]\nname = "t2"\nurl = "%s"\nschema = "%s_t2"\n[discovery]\nurl = "%s"\nquery = "SELECT name, url, schema FROM %s_catalog"\n[sinks.default]\ntype = "file"\n' \
   "$db" "$schema" "$db" "$schema" "$db" "$schema" >"$sql_dir/many.toml"
-expect 1 "database t1: schema $schema is up to date \(version 16\).*database t2: schema ${schema}_t2 migrated from version 0 to 16.*database t3: schema ${schema}_t3 migrated from version 0 to 16.*catalog row bad name: not migrated: name: must be 1 to 63 bytes.*4 database\(s\), 1 failed" \
+expect 1 "database t1: schema $schema is up to date \(version 17\).*database t2: schema ${schema}_t2 migrated from version 0 to 17.*database t3: schema ${schema}_t3 migrated from version 0 to 17.*catalog row bad name: not migrated: name: must be 1 to 63 bytes.*4 database\(s\), 1 failed" \
   --config "$sql_dir/many.toml" migrate --all
 expect 0 "pending     3" --config "$sql_dir/many.toml" --database t1 status
 expect 0 "pending     0" --config "$sql_dir/many.toml" --database t3 status
@@ -239,19 +239,19 @@ dump() {
     grep -Ev '^--|^\\(un)?restrict '
 }
 ref=${schema}_ref
-expect 0 "migrated from version 0 to 16" --db "$db" --schema "$ref" migrate
+expect 0 "migrated from version 0 to 17" --db "$db" --schema "$ref" migrate
 "$ctl" --schema "${schema}_sql" migrate --print-sql >"$sql_dir/full.sql"
 same "--print-sql needs no database" "$?" "0"
 out=$(apply "$sql_dir/full.sql")
 same "the full script applied by psql" "$?:$out" "0:"
-expect 0 "is up to date \(version 16\)" --db "$db" --schema "${schema}_sql" migrate
+expect 0 "is up to date \(version 17\)" --db "$db" --schema "${schema}_sql" migrate
 same "pg_dump shows the tables" "$(dump "$ref" | grep -c 'CREATE TABLE SCHEMA\.')" "$(q "SELECT count(*) FROM pg_tables WHERE schemaname = '$ref'")"
 same "the script's schema equals migrate's" "$(diff <(dump "$ref") <(dump "${schema}_sql") | head -20)" ""
 before=$(q "SELECT count(*) FROM ${schema}_sql.schema_version")
 out=$(apply "$sql_dir/full.sql")
 same "the script refuses a second run" "$?" "3"
-[[ $out =~ "schema ${schema}_sql is at version 16, this script upgrades version 0" &&
-  $out =~ "outboxctl migrate --print-sql --from 16" ]] ||
+[[ $out =~ "schema ${schema}_sql is at version 17, this script upgrades version 0" &&
+  $out =~ "outboxctl migrate --print-sql --from 17" ]] ||
   { echo "FAIL: the guard's message: $out"; failures=$((failures + 1)); }
 same "a refused run changes nothing" "$(q "SELECT count(*) FROM ${schema}_sql.schema_version")" "$before"
 # An upgrade: version 14 from the full script cut before version 15, then --from 14.
@@ -269,8 +269,8 @@ out=$(apply "$sql_dir/empty.sql")
 [[ $out =~ "schema ${schema}_empty is at version 0, this script upgrades version 10" ]] ||
   { echo "FAIL: --from 10 on a new database: $out"; failures=$((failures + 1)); }
 same "a refused script leaves nothing" "$(q "SELECT count(*) FROM pg_namespace WHERE nspname = '${schema}_empty'")" "0"
-expect 2 "--from must be between 0 \(an empty database\) and 16, got 17" migrate --print-sql --from 17
-expect 2 "--from must be between 0 \(an empty database\) and 16, got -1" migrate --print-sql --from -1
+expect 2 "--from must be between 0 \(an empty database\) and 17, got 18" migrate --print-sql --from 18
+expect 2 "--from must be between 0 \(an empty database\) and 17, got -1" migrate --print-sql --from -1
 expect 2 "Could not convert: --from = x" migrate --print-sql --from x
 expect 2 "migrate: --from is for --print-sql" "${c[@]}" migrate --from 9
 expect 2 "not a plain lower-case identifier" --schema "Bad" migrate --print-sql

@@ -83,6 +83,34 @@ TEST_F(PgSqlTest, PartitionHashMatchesTheCoreVectors) {
   // What enqueue writes: WriterContractTest.PartitionsFollowTheCoreHash.
 }
 
+// The enqueue's SQL helpers run inlined into the expression that calls them (schema version 17):
+// not inlined, each call is a SQL function of its own, parsed and planned again in every
+// transaction (half of a WAL-mode enqueue's server time, bench/RESULTS.md). A generic plan keeps
+// the parameter, so the plan shows the call itself when it is not inlined.
+TEST_F(PgSqlTest, TheEnqueueHelpersAreInlined) {
+  Sql(conn(), "SET plan_cache_mode = force_generic_plan");
+  const auto plan_of = [&](const std::string& call, const std::string& types,
+                           const std::string& args) {
+    Sql(conn(), "PREPARE helper" + types + " AS SELECT " + call);
+    const PgResult result{
+        PQexec(conn(), ("EXPLAIN (VERBOSE, COSTS OFF) EXECUTE helper" + args).c_str())};
+    EXPECT_EQ(PQresultStatus(result.get()), PGRES_TUPLES_OK) << PQerrorMessage(conn());
+    std::string plan;
+    for (int row = 0; row < PQntuples(result.get()); ++row)
+      plan += PQgetvalue(result.get(), row, 0);
+    Sql(conn(), "DEALLOCATE helper");
+    return plan;
+  };
+  const std::string wal_text = plan_of(S() + ".wal_text($1)", "(text)", "('k')");
+  EXPECT_EQ(wal_text.find("wal_text"), std::string::npos) << wal_text;
+  EXPECT_NE(wal_text.find("convert_to"), std::string::npos) << wal_text;
+  const std::string partition =
+      plan_of(S() + ".partition_of($1, $2)", "(text, integer)", "('k', 8)");
+  EXPECT_EQ(partition.find("partition_of"), std::string::npos) << partition;
+  EXPECT_NE(partition.find("fnv1a32"), std::string::npos) << partition;
+  Sql(conn(), "RESET plan_cache_mode");
+}
+
 // The errors every store shares: WriterContractTest.BadInputGetsClearErrors.
 TEST_F(PgSqlTest, BadJsonIsRefusedByItsCast) {
   EXPECT_EQ(Error("topic => 't', payload => '{not json'"), "invalid input syntax for type json");
