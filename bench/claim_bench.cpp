@@ -17,7 +17,7 @@
 //                                    oldest fresh message (where the v8 store's stays)
 //   ..., cursor past paused          the same, the cursor at the oldest fresh message of a target
 //                                    not paused (where the v9 store's goes)
-//   per-target+stream-index          a claim that asks for one target: `m.target = $8` instead of
+//   per-target+stream-index          a claim that asks for one target: `m.target = $10` instead of
 //                                    the exclusion
 //   per-target+both-indexes          the same with an index of fresh messages on (target, id)
 //
@@ -106,7 +106,7 @@ struct Options {
 struct Variant {
   std::string name;
   std::string sql;
-  bool per_target = false;    // $8 = the one target asked for
+  bool per_target = false;    // $10 = the one target asked for
   bool stream_index = false;  // kStreamIndex
   bool target_index = false;  // kTargetIndex
   bool cursor_past = false;   // the cursor at the first fresh message of a target not paused
@@ -182,7 +182,7 @@ class Bench {
     return out;
   }
 
-  // The store's statement as it is; per target: `m.target = $8` instead of the exclusion.
+  // The store's statement as it is; per target: `m.target = $10` instead of the exclusion.
   std::vector<Variant> Variants() const {
     const outbox::postgres::Statements statements{schema_, false};
     const std::string exclusion = "AND m.target <> ALL ($7::text[])";
@@ -191,7 +191,8 @@ class Bench {
         {"exclusion+stream-index", statements.claim, false, true},
         {"exclusion+stream-index, cursor past paused", statements.claim, false, true, false, true}};
     if (statements.claim.find(exclusion) != std::string::npos) {
-      const auto per_target = ReplaceAll(statements.claim, exclusion, "AND m.target = $8::text");
+      const auto per_target = ReplaceAll(statements.claim, exclusion,
+                                         "AND m.target = $10::text AND $7::text[] IS NOT NULL");
       variants.push_back({"per-target+stream-index", per_target, true, true});
       variants.push_back({"per-target+both-indexes", per_target, true, true, true});
     }
@@ -255,10 +256,11 @@ class Bench {
   }
 
   static std::vector<Param> Bind(const std::vector<std::string>& p) {
-    // $1 limit, $2 partitions NULL, $3 owner, $4 lease, $5 epochs NULL, $6 cursor, $7 paused[,
-    // $8 target]
-    std::vector<Param> params{Param{p[0]}, Param{},     Param{p[1]}, Param{p[2]},
-                              Param{},     Param{p[3]}, Param{p[4]}};
+    // $1 limit, $2 partitions NULL, $3 owner, $4 lease, $5 epochs NULL, $6 cursor, $7 paused,
+    // $8 and $9 the previous batch to settle (none: each drain settles with its own Complete)[,
+    // $10 target]
+    std::vector<Param> params{Param{p[0]}, Param{},     Param{p[1]}, Param{p[2]}, Param{},
+                              Param{p[3]}, Param{p[4]}, Param{"{}"}, Param{"{}"}};
     if (p.size() > 5) params.push_back(Param{p[5]});
     return params;
   }
