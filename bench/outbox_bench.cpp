@@ -1822,7 +1822,7 @@ WriteCounters ReadWriteCounters(Env& env, const Schema& schema) {
 
 void Enqueue(Env& env, int messages, std::size_t payload) {
   std::printf(
-      "== enqueue: writers alone, one transaction per message (BEGIN; Writer::Enqueue; "
+      "== enqueue: writers alone, one transaction per message unless said (BEGIN; Writer::Enqueue; "
       "COMMIT), %zu B payloads, %s messages per case\n\n"
       "| case | msgs/s | messages-table row writes/msg | WAL B/msg |\n|---|---|---|---|\n",
       payload, Thousands(messages).c_str());
@@ -1836,10 +1836,14 @@ void Enqueue(Env& env, int messages, std::size_t payload) {
     // message instead of a row; a slot is created for it (nobody reads it during the run; it is
     // dropped afterwards).
     bool wal = false;
+    int per_transaction = 1;  // messages per transaction, in one Writer::Enqueue (one pipeline)
   };
   const Case cases[] = {
       {"1 writer, unkeyed", 1, 0, false},
       {"8 writers, unkeyed", 8, 0, false},
+      {"32 writers, unkeyed", 32, 0, false},
+      {"8 writers, unkeyed, 10 messages per transaction (one pipelined Enqueue)", 8, 0, false, 0,
+       false, 10},
       {"8 writers, 500 streams, unsequenced", 8, 500, false},
       {"8 writers, 500 streams, stream_seq", 8, 500, true},
       {"8 writers, 1 stream, stream_seq", 8, 1, true},
@@ -1847,6 +1851,7 @@ void Enqueue(Env& env, int messages, std::size_t payload) {
       {"8 writers, 500 streams, stream_seq, 2 targets (msgs/s counts events)", 8, 500, true, 2},
       {"WAL mode: 1 writer, unkeyed", 1, 0, false, 0, true},
       {"WAL mode: 8 writers, unkeyed", 8, 0, false, 0, true},
+      {"WAL mode: 32 writers, unkeyed", 32, 0, false, 0, true},
       {"WAL mode: 8 writers, 500 streams, stream_seq", 8, 500, true, 0, true},
   };
   std::map<std::string, double> rate_of;
@@ -1881,13 +1886,21 @@ void Enqueue(Env& env, int messages, std::size_t payload) {
         try {
           auto conn = Connect(env.bench_url);
           const outbox::postgres::Writer writer{schema.name()};
-          for (int i = next++; i < messages; i = next++) {
-            outbox::NewMessage message{.topic = "bench", .payload = Payload(i, payload)};
-            if (c.streams > 0) message.stream_key = "s" + std::to_string(i % c.streams);
-            message.sequenced = c.sequenced;
-            for (int t = 0; t < c.targets; ++t) message.targets.push_back("t" + std::to_string(t));
+          std::vector<outbox::NewMessage> batch;
+          for (int first = next.fetch_add(c.per_transaction); first < messages;
+               first = next.fetch_add(c.per_transaction)) {
+            batch.clear();
+            for (int i = first; i < std::min(first + c.per_transaction, messages); ++i) {
+              outbox::NewMessage& message = batch.emplace_back(
+                  outbox::NewMessage{.topic = "bench", .payload = Payload(i, payload)});
+              if (c.streams > 0) message.stream_key = "s" + std::to_string(i % c.streams);
+              message.sequenced = c.sequenced;
+              for (int t = 0; t < c.targets; ++t) {
+                message.targets.push_back("t" + std::to_string(t));
+              }
+            }
             Sql(conn.get(), "BEGIN");
-            writer.Enqueue(conn.get(), message);
+            writer.Enqueue(conn.get(), batch);
             Sql(conn.get(), "COMMIT");
           }
         } catch (const std::exception& error) {
