@@ -100,6 +100,7 @@ struct Options {
   int max_seconds = 1800;
   bool plans = false;
   int statement_timeout = 30;
+  int fillfactor = 100;  // the messages table's (PostgreSQL's default)
 };
 
 // A claim statement as sent by the store, or a variant of it, and the indexes it is run with.
@@ -304,7 +305,7 @@ class Bench {
     out.claimed = plan.value("Actual Rows", 0.0);
     if (print) {
       const ResultPtr plain =
-          RolledBackExplain("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)", variant, params);
+          RolledBackExplain("EXPLAIN (ANALYZE, BUFFERS, WAL, COSTS OFF)", variant, params);
       std::printf("plan of %s:\n", variant.name.c_str());
       for (int row = 0; row < PQntuples(plain.get()); ++row) {
         std::printf("    %s\n", PQgetvalue(plain.get(), row, 0));
@@ -472,6 +473,12 @@ class Bench {
     std::int64_t loaded_paused = 0;
     std::int64_t next = 1;
     outbox::postgres::Migrate(monitor_.get(), schema_);
+    if (options_.fillfactor != 100) {
+      Exec(monitor_.get(), "fillfactor",
+           "ALTER TABLE " + Table() + " SET (fillfactor = " + std::to_string(options_.fillfactor) +
+               ")");
+      std::printf("messages table fillfactor %d\n", options_.fillfactor);
+    }
     schema_stream_index_ = Scalar(monitor_.get(), "SELECT to_regclass('" + schema_ + "." +
                                                       kStreamIndexName + "') IS NOT NULL") == "t";
     std::printf("schema version %d%s\n", outbox::postgres::LatestSchemaVersion(),
@@ -561,6 +568,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-seconds", options.max_seconds, "bound of the whole run")
       ->check(CLI::Range(1, 86400));
   app.add_flag("--plans", options.plans, "print each variant's plan");
+  app.add_option("--fillfactor", options.fillfactor, "the messages table's fillfactor")
+      ->check(CLI::Range(10, 100));
   app.add_option("--statement-timeout", options.statement_timeout,
                  "statement_timeout of every connection, seconds")
       ->check(CLI::Range(1, 3600));
