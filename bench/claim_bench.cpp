@@ -23,6 +23,7 @@
 //
 //   outbox-claim-bench [--paused 0,10000,100000,1000000] [--healthy 10000]
 //                      [--drain-paused 0,100000,1000000] [--drain-healthy 100000] [--batch 500]
+//                      [--fillfactor 100] [--plans]
 //
 // Server: $OUTBOX_TEST_PG_URL (scripts/services) or --pg. The schema is named after this process
 // and dropped at the end. Every phase is bounded: a drain stops after --drain-seconds and the run
