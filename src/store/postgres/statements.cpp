@@ -47,10 +47,11 @@ constexpr const char* kFencedList =
 // claim either commits before the takeover (which then voids its leases) or waits and, rechecking
 // the lease row, finds it taken and claims nothing there. Without ($2 null) every partition.
 // One row comes back even when nothing is claimed: its last four columns tell the cursor where
-// the next claim may start (the first fresh message at or after $6 that is not for a paused
-// target, the transaction's start, the oldest running transaction id, this transaction's id). The
-// cursor thus passes a paused target's backlog once instead of walking it on every claim; it
-// starts from the oldest again when the target resumes (claim_cursor.h).
+// the next claim may start (the first fresh message at or after $6 in the partitions asked for
+// that is not for a paused target, the transaction's start, the oldest running transaction id,
+// this transaction's id). The cursor thus passes a paused target's backlog once instead of
+// walking it on every claim; it starts from the oldest again when the target resumes
+// (claim_cursor.h).
 // An abandoned message that holds its stream (on_abandon = 'hold', sql/016_hold_on_abandon.sql)
 // blocks its (target, stream) like a head waiting for its retry, until an operator replays or
 // skips it; while no row holds one, that costs one probe per claim (the InitPlan), else one probe
@@ -77,6 +78,14 @@ constexpr const char* kHeadOfLine = R"(
 
 constexpr const char* kInHeld = R"(
     AND ($2::integer[] IS NULL OR m.partition IN (SELECT partition FROM held)))";
+
+// The partitions asked for ($2), whether or not their leases are still valid: the frontier's. A
+// claim whose partition leases had expired (an outage longer than the lease) claims nothing
+// there, but the cursor must not pass their messages: renewed under the same epochs, the same
+// partitions are not "gained" (claim_cursor.h), so nothing would walk back to them (a stream's
+// message was left unclaimed until the net's walk, a minute later).
+constexpr const char* kInAsked = R"(
+    AND ($2::integer[] IS NULL OR m.partition = ANY ($2::integer[])))";
 
 // The partitions $2 (with epochs __EPOCHS__) that owner $3 still holds under those epochs, their
 // lease rows share-locked until the statement ends (see kClaim).
@@ -132,7 +141,7 @@ __HELD__,
 clock AS MATERIALIZED (SELECT clock_timestamp() AS now),
 frontier AS (
   SELECT m.id FROM __TABLE__ m
-  WHERE m.status = 'pending' AND m.lease_epoch = 0 AND m.id >= $6::uuid __IN_HELD__
+  WHERE m.status = 'pending' AND m.lease_epoch = 0 AND m.id >= $6::uuid __IN_ASKED__
     AND m.target <> ALL ($7::text[])
   ORDER BY m.id
   LIMIT 1),
@@ -299,7 +308,8 @@ Statements::Statements(const std::string& schema, bool keep_published) {
   const auto build = [&](std::string text) {
     for (const auto& [from, to] :
          {std::pair{"__HELD__", kHeld}, std::pair{"__IN_HELD__", kInHeld},
-          std::pair{"__HEAD_OF_LINE__", kHeadOfLine}, std::pair{"__PREV_SEQ__", kPrevSeq}}) {
+          std::pair{"__IN_ASKED__", kInAsked}, std::pair{"__HEAD_OF_LINE__", kHeadOfLine},
+          std::pair{"__PREV_SEQ__", kPrevSeq}}) {
       text = ReplaceAll(text, from, to);
     }
     return ReplaceAll(ReplaceAll(ReplaceAll(text, "__TABLE__", table), "__SCHEMA_NAME__", schema),
