@@ -34,12 +34,15 @@ bool WriteAll(int fd, const char* data, std::size_t size) {
 }
 
 // Moves what is readable on `from` to `to`; false when either side is closed.
-bool Pump(int from, int to) {
+// Passes what `from` has on to `to`; adds the bytes to `counted` when given.
+bool Pump(int from, int to, std::atomic<std::uint64_t>* counted = nullptr) {
   std::array<char, 65536> buffer{};
   const ssize_t got = recv(from, buffer.data(), buffer.size(), 0);
   if (got < 0 && (errno == EINTR || errno == EAGAIN)) return true;
   if (got <= 0) return false;
-  return WriteAll(to, buffer.data(), static_cast<std::size_t>(got));
+  const bool written = WriteAll(to, buffer.data(), static_cast<std::size_t>(got));
+  if (counted != nullptr) *counted += static_cast<std::uint64_t>(got);
+  return written;
 }
 
 int ConnectUpstream(const std::string& host, int port) {
@@ -224,7 +227,7 @@ void TcpProxy::Run() {
       }
       if (alive && link.upstream >= 0 && mode != Mode::kHoldReplies &&
           (upstream_events & (POLLIN | POLLHUP | POLLERR)) != 0) {
-        alive = Pump(link.upstream, link.client);
+        alive = Pump(link.upstream, link.client, &replied_bytes_);
       }
       if (!alive) CloseLink(link);
     }

@@ -3,6 +3,7 @@
 // purpose: forward, hold the server's replies (so no confirm or result arrives), swallow new
 // connections, freeze the open ones (a silent peer), drop everything.
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -36,6 +37,11 @@ class TcpProxy {
   void SetMode(Mode mode);
   // Closes every connection it proxies; returns once they are closed.
   void DropAll();
+  // Bytes passed on from the server to the clients so far. A server may report a statement done
+  // (pg_stat_activity's state 'idle') a moment before it sends the reply's last bytes: a test
+  // that holds replies waits until this count has stopped moving, or the reply it meant to let
+  // through is held too.
+  [[nodiscard]] std::uint64_t replied_bytes() const { return replied_bytes_.load(); }
 
  private:
   struct Link {
@@ -63,6 +69,7 @@ class TcpProxy {
   std::uint64_t freeze_requested_ = 0;
   std::uint64_t freeze_done_ = 0;  // guarded by mutex_, like the others
 
+  std::atomic<std::uint64_t> replied_bytes_{0};
   std::vector<Link> links_;  // proxy thread only
   std::thread thread_;
 };
