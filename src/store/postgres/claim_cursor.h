@@ -15,7 +15,9 @@
 //   hold its transaction id before it reads the clock for a message id (sql/005_id_after_xid.sql):
 //   otherwise a transaction id newer than the claim's could carry an id older than T.
 // - a message in a partition this relay did not hold: when a partition is gained, the walk starts
-//   from the oldest id again.
+//   from the oldest id again. A partition asked for whose lease had expired (an outage longer
+//   than the lease) is not passed either: the frontier counts every partition asked for, held or
+//   not (statements.cpp), since renewed under the same epoch it is not "gained".
 // - a message for a paused target (ClaimRequest::paused_targets): the frontier passes them, so that
 //   a claim does not walk a paused target's backlog each time (issue #14, bench/RESULTS.md); when a
 //   target leaves the paused set, the walk starts from the oldest id again.
