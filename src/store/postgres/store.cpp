@@ -336,13 +336,15 @@ class PostgresStore final : public Store {
     const bool large = last_claimed_ >= kLargeClaim;
     const bool prepared = claim_prepared_in_ == connection_.generation();
     if (!prepared || large != claim_prepared_large_) {
-      if (prepared) Exec(conn, "claim: deallocate", "DEALLOCATE outbox_claim");
+      if (prepared) {
+        Exec(conn, "claim: deallocate", std::string{"DEALLOCATE "} + kClaimStatementName);
+      }
       claim_prepared_in_ = 0;
-      Prepare(conn, "claim: prepare", "outbox_claim", sql_.claim);
+      Prepare(conn, "claim: prepare", kClaimStatementName, sql_.claim);
       claim_prepared_in_ = connection_.generation();
       claim_prepared_large_ = large;
     }
-    return ExecPrepared(conn, "claim", "outbox_claim", params, /*binary_results=*/true);
+    return ExecPrepared(conn, "claim", kClaimStatementName, params, /*binary_results=*/true);
   }
 
   StoreOptions options_;
@@ -355,6 +357,7 @@ class PostgresStore final : public Store {
   // RunClaim). Only on this connection: PL/pgSQL caches its statements' plans the same way, and
   // the functions other connections call (heartbeats, wake-ups, admin) keep their own choice.
   static constexpr std::string_view kClaimPlanMode = "SET plan_cache_mode = force_generic_plan";
+  static constexpr const char* kClaimStatementName = "outbox_claim";
   // RunClaim's state: the server session (Connection::generation) where the claim is prepared
   // (0: none), whether it was prepared after a large claim, how many the last claim returned.
   static constexpr std::size_t kLargeClaim = 64;
