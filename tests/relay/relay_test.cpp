@@ -65,25 +65,6 @@ class RelayTest : public ::testing::Test {
     return done();
   }
 
-  // Waits (bounded) until `proxy` has passed nothing on from the server for 200 ms: the reply to a
-  // statement the server already reports done may still be on its way (TcpProxy::replied_bytes).
-  static bool RepliesSettled(const TcpProxy& proxy) {
-    const auto until = std::chrono::steady_clock::now() + seconds{5};
-    std::uint64_t seen = proxy.replied_bytes();
-    auto still_since = std::chrono::steady_clock::now();
-    while (std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(milliseconds{10});
-      const std::uint64_t now_seen = proxy.replied_bytes();
-      if (now_seen != seen) {
-        seen = now_seen;
-        still_since = std::chrono::steady_clock::now();
-      } else if (std::chrono::steady_clock::now() - still_since >= milliseconds{200}) {
-        return true;
-      }
-    }
-    return false;
-  }
-
   // True while a relay's idle mark stands (writers would notify).
   bool RelayAsleep() {
     const std::string s = schema_.name();
@@ -606,7 +587,8 @@ TEST_F(RelayTest, AClaimWhoseReplyIsLostReordersNoStream) {
                   "AND w.application_name = 'lost-claim-wakeup' AND w.query LIKE '%relay_idle%'") ==
                "t";
   })) << "the relay never went to sleep";
-  ASSERT_TRUE(RepliesSettled(proxy)) << "the relay's connection never went quiet";
+  ASSERT_TRUE(proxy.AwaitQuietReplies(milliseconds{200}, seconds{5}))
+      << "the relay's connection never went quiet";
 
   // From now on the database's replies to the relay's store connection are held back.
   proxy.SetMode(TcpProxy::Mode::kHoldReplies);
@@ -671,7 +653,8 @@ TEST_F(RelayTest, AClaimWhoseReplyIsLostInAnOutageLongerThanThePartitionLeaseReo
                   "AND w.application_name = 'lost-claim-wakeup' AND w.query LIKE '%relay_idle%'") ==
                "t";
   })) << "the relay never went to sleep";
-  ASSERT_TRUE(RepliesSettled(store_proxy)) << "the relay's connection never went quiet";
+  ASSERT_TRUE(store_proxy.AwaitQuietReplies(milliseconds{200}, seconds{5}))
+      << "the relay's connection never went quiet";
 
   store_proxy.SetMode(TcpProxy::Mode::kHoldReplies);
   Sql(schema_.conn(), "BEGIN");

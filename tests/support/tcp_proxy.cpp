@@ -33,8 +33,8 @@ bool WriteAll(int fd, const char* data, std::size_t size) {
   return true;
 }
 
-// Moves what is readable on `from` to `to`; false when either side is closed.
-// Passes what `from` has on to `to`; adds the bytes to `counted` when given.
+// Moves what is readable on `from` to `to`, adding the bytes to `counted` when given; false when
+// either side is closed.
 bool Pump(int from, int to, std::atomic<std::uint64_t>* counted = nullptr) {
   std::array<char, 65536> buffer{};
   const ssize_t got = recv(from, buffer.data(), buffer.size(), 0);
@@ -114,6 +114,24 @@ void TcpProxy::SetMode(Mode mode) {
   // may still pass through a connection that was open.
   lock.lock();
   done_.wait(lock, [&] { return freeze_done_ >= ticket || stop_; });
+}
+
+bool TcpProxy::AwaitQuietReplies(std::chrono::milliseconds quiet,
+                                 std::chrono::milliseconds limit) const {
+  using Clock = std::chrono::steady_clock;
+  const auto until = Clock::now() + limit;
+  std::uint64_t seen = replied_bytes_.load();
+  auto still_since = Clock::now();
+  while (Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    if (const std::uint64_t now_seen = replied_bytes_.load(); now_seen != seen) {
+      seen = now_seen;
+      still_since = Clock::now();
+    } else if (Clock::now() - still_since >= quiet) {
+      return true;
+    }
+  }
+  return false;
 }
 
 void TcpProxy::DropAll() {

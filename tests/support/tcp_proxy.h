@@ -4,6 +4,7 @@
 // connections, freeze the open ones (a silent peer), drop everything.
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -37,11 +38,11 @@ class TcpProxy {
   void SetMode(Mode mode);
   // Closes every connection it proxies; returns once they are closed.
   void DropAll();
-  // Bytes passed on from the server to the clients so far. A server may report a statement done
-  // (pg_stat_activity's state 'idle') a moment before it sends the reply's last bytes: a test
-  // that holds replies waits until this count has stopped moving, or the reply it meant to let
-  // through is held too.
-  [[nodiscard]] std::uint64_t replied_bytes() const { return replied_bytes_.load(); }
+  // Waits (at most `limit`) until nothing has been passed on from the server for `quiet`; false if
+  // that never happened. A server may report a statement done (pg_stat_activity's state 'idle') a
+  // moment before it sends the reply's last bytes: a test that means to hold only later replies
+  // (kHoldReplies) waits for this first, or it holds the one it meant to let through.
+  bool AwaitQuietReplies(std::chrono::milliseconds quiet, std::chrono::milliseconds limit) const;
 
  private:
   struct Link {
@@ -69,8 +70,8 @@ class TcpProxy {
   std::uint64_t freeze_requested_ = 0;
   std::uint64_t freeze_done_ = 0;  // guarded by mutex_, like the others
 
-  std::atomic<std::uint64_t> replied_bytes_{0};
-  std::vector<Link> links_;  // proxy thread only
+  std::atomic<std::uint64_t> replied_bytes_{0};  // passed on from the server to the clients
+  std::vector<Link> links_;                      // proxy thread only
   std::thread thread_;
 };
 
